@@ -1,0 +1,44 @@
+# hilo: `make train` (set up, then a tiny pretraining run) and `make test` (set up, then the test suite).
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+ARGS   ?=
+
+.PHONY: setup train test eval bench lint clean
+
+setup: $(VENV)/.hilo-installed
+
+# torch first: on a machine without an NVIDIA GPU take the CPU build (a local wheel when the pip
+# configuration offers one, else PyTorch's CPU index) so the multi-GB CUDA build is never pulled.
+$(VENV)/.hilo-installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	@if $(PY) -c "import torch" 2>/dev/null; then \
+	  echo "torch already installed: $$($(PY) -c 'import torch; print(torch.__version__)')"; \
+	elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	  $(PIP) install "torch>=2.4"; \
+	else \
+	  $(PIP) install --no-index "torch>=2.4" 2>/dev/null \
+	  || $(PIP) install --index-url https://download.pytorch.org/whl/cpu "torch>=2.4"; \
+	fi
+	$(PIP) install -e ".[test]"
+	touch $@
+
+train: setup
+	$(PY) train.py $(ARGS)
+
+test: setup
+	$(PY) -m pytest tests $(ARGS)
+
+# make eval RUN=runs/<name> [ARGS="eval.seq_len=4096"]
+eval: setup
+	$(PY) eval.py checkpoint=$(RUN) $(ARGS)
+
+bench: setup
+	$(PY) benchmarks/train_throughput.py $(ARGS)
+
+lint: setup
+	$(PIP) install -q ruff
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,329 @@
+"""hilo pretraining entry point.
+
+    python train.py                                   # tiny Transformer on the embedded corpus (CPU or GPU)
+    python train.py model=transformer model/size=340m data=long_data_collections trainer.seq_len=16384
+    python train.py -m optim.lr=1e-3,3e-3             # a sweep: one job (and one W&B run) per point
+    accelerate launch --config_file conf/accelerate/ddp.yaml train.py ...
+
+Hydra composes conf/train.yaml; `run(cfg)` is the loop, callable in-process by tests and notebooks. The trainer's
+concerns live in the `training/` package (config checks, optimizer and schedule, checkpoints, logging), shared with
+eval.py. Everything a checkpoint needs to continue bit for bit (model, optimizer, schedule, every rank's loader
+state and RNG, step, tokens, W&B id) is written atomically; `trainer.resume=auto` picks the newest one.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import hydra
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+REPO_ROOT = Path(__file__).resolve().parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from training import (  # noqa: E402
+    CheckpointManager,
+    MetricsLogger,
+    build_lr_schedule,
+    build_optimizer,
+    peak_flops_per_device,
+    validate_train_config,
+)
+
+
+def _model_kwargs(model_cfg: DictConfig, vocab_size: int, tokenizer) -> dict:
+    kwargs = OmegaConf.to_container(model_cfg, resolve=True)
+    for hydra_only in ("name", "size_name"):
+        kwargs.pop(hydra_only, None)
+    kwargs["vocab_size"] = vocab_size
+    kwargs.setdefault("eos_token_id", tokenizer.eos_id)
+    kwargs.setdefault("bos_token_id", tokenizer.bos_id)
+    return kwargs
+
+
+def _val_rows(data_cfg, tokenizer, seq_len: int, num_rows: int) -> torch.Tensor:
+    """Held-out rows of seq_len tokens, each cut from one document (never across documents)."""
+    from data import iter_heldout_documents
+
+    rows = []
+    for doc in iter_heldout_documents(data_cfg, tokenizer, min_tokens=seq_len, max_docs=None):
+        for start in range(0, len(doc) - seq_len + 1, seq_len):
+            rows.append(doc[start:start + seq_len])
+            if len(rows) == num_rows:
+                return torch.tensor(rows, dtype=torch.long)
+    if not rows:
+        raise ValueError(
+            f"no held-out document has {seq_len} tokens; lower trainer.seq_len or point data.heldout at longer text")
+    return torch.tensor(rows, dtype=torch.long)
+
+
+@torch.no_grad()
+def evaluate_loss(model, rows: torch.Tensor, batch_size: int, accelerator) -> float:
+    """Mean next-token loss over held-out rows, split across ranks and summed in float64."""
+    world, rank = accelerator.num_processes, accelerator.process_index
+    usable = (len(rows) // world) * world or len(rows)  # equal work per rank (FSDP forwards are collective)
+    mine = rows[:usable][rank::world] if usable >= world else rows
+    was_training = model.training
+    model.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
+    for i in range(0, len(mine), batch_size):
+        batch = mine[i:i + batch_size].to(accelerator.device)
+        out = model(input_ids=batch, labels=batch)
+        n = batch.shape[0] * (batch.shape[1] - 1)
+        total[0] += out.loss.double() * n
+        total[1] += n
+    if world > 1 and usable >= world:
+        total = accelerator.reduce(total, reduction="sum")
+    model.train(was_training)
+    return (total[0] / total[1]).item()
+
+
+class _StopRequested:
+    """SIGTERM/SIGINT set a flag; the loop saves a checkpoint at the next step boundary and exits."""
+
+    def __init__(self):
+        self.flag = False
+        self._old = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (e.g. called from a worker): no handler
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        self.flag = True
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = None) -> dict:
+    """Train as cfg says; return a summary (final step, losses, checkpoint path)."""
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+
+    import models
+    from data import build_train_loader, load_tokenizer
+
+    validate_train_config(cfg)
+    tr = cfg.trainer
+    run_dir = Path(run_dir or cfg.get("run_dir") or REPO_ROOT / "runs" / cfg.name).resolve()
+
+    if tr.num_threads:
+        torch.set_num_threads(int(tr.num_threads))
+    use_cpu = tr.device == "cpu" or (tr.device == "auto" and not torch.cuda.is_available())
+    if tr.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("trainer.device=cuda but CUDA is not available; use trainer.device=auto or cpu")
+    mp = tr.mixed_precision
+    if mp == "auto":
+        mp = "no" if use_cpu else "bf16"
+    accelerator = Accelerator(cpu=use_cpu, mixed_precision=mp)
+    rank, world = accelerator.process_index, accelerator.num_processes
+    is_main = accelerator.is_main_process
+    set_seed(int(cfg.seed), device_specific=False)
+
+    ckpt = CheckpointManager(run_dir / "checkpoints", keep_last=int(tr.keep_last), accelerator=accelerator)
+    resume_from = ckpt.resolve_resume(str(tr.resume))  # raises before any work if a run would be overwritten
+
+    with accelerator.main_process_first():  # rank 0 trains/caches the tokenizer, the others then load it
+        tokenizer = load_tokenizer(OmegaConf.to_container(cfg.tokenizer, resolve=True))
+    model = models.build_model(_model_kwargs(cfg.model, tokenizer.vocab_size, tokenizer))
+    if tr.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    n_params = sum(p.numel() for p in model.parameters())
+    flops_per_token = model.num_flops_per_token(int(tr.seq_len))
+
+    data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
+    loader = build_train_loader(data_cfg, tokenizer, seq_len=int(tr.seq_len), batch_size=int(tr.batch_size),
+                                rank=rank, world_size=world, seed=int(cfg.seed))
+    val_rows = _val_rows(data_cfg, tokenizer, int(tr.seq_len), int(tr.val_batches) * int(tr.batch_size))
+
+    optimizer = build_optimizer(model, cfg.optim, on_cuda=not use_cpu)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    scheduler = build_lr_schedule(optimizer, cfg.optim, int(tr.max_steps))  # stepped once per optimizer step
+
+    state = {"step": 0, "tokens": 0, "skipped_steps": 0, "wandb_id": None}
+    if resume_from is not None:
+        state.update(ckpt.load(resume_from, optimizer=optimizer, scheduler=scheduler, loader=loader))
+        accelerator.print(f"resumed from {resume_from} at step {state['step']}")
+
+    if is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    logger = MetricsLogger(run_dir, cfg, enabled=is_main, group=group, resume_id=state["wandb_id"])
+    state["wandb_id"] = logger.wandb_id
+    peak = peak_flops_per_device(tr.peak_tflops, accelerator.device)
+    tokens_per_step = int(tr.batch_size) * int(tr.seq_len) * int(tr.grad_accum) * world
+    if is_main:
+        accelerator.print(
+            f"run {run_dir} | {cfg.model.name} {n_params / 1e6:.2f}M params | {world} process(es) on "
+            f"{accelerator.device} | {tokens_per_step} tokens/step | precision {mp}")
+
+    max_steps = int(tr.max_steps)
+    progress = None
+    if is_main and tr.progress_bar:
+        from tqdm.auto import tqdm
+        progress = tqdm(total=max_steps, initial=state["step"], desc="train", dynamic_ncols=True)
+
+    if state["step"] == 0 and is_main:
+        logger.log({"val/loss": evaluate_loss(model, val_rows, int(tr.batch_size), accelerator)}, step=0)
+    elif state["step"] == 0:
+        evaluate_loss(model, val_rows, int(tr.batch_size), accelerator)
+
+    model.train()
+    accum = int(tr.grad_accum)
+    window = {"loss": 0.0, "n": 0, "data_wait": 0.0, "t0": time.perf_counter(), "tokens": 0}
+    last_val = None
+    stopped_by_signal = False
+    with _StopRequested() as stop:
+        while state["step"] < max_steps:
+            step_loss = torch.zeros((), device=accelerator.device)
+            for micro in range(accum):
+                t_wait = time.perf_counter()
+                batch = next(loader)
+                window["data_wait"] += time.perf_counter() - t_wait
+                batch = {k: v.to(accelerator.device, non_blocking=True) for k, v in batch.items()}
+                sync = micro == accum - 1
+                with (nullcontext() if sync else accelerator.no_sync(model)):
+                    loss = model(**batch).loss
+                    accelerator.backward(loss / accum)
+                step_loss += loss.detach() / accum
+            max_norm = float(cfg.optim.grad_clip) or math.inf
+            grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
+            finite = torch.isfinite(step_loss) & torch.isfinite(torch.as_tensor(grad_norm, device=step_loss.device))
+            if world > 1:
+                finite = accelerator.reduce(finite.float(), reduction="min") > 0
+            if bool(finite):
+                optimizer.step()
+                scheduler.step()
+            else:
+                state["skipped_steps"] += 1
+                scheduler.step()
+                accelerator.print(f"step {state['step'] + 1}: non-finite loss or gradient, update skipped "
+                                  f"({state['skipped_steps']} so far)")
+            optimizer.zero_grad(set_to_none=True)
+            state["step"] += 1
+            state["tokens"] += tokens_per_step
+            window["tokens"] += tokens_per_step
+            if bool(finite):
+                window["loss"] += float(accelerator.reduce(step_loss, reduction="mean"))
+                window["n"] += 1
+            if progress is not None:
+                progress.update(1)
+
+            step = state["step"]
+            if step % int(tr.log_every) == 0 or step == max_steps:
+                elapsed = time.perf_counter() - window["t0"]
+                tok_s = window["tokens"] / max(elapsed, 1e-9)
+                metrics = {
+                    "train/loss": window["loss"] / max(window["n"], 1),
+                    "train/lr": scheduler.get_last_lr()[0],
+                    "train/grad_norm": float(grad_norm),
+                    "train/tokens": state["tokens"],
+                    "train/skipped_steps": state["skipped_steps"],
+                    "perf/tokens_per_s": tok_s,
+                    "perf/tokens_per_s_per_device": tok_s / world,
+                    "perf/data_wait_s": window["data_wait"],
+                    "perf/data_wait_frac": window["data_wait"] / max(elapsed, 1e-9),
+                    "perf/step_time_s": elapsed / max(window["n"] + (0 if bool(finite) else 1), 1),
+                    "data/malformed_records": loader.stats.get("malformed", 0),
+                }
+                if peak:
+                    metrics["perf/mfu"] = flops_per_token * tok_s / world / peak
+                if torch.cuda.is_available() and not use_cpu:
+                    metrics["perf/mem_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+                else:
+                    import resource
+                    metrics["perf/mem_peak_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+                logger.log(metrics, step=step)
+                if progress is not None:
+                    progress.set_postfix(loss=f"{metrics['train/loss']:.3f}", tok_s=f"{tok_s:.0f}")
+                window = {"loss": 0.0, "n": 0, "data_wait": 0.0, "t0": time.perf_counter(), "tokens": 0}
+
+            if int(tr.val_every) and step % int(tr.val_every) == 0 and step != max_steps:
+                last_val = evaluate_loss(model, val_rows, int(tr.batch_size), accelerator)
+                logger.log({"val/loss": last_val}, step=step)
+
+            stop_now = stop.flag
+            if world > 1:
+                stop_now = bool(accelerator.reduce(torch.tensor(float(stop.flag), device=accelerator.device),
+                                                   reduction="max") > 0)
+            if stop_now:
+                stopped_by_signal = True
+                ckpt.save(model, optimizer, scheduler, loader, state, cfg, tokenizer)
+                accelerator.print(f"stop requested: saved step {step} and exiting")
+                break
+            if int(tr.save_every) and step % int(tr.save_every) == 0 and step != max_steps:
+                ckpt.save(model, optimizer, scheduler, loader, state, cfg, tokenizer)
+
+    if progress is not None:
+        progress.close()
+    final_path = None
+    if not stopped_by_signal:
+        last_val = evaluate_loss(model, val_rows, int(tr.batch_size), accelerator)
+        logger.log({"val/loss": last_val}, step=state["step"])
+        if ckpt.latest_step() != state["step"]:
+            final_path = ckpt.save(model, optimizer, scheduler, loader, state, cfg, tokenizer)
+        else:
+            final_path = ckpt.latest()
+    summary = {"step": state["step"], "tokens": state["tokens"], "skipped_steps": state["skipped_steps"],
+               "val_loss": last_val, "checkpoint": str(final_path or ckpt.latest()), "run_dir": str(run_dir),
+               "stopped_by_signal": stopped_by_signal, "malformed_records": loader.stats.get("malformed", 0)}
+    if not stopped_by_signal and cfg.trainer.final_eval and final_path is not None:
+        summary["eval"] = run_final_eval(cfg, final_path, accelerator, tokenizer, logger)
+    logger.finish(summary)
+    accelerator.wait_for_everyone()
+    if accelerator.num_processes > 1 and torch.distributed.is_initialized():
+        accelerator.end_training()
+    return summary
+
+
+def run_final_eval(cfg, checkpoint: Path, accelerator, tokenizer, logger) -> dict:
+    from data import iter_heldout_documents
+    from eval_suites import ppl_by_position
+    from training import load_checkpoint_model
+
+    ev = cfg.eval
+    model = load_checkpoint_model(checkpoint).to(accelerator.device)
+    docs = list(iter_heldout_documents(OmegaConf.to_container(cfg.data, resolve=True), tokenizer,
+                                       min_tokens=int(ev.seq_len) + 1, max_docs=int(ev.num_documents)))
+    result = ppl_by_position.evaluate(model, docs, seq_len=int(ev.seq_len), batch_size=int(ev.batch_size),
+                                      device=accelerator.device, train_len=int(cfg.trainer.seq_len))
+    out_dir = Path(ev.out_dir or checkpoint.parent.parent / "eval" / f"ppl_by_position_T{ev.seq_len}")
+    paths = {}
+    if accelerator.is_main_process:
+        json_path, png_path = ppl_by_position.write_report(result, out_dir, title=cfg.name)
+        paths = {"json": str(json_path), "png": str(png_path)}
+        logger.log({"eval/ppl": result["ppl"]}, step=None)
+    return {"ppl": result["ppl"], **paths}
+
+
+@hydra.main(config_path="conf", config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> float | None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    group = None
+    if hc.mode == RunMode.MULTIRUN:
+        group = cfg.logger.group or Path(hc.sweep.dir).name
+    summary = run(cfg, run_dir=hc.runtime.output_dir, group=group)
+    print(json.dumps(summary, indent=None, default=str))
+    return summary["val_loss"]  # lets Hydra sweepers minimise it
+
+
+if __name__ == "__main__":
+    main()

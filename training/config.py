@@ -1,0 +1,63 @@
+"""Checks of the composed training config: a bad value fails at start-up with the key, the value and the fix."""
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# key -> (predicate, what is expected)
+_CHECKS = {
+    "trainer.seq_len": (lambda v: _is_int(v) and v >= 2, "an integer >= 2"),
+    "trainer.batch_size": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "trainer.grad_accum": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "trainer.max_steps": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "trainer.log_every": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "trainer.val_every": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0 disables)"),
+    "trainer.val_batches": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "trainer.save_every": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0: final checkpoint only)"),
+    "trainer.keep_last": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "trainer.device": (lambda v: v in ("auto", "cpu", "cuda"), "one of auto, cpu, cuda"),
+    "trainer.mixed_precision": (lambda v: v in ("auto", "no", "bf16", "fp16"), "one of auto, no, bf16, fp16"),
+    "trainer.num_threads": (lambda v: v is None or (_is_int(v) and v >= 1), "null or an integer >= 1"),
+    "trainer.peak_tflops": (lambda v: v == "auto" or v is None or (_is_num(v) and v > 0),
+                            "auto, null or a positive number (TFLOP/s per device)"),
+    "trainer.resume": (lambda v: isinstance(v, str) and v != "", "auto, none or a checkpoint directory"),
+    "optim.lr": (lambda v: _is_num(v) and v > 0, "a positive number"),
+    "optim.betas": (lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(_is_num(b) and 0 <= b < 1 for b in v),
+                    "a list of two numbers in [0, 1)"),
+    "optim.eps": (lambda v: _is_num(v) and v > 0, "a positive number"),
+    "optim.weight_decay": (lambda v: _is_num(v) and v >= 0, "a number >= 0"),
+    "optim.grad_clip": (lambda v: _is_num(v) and v >= 0, "a number >= 0 (0 disables clipping)"),
+    "optim.schedule": (lambda v: v in ("cosine", "wsd", "constant"), "one of cosine, wsd, constant"),
+    "optim.warmup_steps": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "optim.min_lr_ratio": (lambda v: _is_num(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "optim.decay_fraction": (lambda v: _is_num(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "seed": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+}
+
+
+def validate_train_config(cfg: DictConfig) -> None:
+    """Raise ConfigError naming every key whose value is missing or of the wrong kind."""
+    problems = []
+    for key, (ok, expected) in _CHECKS.items():
+        if OmegaConf.select(cfg, key, default="__missing__") == "__missing__":
+            problems.append(f"{key} is missing (expected {expected})")
+            continue
+        value = OmegaConf.select(cfg, key)
+        if isinstance(value, DictConfig) or OmegaConf.is_list(value):
+            value = OmegaConf.to_container(value, resolve=True)
+        if not ok(value):
+            problems.append(f"{key}={value!r} is invalid: expected {expected} (override it as {key}=...)")
+    if problems:
+        raise ConfigError("bad training config:\n  " + "\n  ".join(problems))

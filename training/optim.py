@@ -1,0 +1,66 @@
+"""AdamW with no-decay groups, and the learning-rate schedules (warmup + cosine, WSD, constant)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def split_decay_groups(model: torch.nn.Module, no_decay_names) -> tuple[list, list]:
+    """Parameters that get weight decay, and those that do not.
+
+    No decay for: tensors with fewer than 2 dims (norm weights, biases, A_log, dt_bias, D), any parameter whose
+    name contains an entry of `no_decay_names` (embeddings, norms), and any parameter flagged
+    `param._no_weight_decay = True` by its module (the log-linear level parameter L, for example)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        skip = p.ndim < 2 or getattr(p, "_no_weight_decay", False) or any(s in name for s in no_decay_names)
+        (no_decay if skip else decay).append(p)
+    return decay, no_decay
+
+
+def build_optimizer(model: torch.nn.Module, optim_cfg, on_cuda: bool) -> torch.optim.Optimizer:
+    if optim_cfg.name != "adamw":
+        raise ValueError(f"optim.name={optim_cfg.name!r} is not supported; the available optimizer is adamw")
+    decay, no_decay = split_decay_groups(model, list(optim_cfg.no_decay))
+    groups = [{"params": decay, "weight_decay": float(optim_cfg.weight_decay)},
+              {"params": no_decay, "weight_decay": 0.0}]
+    fused = optim_cfg.get("fused", "auto")
+    fused = on_cuda if fused == "auto" else bool(fused)
+    return torch.optim.AdamW(groups, lr=float(optim_cfg.lr), betas=tuple(optim_cfg.betas),
+                             eps=float(optim_cfg.eps), fused=fused or None)
+
+
+def lr_multiplier(step: int, *, total_steps: int, schedule: str, warmup_steps: int, min_lr_ratio: float,
+                  decay_fraction: float) -> float:
+    """The factor on the peak lr before optimizer step `step` (0-based).
+
+    Linear warmup over warmup_steps, then: cosine from 1 to min_lr_ratio at total_steps; or WSD (warmup-stable-
+    decay: flat, then linear to min_lr_ratio over the last decay_fraction of the steps); or constant."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    if schedule == "cosine":
+        span = max(total_steps - warmup_steps, 1)
+        progress = min(max(step - warmup_steps, 0) / span, 1.0)
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    if schedule == "wsd":
+        decay_steps = max(int(round(decay_fraction * total_steps)), 1)
+        decay_start = max(total_steps - decay_steps, warmup_steps)
+        if step < decay_start:
+            return 1.0
+        progress = min((step - decay_start) / max(total_steps - decay_start, 1), 1.0)
+        return 1.0 - (1 - min_lr_ratio) * progress
+    raise ValueError(f"optim.schedule={schedule!r}: expected cosine, wsd or constant")
+
+
+def build_lr_schedule(optimizer: torch.optim.Optimizer, optim_cfg, total_steps: int):
+    """A LambdaLR stepped once per optimizer step by the loop itself (not through accelerate.prepare, which
+    would step it once per process)."""
+    kwargs = dict(total_steps=total_steps, schedule=str(optim_cfg.schedule), warmup_steps=int(optim_cfg.warmup_steps),
+                  min_lr_ratio=float(optim_cfg.min_lr_ratio), decay_fraction=float(optim_cfg.decay_fraction))
+    lr_multiplier(0, **kwargs)  # fail now on a bad schedule name
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(step, **kwargs))
