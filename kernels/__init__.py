@@ -1,0 +1,8 @@
+"""hilo kernels: one package per operator family (SPEC §2).
+
+Each family exposes one public function that validates its inputs and picks a backend.
+"""
+
+from kernels.softmax_attn import softmax_attn
+
+__all__ = ["softmax_attn"]

@@ -1,0 +1,104 @@
+"""HiloConfig: the one configuration class of every hilo model (model_type "hilo")."""
+
+import math
+
+from transformers import PretrainedConfig
+
+# Keys a user (or a Hydra model config) may set; build_model rejects anything else.
+CONFIG_KEYS = (
+    "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
+    "mixer", "attn_layers", "mixer_kwargs", "attn_backend", "rope_theta", "max_position_embeddings",
+    "norm_eps", "initializer_range", "tie_word_embeddings", "use_cache", "bos_token_id", "eos_token_id",
+    "pad_token_id",
+)
+
+
+def default_intermediate_size(hidden_size: int) -> int:
+    """SwiGLU width: hidden * 4 * 2/3 rounded up to a multiple of 256 (SPEC §5)."""
+    return 256 * math.ceil(hidden_size * 8 / 3 / 256)
+
+
+class HiloConfig(PretrainedConfig):
+    """Architecture of a hilo language model.
+
+    Every layer is the same Block (pre-norm mixer + SwiGLU MLP); layer i uses the "attention" mixer when
+    i is in attn_layers and config.mixer otherwise. mixer_kwargs is passed through to config.mixer's class
+    (each mixer validates its own options). attn_backend is the softmax_attn backend of attention layers
+    (None: flash when importable on CUDA, else sdpa). head_dim None -> hidden_size / num_heads;
+    num_kv_heads None -> num_heads; intermediate_size None -> default_intermediate_size(hidden_size).
+    """
+
+    model_type = "hilo"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {
+        "num_hidden_layers": "num_layers",
+        "num_attention_heads": "num_heads",
+        "num_key_value_heads": "num_kv_heads",
+    }
+
+    def __init__(
+        self,
+        vocab_size: int = 32000,
+        hidden_size: int = 768,
+        num_layers: int = 12,
+        num_heads: int = 12,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        intermediate_size: int | None = None,
+        mixer: str = "attention",
+        attn_layers: list[int] | None = None,
+        mixer_kwargs: dict | None = None,
+        attn_backend: str | None = None,
+        rope_theta: float = 10000.0,
+        max_position_embeddings: int = 2048,
+        norm_eps: float = 1e-6,
+        initializer_range: float = 0.02,
+        tie_word_embeddings: bool = False,
+        use_cache: bool = True,
+        bos_token_id: int | None = None,
+        eos_token_id: int | None = None,
+        pad_token_id: int | None = None,
+        **kwargs,
+    ):
+        if num_kv_heads is None:
+            num_kv_heads = num_heads
+        if head_dim is None:
+            if hidden_size % num_heads != 0:
+                raise ValueError(f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads}) "
+                                 f"when head_dim is not given")
+            head_dim = hidden_size // num_heads
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        if intermediate_size is None:
+            intermediate_size = default_intermediate_size(hidden_size)
+        attn_layers = sorted(int(i) for i in (attn_layers or []))
+        bad = [i for i in attn_layers if not 0 <= i < num_layers]
+        if bad:
+            raise ValueError(f"attn_layers {bad} out of range for num_layers={num_layers}")
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.intermediate_size = intermediate_size
+        self.mixer = mixer
+        self.attn_layers = attn_layers
+        self.mixer_kwargs = dict(mixer_kwargs or {})
+        self.attn_backend = attn_backend
+        self.rope_theta = float(rope_theta)
+        self.max_position_embeddings = max_position_embeddings
+        self.norm_eps = norm_eps
+        self.initializer_range = initializer_range
+        self.use_cache = use_cache
+        super().__init__(
+            tie_word_embeddings=tie_word_embeddings,
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+            **kwargs,
+        )
+
+    def layer_mixer(self, layer_idx: int) -> str:
+        """Registered name of the mixer used by layer layer_idx."""
+        return "attention" if layer_idx in self.attn_layers else self.mixer

@@ -1,0 +1,296 @@
+"""HF wrappers: HiloPreTrainedModel, HiloModel (embeddings + Blocks + final norm), HiloForCausalLM."""
+
+import math
+
+import torch
+import torch.nn.functional as F
+import transformers
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+from models.blocks import Block
+from models.cache import HiloCache
+from models.config import HiloConfig
+from models.norms import RMSNorm
+
+# transformers >= 5.2x renamed the outputs' cache field from past_key_values to cache (the old name still
+# works but warns); fill whichever this install declares.
+_CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+_TF_MAJOR = int(transformers.__version__.split(".")[0])
+
+
+def positions_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    """[1, total] positions restarting at 0 at every document start of cu_seqlens [N+1]."""
+    cu = cu_seqlens.to(torch.long)
+    starts = torch.repeat_interleave(cu[:-1], cu[1:] - cu[:-1], output_size=total)
+    return (torch.arange(total, device=cu.device) - starts).unsqueeze(0)
+
+
+class HiloPreTrainedModel(PreTrainedModel):
+    """Weight init and HF plumbing shared by HiloModel and HiloForCausalLM.
+
+    Init: every Linear and the embedding ~ N(0, initializer_range); projections that write into the residual
+    stream (attention o_proj, MLP down_proj: flagged _is_residual_proj) use initializer_range / sqrt(2 *
+    num_layers); RMSNorm weights are 1.
+    """
+
+    config_class = HiloConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["Block"]
+    supports_gradient_checkpointing = True
+    _is_stateful = False
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            if getattr(module, "_is_residual_proj", False):
+                std = std / math.sqrt(2 * self.config.num_layers)
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, RMSNorm):
+            nn.init.ones_(module.weight)
+
+
+class HiloModel(HiloPreTrainedModel):
+    """Token embeddings -> num_layers Blocks -> final RMSNorm; returns the last hidden states [B, T, C]."""
+
+    def __init__(self, config: HiloConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embed_tokens = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cu_seqlens: torch.LongTensor | None = None,
+        past_key_values: HiloCache | None = None,
+        use_cache: bool | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        cache: HiloCache | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
+        """Run the stack. cache (alias past_key_values) is a HiloCache; with use_cache and no cache, one is created.
+
+        position_ids default to cache length + arange(T), or restart per document when cu_seqlens is given.
+        attention_mask may only be all ones (no padding): pack documents with cu_seqlens instead.
+        """
+        if cache is None:
+            cache = past_key_values
+        elif past_key_values is not None and past_key_values is not cache:
+            raise ValueError("pass the cache once: as cache or as past_key_values, not both")
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        if cache is not None and not isinstance(cache, HiloCache):
+            raise TypeError(f"hilo models decode with models.HiloCache, got {type(cache).__name__}")
+        hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        b, t = hidden.shape[:2]
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise ValueError("hilo models take no padding (attention_mask has zeros): pack documents with "
+                             "cu_seqlens (B == 1) or run unpadded rows")
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if cu_seqlens is not None:
+            if b != 1:
+                raise ValueError(f"cu_seqlens needs packed inputs with batch size 1, got {b}")
+            if cache is not None:
+                raise ValueError("cu_seqlens (packed documents) cannot be combined with a decoding cache")
+            use_cache = False
+            if position_ids is None:
+                position_ids = positions_from_cu_seqlens(cu_seqlens.to(hidden.device), t)
+        if use_cache and cache is None:
+            cache = HiloCache.from_config(self.config)
+        past = cache.get_seq_length() if cache is not None else 0
+        if position_ids is None:
+            position_ids = torch.arange(past, past + t, device=hidden.device).unsqueeze(0).expand(b, t)
+        all_hidden = [] if output_hidden_states else None
+        for block in self.layers:
+            if all_hidden is not None:
+                all_hidden.append(hidden)
+            if self.gradient_checkpointing and self.training and cache is None:
+                hidden = self._gradient_checkpointing_func(block.__call__, hidden, position_ids, cu_seqlens, None)
+            else:
+                hidden = block(hidden, position_ids, cu_seqlens, cache)
+        hidden = self.norm(hidden)
+        if all_hidden is not None:
+            all_hidden.append(hidden)
+        if cache is not None:
+            cache.advance(t)
+        return BaseModelOutputWithPast(
+            last_hidden_state=hidden,
+            hidden_states=tuple(all_hidden) if all_hidden is not None else None,
+            **{_CACHE_FIELD: cache if use_cache else None},
+        )
+
+
+class HiloForCausalLM(HiloPreTrainedModel, GenerationMixin):
+    """HiloModel + LM head (optionally tied to the embeddings), next-token loss and generate().
+
+    num_flops_per_token(seq_len) gives the training FLOPs per token used for MFU (see its docstring).
+    """
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"} if _TF_MAJOR >= 5 else ["lm_head.weight"]
+
+    def __init__(self, config: HiloConfig):
+        super().__init__(config)
+        self.model = HiloModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # generate() must not build a DynamicCache: forward creates a HiloCache (recurrent mixers keep
+        # states a DynamicCache cannot hold) and returns it, and generate passes it back each step.
+        return False
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cu_seqlens: torch.LongTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        past_key_values: HiloCache | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        inputs_embeds: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        cache: HiloCache | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """Logits [B, T', V] (T' = T, or the last logits_to_keep positions, or the given index tensor) and loss.
+
+        labels [B, T] follow the HF convention: the model shifts them (logits at t predict labels[t + 1]) and
+        ignores -100; the loss is the fp32 cross-entropy mean over the remaining targets (or their sum divided
+        by num_items_in_batch when given, for gradient accumulation). With cu_seqlens the first token of every
+        document is never a target, so no loss term crosses a document boundary. Other HF keyword arguments
+        (output_attentions, return_dict, ...) are accepted and ignored: outputs are always ModelOutputs.
+        """
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cu_seqlens=cu_seqlens,
+            past_key_values=past_key_values,
+            cache=cache,
+            use_cache=use_cache,
+            inputs_embeds=inputs_embeds,
+            output_hidden_states=output_hidden_states,
+        )
+        hidden = out.last_hidden_state
+        loss = None
+        if labels is not None:
+            if not (isinstance(logits_to_keep, int) and logits_to_keep == 0):
+                raise ValueError("labels need logits at every position: leave logits_to_keep at 0")
+            logits = self.lm_head(hidden)
+            loss = self.loss(logits, labels, cu_seqlens, num_items_in_batch)
+        else:
+            if isinstance(logits_to_keep, int):
+                if logits_to_keep > 0:
+                    hidden = hidden[:, -logits_to_keep:]
+            else:
+                hidden = hidden[:, logits_to_keep]
+            logits = self.lm_head(hidden)
+        return CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            hidden_states=out.hidden_states,
+            **{_CACHE_FIELD: out[_CACHE_FIELD] if _CACHE_FIELD in out else None},
+        )
+
+    @staticmethod
+    def loss(
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        cu_seqlens: torch.Tensor | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """fp32 next-token cross-entropy of logits [B, T, V] against labels [B, T] (shifted here, -100 ignored)."""
+        labels = labels.to(logits.device)
+        if cu_seqlens is not None:
+            labels = labels.clone()
+            labels[0, cu_seqlens[1:-1].to(device=labels.device, dtype=torch.long)] = -100
+        targets = labels[:, 1:].reshape(-1)
+        flat = logits[:, :-1].reshape(-1, logits.shape[-1]).float()
+        if num_items_in_batch is None:
+            return F.cross_entropy(flat, targets, ignore_index=-100)
+        return F.cross_entropy(flat, targets, ignore_index=-100, reduction="sum") / num_items_in_batch
+
+    def prepare_inputs_for_generation(
+        self,
+        input_ids: torch.LongTensor,
+        past_key_values: HiloCache | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        use_cache: bool = True,
+        logits_to_keep: int | None = None,
+        **kwargs,
+    ) -> dict:
+        """Feed only the tokens the cache has not seen yet (all of them on the first step).
+
+        generate() passes the cache as past_key_values (transformers < 5.2x) or as cache; both are accepted.
+        """
+        cache = kwargs.pop("cache", None)
+        if cache is None:
+            cache = past_key_values
+        past = cache.get_seq_length() if cache is not None else 0
+        model_inputs: dict = {"use_cache": use_cache, "cache": cache}
+        if inputs_embeds is not None and past == 0:
+            model_inputs["inputs_embeds"] = inputs_embeds
+            new = inputs_embeds.shape[1]
+        else:
+            model_inputs["input_ids"] = input_ids[:, past:].contiguous()
+            new = input_ids.shape[1] - past
+        if position_ids is not None:
+            model_inputs["position_ids"] = position_ids[:, -new:]
+        if attention_mask is not None:
+            model_inputs["attention_mask"] = attention_mask
+        if logits_to_keep is not None:
+            model_inputs["logits_to_keep"] = logits_to_keep
+        return model_inputs
+
+    def _reorder_cache(self, cache: HiloCache, beam_idx: torch.LongTensor) -> HiloCache:
+        cache.reorder_cache(beam_idx)
+        return cache
+
+    def num_flops_per_token(self, seq_len: int) -> float:
+        """Training (forward + backward) FLOPs per token at sequence length seq_len, for MFU.
+
+        6 * N + sum over layers of mixer.flops_per_token(seq_len), where N counts the weights of every
+        nn.Linear (q/k/v/o and mixer projections, the MLPs and the LM head, counted even when tied; the
+        embedding lookup and norms are not matmuls) and each mixer reports its own sequence-mixing cost: for
+        softmax attention 6 * num_heads * head_dim * seq_len (the causal 12 * H * D * seq_len / 2). Works on
+        meta-device models.
+        """
+        n_matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        mixing = sum(block.mixer.flops_per_token(seq_len) for block in self.model.layers)
+        return float(6 * n_matmul + mixing)

@@ -1,0 +1,62 @@
+"""Softmax attention mixer: q/k/v/o projections, GQA, RoPE, kernels.softmax_attn, KV cache."""
+
+import torch
+from torch import nn
+
+from kernels import softmax_attn
+from models.registry import register_mixer
+from models.rope import apply_rope, rope_cos_sin
+
+
+@register_mixer("attention")
+class AttentionMixer(nn.Module):
+    """Causal multi-head attention with num_kv_heads key/value heads and RoPE (theta = config.rope_theta).
+
+    forward(hidden [B, T, C], position_ids [B, T], cu_seqlens, cache) -> [B, T, C]. With a cache, the new keys
+    and values are appended to the layer's slot and the T new queries attend to the whole cache.
+    """
+
+    def __init__(self, config, layer_idx: int):
+        super().__init__()
+        if config.layer_mixer(layer_idx) == "attention" and config.mixer == "attention" and config.mixer_kwargs:
+            raise ValueError(f"the attention mixer takes no mixer_kwargs, got {sorted(config.mixer_kwargs)}; "
+                             f"use attn_backend / num_kv_heads / rope_theta")
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.rope_theta = config.rope_theta
+        self.backend = config.attn_backend
+        c, h, hkv, d = config.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim
+        self.q_proj = nn.Linear(c, h * d, bias=False)
+        self.k_proj = nn.Linear(c, hkv * d, bias=False)
+        self.v_proj = nn.Linear(c, hkv * d, bias=False)
+        self.o_proj = nn.Linear(h * d, c, bias=False)
+        self.o_proj._is_residual_proj = True
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor | None = None,
+        cache=None,
+    ) -> torch.Tensor:
+        b, t, _ = hidden.shape
+        q = self.q_proj(hidden).view(b, t, self.num_heads, self.head_dim)
+        k = self.k_proj(hidden).view(b, t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(hidden).view(b, t, self.num_kv_heads, self.head_dim)
+        cos, sin = rope_cos_sin(position_ids, self.head_dim, self.rope_theta)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update_kv(self.layer_idx, k, v)
+        o = softmax_attn(q, k, v, causal=True, cu_seqlens=cu_seqlens, backend=self.backend)
+        return self.o_proj(o.reshape(b, t, self.num_heads * self.head_dim))
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token of the score and value matmuls (projections count as 6 x their params).
+
+        Forward, per head and per visible key: q.k and p.v cost 2 * D FLOPs each; a causal query sees
+        seq_len / 2 keys on average, so 2 * H * D * seq_len; the backward costs twice the forward, giving
+        6 * H * D * seq_len (= 12 * H * D * seq_len / 2).
+        """
+        return 6.0 * self.num_heads * self.head_dim * seq_len
