@@ -1,0 +1,375 @@
+"""Document sources: local or remote files (one reader for every protocol) and streamed HF hub datasets.
+
+A source yields documents (``str``) one at a time through ``next_text()`` and cycles forever (epochs);
+``state_dict()`` taken between two calls records exactly where it stands, so a new source built with the same
+arguments and given ``load_state_dict(sd)`` continues with the very next document.
+
+Paths. ``files`` sources take local paths or globs, or any fsspec URL (``hf://datasets/<org>/<name>/<file>``
+through huggingface_hub's HfFileSystem, ``s3://``, ``memory://``...): one code path opens them all, so
+Long-Data-Collections' ``hf://datasets/togethercomputer/Long-Data-Collections/pretrain/*.jsonl.zst`` goes through
+the same reader as the embedded corpus. Relative local paths are resolved against the repository root (the
+directory that contains ``data/``), not the working directory, because Hydra changes the working directory.
+
+Formats (by suffix): ``.jsonl``/``.json`` (one JSON object per line), the same with ``.zst`` (streamed zstd
+decompression, multi-frame files included), ``.parquet`` (one row per record, read by row group), ``.txt``
+(the whole file is one document). ``field`` names the JSON key / parquet column holding the text.
+
+Malformed records (bad JSON or UTF-8, not an object, field missing or not a string) are skipped and counted in
+``stats["malformed"]`` with a warning for the first few; empty texts are skipped and counted in
+``stats["empty"]``. A pass over the source (an epoch) that yields no document raises ``ValueError``, so a fully
+malformed or empty source never spins forever or silently trains on nothing.
+
+Per-rank sharding (every rank reads distinct data, no rank-0 dispatch): with at least ``world_size`` files,
+files are assigned round-robin (file ``j`` goes to rank ``j % world_size``); otherwise every rank reads all
+files and keeps record ``i`` (counted across files in order) when ``i % world_size == rank``. Hub datasets use
+``datasets.distributed.split_dataset_by_node``, which follows the same two rules with the dataset's shards.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import fsspec
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MAX_WARNINGS = 5
+_GLOB_CHARS = set("*?[")
+
+
+def resolve_path(path: str) -> str:
+    """URLs (``proto://...``) unchanged; local paths made absolute, relative ones against the repository root."""
+    path = str(path)
+    if "://" in path:
+        return path
+    p = Path(path).expanduser()
+    return str(p if p.is_absolute() else REPO_ROOT / p)
+
+
+def expand_paths(patterns: str | Sequence[str]) -> list[str]:
+    """Resolve and glob ``patterns`` into a sorted, de-duplicated list of file paths/URLs.
+
+    Raises FileNotFoundError naming the pattern when a glob matches nothing or a plain path does not exist.
+    """
+    if isinstance(patterns, (str, Path)):
+        patterns = [patterns]
+    out: list[str] = []
+    for pattern in patterns:
+        url = resolve_path(pattern)
+        fs, fs_path = fsspec.core.url_to_fs(url)
+        local = "://" not in url
+        if _GLOB_CHARS & set(fs_path):
+            matches = sorted(m for m in fs.glob(fs_path) if fs.isfile(m))
+        else:
+            matches = [fs_path] if fs.isfile(fs_path) else []
+        if not matches:
+            hint = ("relative paths are resolved against the repository root " + str(REPO_ROOT) + "; "
+                    "fix the path in the data config (data.sources[*].paths / data.heldout)"
+                    if local else "check the URL and that the remote file exists (and that you are logged in)")
+            corpus = " (the embedded corpus is rebuilt with `python data/build_corpus.py`)" if "corpus" in url else ""
+            raise FileNotFoundError(f"no file matches {pattern!r} (resolved to {url}): {hint}{corpus}")
+        out.extend(m if local else fs.unstrip_protocol(m) for m in matches)
+    return sorted(dict.fromkeys(out))
+
+
+def file_format(path: str) -> str:
+    """The reader for ``path``: 'jsonl', 'jsonl.zst', 'parquet' or 'txt'."""
+    name = path.rsplit("/", 1)[-1].lower()
+    for suffix, fmt in ((".jsonl.zst", "jsonl.zst"), (".json.zst", "jsonl.zst"), (".jsonl", "jsonl"),
+                        (".json", "jsonl"), (".parquet", "parquet"), (".txt", "txt")):
+        if name.endswith(suffix):
+            return fmt
+    raise ValueError(f"unsupported file type {path!r}: expected .jsonl, .json, .jsonl.zst, .json.zst, .parquet "
+                     f"or .txt")
+
+
+class Malformed:
+    """A record that could not be turned into text; ``reason`` says why."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def _project(record: Any, field: str) -> str | Malformed:
+    if not isinstance(record, Mapping):
+        return Malformed(f"record is a {type(record).__name__}, not an object")
+    if field not in record:
+        return Malformed(f"field {field!r} missing (keys: {sorted(record)[:8]})")
+    value = record[field]
+    if not isinstance(value, str):
+        return Malformed(f"field {field!r} is a {type(value).__name__}, not a string")
+    return value
+
+
+def _parse_json_line(line: bytes, field: str) -> str | Malformed:
+    try:
+        record = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        return Malformed(f"bad JSON: {e}")
+    return _project(record, field)
+
+
+def iter_file_records(path: str, field: str = "text", start: int = 0) -> Iterator[str | Malformed]:
+    """Yield one item per record of ``path`` (text or Malformed), skipping the first ``start`` records.
+
+    Record ``i`` is the i-th line of a jsonl file (blank lines included, they yield ""), the i-th row of a
+    parquet file, or the whole file for .txt (record 0).
+    """
+    fmt = file_format(path)
+    with fsspec.open(path, "rb") as f:
+        if fmt == "txt":
+            if start == 0:
+                try:
+                    yield f.read().decode("utf-8")
+                except UnicodeDecodeError as e:
+                    yield Malformed(f"not UTF-8: {e}")
+            return
+        if fmt == "parquet":
+            yield from _iter_parquet(f, field, start)
+            return
+        stream = f
+        if fmt == "jsonl.zst":
+            import zstandard
+
+            stream = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True),
+                                       buffer_size=1 << 20)
+        for i, line in enumerate(stream):
+            if i < start:
+                continue
+            yield _parse_json_line(line, field) if line.strip() else ""
+
+
+def _iter_parquet(f, field: str, start: int) -> Iterator[str | Malformed]:
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(f)
+    if field not in pf.schema_arrow.names:
+        missing = Malformed(f"column {field!r} missing (columns: {pf.schema_arrow.names[:8]})")
+        for _ in range(max(pf.metadata.num_rows - start, 0)):
+            yield missing
+        return
+    # Skip whole row groups on resume instead of decoding them.
+    first_group, skip = 0, start
+    while first_group < pf.num_row_groups and skip >= pf.metadata.row_group(first_group).num_rows:
+        skip -= pf.metadata.row_group(first_group).num_rows
+        first_group += 1
+    groups = list(range(first_group, pf.num_row_groups))
+    if not groups:
+        return
+    for batch in pf.iter_batches(batch_size=256, columns=[field], row_groups=groups):
+        for value in batch.column(0).to_pylist():
+            if skip:
+                skip -= 1
+                continue
+            yield value if isinstance(value, str) else Malformed(
+                f"column {field!r} holds a {type(value).__name__}, not a string")
+
+
+class _Source:
+    """Shared bookkeeping: epochs, counters, warnings and the no-document-in-an-epoch error."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.epoch = 0
+        self.stats = {"docs": 0, "malformed": 0, "empty": 0, "epochs_completed": 0}
+        self._epoch_docs = 0
+        self._epoch_records = 0
+        self._first_error: str | None = None
+
+    def _accept(self, item: str | Malformed) -> str | None:
+        self._epoch_records += 1
+        if isinstance(item, Malformed):
+            self.stats["malformed"] += 1
+            self._first_error = self._first_error or item.reason
+            if self.stats["malformed"] <= MAX_WARNINGS:
+                log.warning("source %s: skipping malformed record (%s)%s", self.name, item.reason,
+                            "; further ones are only counted" if self.stats["malformed"] == MAX_WARNINGS else "")
+            return None
+        if not item:
+            self.stats["empty"] += 1
+            return None
+        self.stats["docs"] += 1
+        self._epoch_docs += 1
+        return item
+
+    def _end_epoch(self, where: str) -> None:
+        if self._epoch_docs == 0:
+            if self._epoch_records == 0:
+                raise ValueError(f"source {self.name}: {where} yielded no records; a rank needs at least one "
+                                 f"document (check the paths, the split, or use fewer ranks than records)")
+            raise ValueError(f"source {self.name}: all {self._epoch_records} records {where} were malformed or "
+                             f"empty (first error: {self._first_error or 'empty text'}); check `field`")
+        self.epoch += 1
+        self.stats["epochs_completed"] += 1
+        self._epoch_docs = self._epoch_records = 0
+
+    def _base_state(self) -> dict:
+        return {"epoch": self.epoch, "stats": dict(self.stats), "epoch_docs": self._epoch_docs,
+                "epoch_records": self._epoch_records}
+
+    def _load_base_state(self, sd: Mapping) -> None:
+        self.epoch = int(sd["epoch"])
+        self.stats = dict(sd["stats"])
+        self._epoch_docs = int(sd["epoch_docs"])
+        self._epoch_records = int(sd["epoch_records"])
+
+
+class FilesSource(_Source):
+    """Documents from local files or fsspec URLs; see the module docstring for formats and sharding.
+
+    State: epoch, index of the current file in this rank's list, index of the next record in that file, and
+    the global record counter used for record-strided sharding.
+    """
+
+    def __init__(self, paths: str | Sequence[str], field: str = "text", rank: int = 0, world_size: int = 1,
+                 name: str | None = None):
+        files = expand_paths(paths)
+        super().__init__(name or (files[0] if len(files) == 1 else f"{files[0]} (+{len(files) - 1} files)"))
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} not in [0, {world_size})")
+        self.files, self.field, self.rank, self.world_size = files, field, rank, world_size
+        by_file = len(files) >= world_size
+        self.my_files = files[rank::world_size] if by_file else files
+        self.record_stride = 1 if by_file else world_size
+        self.sharding = "files" if by_file else "records"
+        self.file_idx = 0
+        self.record_idx = 0
+        self.global_idx = 0
+        self._records: Iterator[str | Malformed] | None = None
+
+    def next_text(self) -> str:
+        """The next document of this rank (cycling through epochs)."""
+        while True:
+            if self._records is None:
+                self._records = iter_file_records(self.my_files[self.file_idx], self.field, self.record_idx)
+            item = next(self._records, None)
+            if item is None:
+                self._records = None
+                self.file_idx += 1
+                self.record_idx = 0
+                if self.file_idx == len(self.my_files):
+                    self._end_epoch(f"in {len(self.my_files)} file(s) for rank {self.rank}/{self.world_size}")
+                    self.file_idx = self.global_idx = 0
+                continue
+            mine = self.global_idx % self.record_stride == self.rank % self.record_stride
+            self.record_idx += 1
+            self.global_idx += 1
+            if mine:
+                text = self._accept(item)
+                if text is not None:
+                    return text
+
+    def state_dict(self) -> dict:
+        return {"type": "files", "files": list(self.files), "rank": self.rank, "world_size": self.world_size,
+                "file_idx": self.file_idx, "record_idx": self.record_idx, "global_idx": self.global_idx,
+                **self._base_state()}
+
+    def load_state_dict(self, sd: Mapping) -> None:
+        if list(sd["files"]) != self.files:
+            raise ValueError(f"source {self.name}: the saved state was taken over a different file list "
+                             f"({len(sd['files'])} files, first {sd['files'][:1]}); resume needs the same files")
+        if (sd["rank"], sd["world_size"]) != (self.rank, self.world_size):
+            raise ValueError(f"source {self.name}: state saved by rank {sd['rank']}/{sd['world_size']} cannot "
+                             f"resume rank {self.rank}/{self.world_size} exactly")
+        self._load_base_state(sd)
+        self.file_idx, self.record_idx, self.global_idx = int(sd["file_idx"]), int(sd["record_idx"]), int(
+            sd["global_idx"])
+        self._records = None
+
+
+class HubSource(_Source):
+    """Documents streamed from a HF dataset: ``datasets.load_dataset(name, config, split=..., streaming=True)``.
+
+    Split per rank with ``split_dataset_by_node``; resume through the IterableDataset's own
+    ``state_dict()``/``load_state_dict()`` (exact as long as no shuffle buffer is used, which is why this source
+    does not shuffle). ``data_files`` and ``load_kwargs`` are passed to load_dataset (e.g. name="json" with
+    local data_files).
+    """
+
+    def __init__(self, name: str, config: str | None = None, split: str = "train", field: str = "text",
+                 data_files: Any = None, rank: int = 0, world_size: int = 1,
+                 load_kwargs: Mapping | None = None):
+        import datasets
+        from datasets.distributed import split_dataset_by_node
+
+        super().__init__(f"hub:{name}" + (f"/{config}" if config else "") + f"[{split}]")
+        kwargs = dict(load_kwargs or {})
+        if data_files is not None:
+            kwargs["data_files"] = _plain(data_files)
+        ds = datasets.load_dataset(name, config, split=split, streaming=True, **kwargs)
+        if world_size > 1:
+            ds = split_dataset_by_node(ds, rank=rank, world_size=world_size)
+        self.dataset, self.field, self.rank, self.world_size = ds, field, rank, world_size
+        self._initial_state = ds.state_dict()
+        self._resume_state: dict | None = None
+        self._examples: Iterator | None = None
+
+    def next_text(self) -> str:
+        while True:
+            if self._examples is None:
+                self.dataset.load_state_dict(self._resume_state or self._initial_state)
+                self.dataset.set_epoch(self.epoch)
+                self._resume_state = None
+                self._examples = iter(self.dataset)
+            example = next(self._examples, None)
+            if example is None:
+                self._examples = None
+                self._end_epoch(f"in {self.name} for rank {self.rank}/{self.world_size}")
+                continue
+            text = self._accept(_project(example, self.field))
+            if text is not None:
+                return text
+
+    def state_dict(self) -> dict:
+        if self._examples is not None:
+            dataset_state = self.dataset.state_dict()
+        else:  # between epochs or just resumed: where the next iteration will start
+            dataset_state = self._resume_state or self._initial_state
+        return {"type": "hub", "rank": self.rank, "world_size": self.world_size,
+                "dataset": _plain(dataset_state), **self._base_state()}
+
+    def load_state_dict(self, sd: Mapping) -> None:
+        if (sd["rank"], sd["world_size"]) != (self.rank, self.world_size):
+            raise ValueError(f"source {self.name}: state saved by rank {sd['rank']}/{sd['world_size']} cannot "
+                             f"resume rank {self.rank}/{self.world_size} exactly")
+        self._load_base_state(sd)
+        self._resume_state = _plain(sd["dataset"])
+        self._examples = None
+
+
+def _plain(obj: Any) -> Any:
+    """Deep-copy mappings/sequences (OmegaConf containers included) into plain dicts/lists."""
+    if isinstance(obj, Mapping):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)) or (isinstance(obj, Sequence) and not isinstance(obj, (str, bytes))):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+SOURCE_TYPES = ("files", "hub")
+
+
+def build_source(cfg: Mapping, rank: int = 0, world_size: int = 1):
+    """Build one source from its config entry ({type: files, paths, field} or {type: hub, name, config, split,
+    field, data_files, load_kwargs}); ``weight`` is read by the loader, not here."""
+    cfg = _plain(cfg)
+    kind = cfg.get("type", "files")
+    field = cfg.get("field", "text")
+    if kind == "files":
+        if not cfg.get("paths"):
+            raise ValueError(f"files source needs `paths` (a path, glob or list of them): {cfg}")
+        return FilesSource(cfg["paths"], field=field, rank=rank, world_size=world_size, name=cfg.get("name"))
+    if kind == "hub":
+        if not cfg.get("name"):
+            raise ValueError(f"hub source needs `name` (a HF dataset id or builder such as 'json'): {cfg}")
+        return HubSource(cfg["name"], cfg.get("config"), split=cfg.get("split", "train"), field=field,
+                         data_files=cfg.get("data_files"), rank=rank, world_size=world_size,
+                         load_kwargs=cfg.get("load_kwargs"))
+    raise ValueError(f"unknown source type {kind!r}; valid types: {', '.join(SOURCE_TYPES)}")
