@@ -15,6 +15,9 @@ from models.config import CONFIG_KEYS, HiloConfig
 from models.lm import HiloForCausalLM, HiloModel, HiloPreTrainedModel
 from models.registry import MIXERS, build_mixer, check_mixer, register_mixer
 
+# Keys of conf/model/*.yaml that name runs but are not architecture.
+HYDRA_ONLY_KEYS = ("name", "size_name")
+
 AutoConfig.register("hilo", HiloConfig, exist_ok=True)
 AutoModel.register(HiloConfig, HiloModel, exist_ok=True)
 AutoModelForCausalLM.register(HiloConfig, HiloForCausalLM, exist_ok=True)
@@ -26,12 +29,14 @@ __all__ = [
 
 
 def build_config(cfg: Mapping) -> HiloConfig:
-    """HiloConfig from a model config dict (Hydra's model group, plus vocab_size); `name` is ignored.
+    """HiloConfig from a model config dict (Hydra's model group, plus vocab_size).
+
+    The Hydra-only keys `name` and `size_name` (used to name runs) are ignored.
 
     Raises ValueError naming an unknown key (and listing the valid ones) or an unknown mixer (listing the
     registered ones).
     """
-    cfg = {k: v for k, v in dict(cfg).items() if k != "name"}
+    cfg = {k: v for k, v in dict(cfg).items() if k not in HYDRA_ONLY_KEYS}
     unknown = sorted(set(cfg) - set(CONFIG_KEYS))
     if unknown:
         raise ValueError(f"unknown model config key(s) {unknown}; valid keys: {sorted(CONFIG_KEYS)}")
