@@ -39,6 +39,7 @@ from .sources import expand_paths, iter_file_records
 TOKENIZER_TYPES = ("sentencepiece", "hf")
 # Bumped when the training recipe below changes, so old cached models are not reused.
 _RECIPE_VERSION = 1
+_SAMPLE_SEED = 0
 DEFAULT_TRAIN_FILES = ("data/corpus/train-*.jsonl.zst",)
 
 
@@ -108,7 +109,7 @@ def _sample_lines(files: list[str], max_sentences: int, seed: int) -> list[str]:
 
 def _train_settings(cfg: Mapping) -> dict:
     return {"recipe": _RECIPE_VERSION, "vocab_size": int(cfg.get("vocab_size", 8192)),
-            "max_sentences": int(cfg.get("max_sentences", 200_000)), "seed": int(cfg.get("seed", 0))}
+            "max_sentences": int(cfg.get("max_sentences", 200_000)), "seed": _SAMPLE_SEED}
 
 
 def train_sentencepiece(files: list[str], out_path: Path, vocab_size: int, max_sentences: int, seed: int) -> None:
