@@ -73,10 +73,10 @@ class SentencePieceTokenizer:
 class HFTokenizer:
     """Wraps ``transformers.AutoTokenizer.from_pretrained(name_or_path)``."""
 
-    def __init__(self, name_or_path: str, **kwargs):
+    def __init__(self, name_or_path: str):
         from transformers import AutoTokenizer
 
-        self.tok = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+        self.tok = AutoTokenizer.from_pretrained(name_or_path)
         self.name = str(name_or_path)
         self.vocab_size = len(self.tok)
         eos = self.tok.eos_token_id
@@ -179,8 +179,8 @@ def load_tokenizer(cfg: Mapping):
         name = cfg.get("name_or_path")
         if not name:
             raise ValueError("tokenizer type 'hf' needs `name_or_path` (a hub name such as 'gpt2' or a local dir)")
-        if ("/" in str(name) or str(name).startswith(".")) and not Path(str(name)).exists() and str(
-                name).startswith((".", "/", "~")):
-            raise FileNotFoundError(f"HF tokenizer directory {name!r} does not exist")
-        return HFTokenizer(str(name), **dict(cfg.get("kwargs") or {}))
+        if str(name).startswith(("/", ".", "~")) and not Path(str(name)).expanduser().exists():
+            raise FileNotFoundError(f"HF tokenizer directory {name!r} does not exist; set tokenizer.name_or_path "
+                                    f"to a saved tokenizer directory or a hub name")
+        return HFTokenizer(str(Path(str(name)).expanduser()) if str(name).startswith("~") else str(name))
     raise ValueError(f"unknown tokenizer type {kind!r}; valid types: {', '.join(TOKENIZER_TYPES)}")
