@@ -23,9 +23,9 @@ SUITES = ("ppl_by_position",)
 
 
 def run(cfg: DictConfig) -> dict:
-    from data import iter_heldout_documents, load_tokenizer
+    from data import iter_heldout_documents
     from eval_suites import ppl_by_position
-    from training import load_checkpoint_model, resolve_checkpoint, resolve_wandb_mode
+    from training import load_checkpoint_model, load_checkpoint_tokenizer, resolve_checkpoint, resolve_wandb_mode
 
     suite = cfg.eval.suite
     if suite not in SUITES:
@@ -39,8 +39,8 @@ def run(cfg: DictConfig) -> dict:
     dtype = {"auto": torch.bfloat16 if use_cuda else torch.float32, "fp32": torch.float32,
              "bf16": torch.bfloat16}[cfg.dtype]
 
-    tokenizer = load_tokenizer(OmegaConf.to_container(train_cfg.tokenizer, resolve=True), checkpoint_dir=ckpt)
-    model = load_checkpoint_model(ckpt, torch_dtype=dtype).to(device).eval()
+    tokenizer = load_checkpoint_tokenizer(ckpt)
+    model = load_checkpoint_model(ckpt, dtype=dtype).to(device).eval()
     data_cfg = OmegaConf.to_container(cfg.data if cfg.data is not None else train_cfg.data, resolve=True)
 
     ev = cfg.eval

@@ -158,9 +158,30 @@ class CheckpointManager:
         return {k: meta[k] for k in ("step", "tokens", "skipped_steps", "wandb_id") if k in meta}
 
 
+TOKENIZER_FILE = "hilo_tokenizer.json"
+
+
 def _save_tokenizer(tokenizer, out: Path) -> None:
+    """Copy what rebuilds the run's tokenizer into the checkpoint, so eval works on a machine without the cache."""
     out.mkdir(parents=True, exist_ok=True)
-    if hasattr(tokenizer, "save"):
-        tokenizer.save(out)
+    if getattr(tokenizer, "model_path", None):  # SentencePiece
+        shutil.copyfile(tokenizer.model_path, out / "tokenizer.model")
+        spec = {"type": "sentencepiece", "file": "tokenizer.model"}
+    elif hasattr(tokenizer, "tok") and hasattr(tokenizer.tok, "save_pretrained"):  # HF tokenizer
+        tokenizer.tok.save_pretrained(out)
+        spec = {"type": "hf", "file": "."}
     else:
-        (out / "tokenizer.json").write_text(json.dumps({"name": getattr(tokenizer, "name", None)}))
+        raise TypeError(f"cannot save tokenizer {tokenizer!r}: expected a SentencePiece or HF tokenizer")
+    (out / TOKENIZER_FILE).write_text(json.dumps({**spec, "name": getattr(tokenizer, "name", None)}))
+
+
+def load_checkpoint_tokenizer(path: str | os.PathLike):
+    """The tokenizer saved with a checkpoint (or a run directory's newest checkpoint)."""
+    from data import load_tokenizer
+
+    tok_dir = resolve_checkpoint(path) / "tokenizer"
+    spec = json.loads((tok_dir / TOKENIZER_FILE).read_text())
+    target = str((tok_dir / spec["file"]).resolve())
+    if spec["type"] == "sentencepiece":
+        return load_tokenizer({"type": "sentencepiece", "model_path": target})
+    return load_tokenizer({"type": "hf", "name_or_path": target})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import netrc
 import os
+import uuid
 from pathlib import Path
 
 import torch
@@ -60,7 +61,7 @@ class MetricsLogger:
             return
         import wandb
 
-        self.wandb_id = resume_id or wandb.util.generate_id()
+        self.wandb_id = resume_id or uuid.uuid4().hex[:8]  # our own id: it is saved with every checkpoint
         self.wandb_run = wandb.init(
             project=cfg.logger.project, entity=cfg.logger.entity, group=group or cfg.logger.group,
             name=str(cfg.name), id=self.wandb_id, resume="allow", dir=str(self.run_dir), mode=mode,
