@@ -275,12 +275,12 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
     if not stopped_by_signal:
         last_val = evaluate_loss(model, val_rows, int(tr.batch_size), accelerator)
         logger.log({"val/loss": last_val}, step=state["step"])
-        if ckpt.latest_step() != state["step"]:
-            final_path = ckpt.save(model, optimizer, scheduler, loader, state, cfg, tokenizer)
-        else:
+        if ckpt.latest_step() == state["step"]:
             final_path = ckpt.latest()
+        elif tr.save_final:
+            final_path = ckpt.save(model, optimizer, scheduler, loader, state, cfg, tokenizer)
     summary = {"step": state["step"], "tokens": state["tokens"], "skipped_steps": state["skipped_steps"],
-               "val_loss": last_val, "checkpoint": str(final_path or ckpt.latest()), "run_dir": str(run_dir),
+               "val_loss": last_val, "checkpoint": str(final_path or ckpt.latest() or ""), "run_dir": str(run_dir),
                "stopped_by_signal": stopped_by_signal, "malformed_records": loader.stats.get("malformed", 0)}
     if not stopped_by_signal and cfg.trainer.final_eval and final_path is not None:
         summary["eval"] = run_final_eval(cfg, final_path, accelerator, tokenizer, logger)
