@@ -31,7 +31,7 @@ import io
 import json
 import logging
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import fsspec
 
@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MAX_WARNINGS = 5
+_END = object()
 _GLOB_CHARS = set("*?[")
 
 
@@ -116,11 +117,13 @@ def _parse_json_line(line: bytes, field: str) -> str | Malformed:
     return _project(record, field)
 
 
-def iter_file_records(path: str, field: str = "text", start: int = 0) -> Iterator[str | Malformed]:
+def iter_file_records(path: str, field: str = "text", start: int = 0,
+                      wanted: Callable[[int], bool] | None = None) -> Iterator[str | Malformed | None]:
     """Yield one item per record of ``path`` (text or Malformed), skipping the first ``start`` records.
 
     Record ``i`` is the i-th line of a jsonl file (blank lines included, they yield ""), the i-th row of a
-    parquet file, or the whole file for .txt (record 0).
+    parquet file, or the whole file for .txt (record 0). Records for which ``wanted(i)`` is false yield None
+    without being parsed (record-strided sharding: other ranks' records cost no JSON decoding).
     """
     fmt = file_format(path)
     with fsspec.open(path, "rb") as f:
@@ -143,7 +146,10 @@ def iter_file_records(path: str, field: str = "text", start: int = 0) -> Iterato
         for i, line in enumerate(stream):
             if i < start:
                 continue
-            yield _parse_json_line(line, field) if line.strip() else ""
+            if wanted is not None and not wanted(i):
+                yield None
+            else:
+                yield _parse_json_line(line, field) if line.strip() else ""
 
 
 def _iter_parquet(f, field: str, start: int) -> Iterator[str | Malformed]:
@@ -248,9 +254,14 @@ class FilesSource(_Source):
         """The next document of this rank (cycling through epochs)."""
         while True:
             if self._records is None:
-                self._records = iter_file_records(self.my_files[self.file_idx], self.field, self.record_idx)
-            item = next(self._records, None)
-            if item is None:
+                # record i of this file has global index global_idx - record_idx + i
+                base = self.global_idx - self.record_idx
+                wanted = None if self.record_stride == 1 else (
+                    lambda i, base=base: (base + i) % self.record_stride == self.rank)
+                self._records = iter_file_records(self.my_files[self.file_idx], self.field, self.record_idx,
+                                                  wanted)
+            item = next(self._records, _END)
+            if item is _END:
                 self._records = None
                 self.file_idx += 1
                 self.record_idx = 0

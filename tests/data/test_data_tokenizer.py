@@ -90,3 +90,24 @@ def test_default_tokenizer_on_the_embedded_corpus():
     assert 3.0 < len(sample) / len(ids) < 5.0
     long_docs = list(iter_heldout_documents({"heldout": "data/corpus/heldout.jsonl.zst"}, tok, 8192, None))
     assert len(long_docs) >= 20 and max(map(len, long_docs)) > 32768
+
+
+def test_concurrent_processes_share_one_trained_model(tmp_path):
+    """Several ranks loading at once: the file lock makes one train and the others reuse the finished file."""
+    import os
+    import subprocess
+    import sys
+
+    from data.sources import REPO_ROOT
+
+    files = small_corpus(tmp_path)
+    script = ("import sys, hashlib; from data import load_tokenizer; "
+              f"t = load_tokenizer({{'type': 'sentencepiece', 'vocab_size': 400, 'train_files': {files!r}}}); "
+              "print(hashlib.sha256(open(t.model_path, 'rb').read()).hexdigest())")
+    env = {**os.environ, "HILO_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(REPO_ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    digests = {p.communicate(timeout=120)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs) and len(digests) == 1
+    assert [p.name for p in (tmp_path / "cache" / "tokenizers").iterdir() if not p.name.endswith(".lock")] == [
+        next(iter((tmp_path / "cache" / "tokenizers").glob("*.model"))).name]
