@@ -127,3 +127,9 @@ def test_heldout_documents(tmp_path):
         list(iter_heldout_documents(cfg, TOK, min_tokens=1000, max_docs=None))
     with pytest.raises(FileNotFoundError):
         list(iter_heldout_documents({"heldout": str(tmp_path / "missing.jsonl")}, TOK, 1, None))
+
+
+def test_heldout_from_hub_source(tmp_path):
+    write_jsonl(tmp_path / "h.jsonl", jsonl_lines(["x" * 30, "y" * 5, "z" * 31]))
+    cfg = {"heldout": {"type": "hub", "name": "json", "data_files": [str(tmp_path / "h.jsonl")]}}
+    assert list(iter_heldout_documents(cfg, TOK, 30, None)) == [TOK.encode("x" * 30), TOK.encode("z" * 31)]
