@@ -3,4 +3,4 @@
 from .loader import TrainLoader, build_train_loader, iter_heldout_documents
 from .tokenizer import load_tokenizer
 
-__all__ = ["load_tokenizer", "build_train_loader", "iter_heldout_documents", "TrainLoader"]
+__all__ = ["TrainLoader", "build_train_loader", "iter_heldout_documents", "load_tokenizer"]

@@ -99,7 +99,7 @@ def build(root: Path, out_dir: Path, num_shards: int, num_heldout_long: int, hel
         write_jsonl_zst(out_dir / f"train-{k:05d}.jsonl.zst", train[k::num_shards])
     write_jsonl_zst(out_dir / "heldout.jsonl.zst", heldout)
     shutil.copyfile(root / COPYRIGHT_REL, out_dir / "LICENSE")
-    mb = lambda ds: sum(len(t.encode()) for _, t in ds) / 1e6  # noqa: E731
+    mb = lambda ds: sum(len(t.encode()) for _, t in ds) / 1e6
     print(f"{len(docs)} documents, {mb(docs):.2f} MB: train {len(train)} docs ({mb(train):.2f} MB) in "
           f"{num_shards} shards, heldout {len(heldout)} docs ({mb(heldout):.2f} MB) -> {out_dir}")
     for f in sorted(out_dir.glob("*.jsonl.zst")):

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import bisect
 import logging
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 
 from .packing import PACKERS, TokenBuffer
-from .sources import MAX_WARNINGS, HubSource, _plain, build_source, expand_paths, iter_file_records, Malformed
+from .sources import MAX_WARNINGS, HubSource, Malformed, _plain, build_source, expand_paths, iter_file_records
 
 log = logging.getLogger(__name__)
 STATE_VERSION = 1
@@ -90,7 +91,7 @@ class TrainLoader:
         """Counters: docs, malformed, empty (summed over sources), tokens emitted, tokens_read, batches,
         buffered tokens, and per-source docs/malformed/empty/epochs_completed."""
         per_source = [{"name": s.name, **s.stats} for s in self.sources]
-        total = lambda key: sum(s[key] for s in per_source)  # noqa: E731
+        total = lambda key: sum(s[key] for s in per_source)
         return {"docs": total("docs"), "malformed": total("malformed"), "empty": total("empty"),
                 **self.counters, "buffered_tokens": self.buffer.num_tokens, "sources": per_source}
 

@@ -82,7 +82,7 @@ def pack_varlen(rows: list[list[Piece]]) -> dict[str, torch.Tensor]:
                 labels[len(ids) - len(tokens)] = IGNORE_INDEX
             positions.extend(range(len(tokens)))
             cu_seqlens.append(len(ids))
-    as_row = lambda x: torch.tensor(x, dtype=torch.long).unsqueeze(0)  # noqa: E731
+    as_row = lambda x: torch.tensor(x, dtype=torch.long).unsqueeze(0)
     return {"input_ids": as_row(ids), "labels": as_row(labels), "position_ids": as_row(positions),
             "cu_seqlens": torch.tensor(cu_seqlens, dtype=torch.long)}
 

@@ -30,8 +30,9 @@ from __future__ import annotations
 import io
 import json
 import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import fsspec
 
@@ -231,7 +232,9 @@ class FilesSource(_Source):
     """Documents from local files or fsspec URLs; see the module docstring for formats and sharding.
 
     State: epoch, index of the current file in this rank's list, index of the next record in that file, and
-    the global record counter used for record-strided sharding.
+    the global record counter used for record-strided sharding. Resuming reopens the current file and skips
+    records: parquet skips whole row groups, but a jsonl(.zst) file is read (not parsed) up to the position
+    again, which for a multi-GB remote file means streaming it again; pre-shard such files (data.preshard).
     """
 
     def __init__(self, paths: str | Sequence[str], field: str = "text", rank: int = 0, world_size: int = 1,

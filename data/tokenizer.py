@@ -31,8 +31,8 @@ import json
 import os
 import random
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from .sources import expand_paths, iter_file_records
 
@@ -77,6 +77,8 @@ class HFTokenizer:
         from transformers import AutoTokenizer
 
         self.tok = AutoTokenizer.from_pretrained(name_or_path)
+        # Whole documents are encoded and packed later: never truncate, and no "sequence too long" warnings.
+        self.tok.model_max_length = 1 << 62
         self.name = str(name_or_path)
         self.vocab_size = len(self.tok)
         eos = self.tok.eos_token_id

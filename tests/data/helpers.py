@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 
 import pyarrow as pa
@@ -41,7 +42,7 @@ def write_jsonl(path: Path, lines: list[str], zst: bool = False, frames: int = 1
     if zst:
         cut = [len(payload) * k // frames for k in range(frames + 1)]
         c = zstandard.ZstdCompressor(level=3)
-        payload = b"".join(c.compress(payload[a:b]) for a, b in zip(cut, cut[1:]))
+        payload = b"".join(c.compress(payload[a:b]) for a, b in pairwise(cut))
     path.write_bytes(payload)
     return path
 

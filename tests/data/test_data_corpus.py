@@ -11,7 +11,7 @@ CORPUS = REPO_ROOT / "data" / "corpus"
 
 
 def records(path):
-    raw = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), read_across_frames=True).read()
+    raw = zstandard.ZstdDecompressor().decompress(path.read_bytes())
     return [json.loads(line) for line in raw.decode().splitlines()]
 
 

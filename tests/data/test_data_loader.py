@@ -39,7 +39,7 @@ def assert_same(xs, ys):
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_resume_is_exact(tmp_path, packing, world_size):
     cfg = mixed_cfg(tmp_path, packing)
-    kw = dict(seq_len=24, batch_size=3, world_size=world_size, seed=7)
+    kw = {"seq_len": 24, "batch_size": 3, "world_size": world_size, "seed": 7}
     for rank in range(world_size):
         reference = batches(build_train_loader(cfg, TOK, rank=rank, **kw), 30)  # several epochs of each source
         for k in (1, 5, 13):
@@ -59,7 +59,7 @@ def test_resume_is_exact(tmp_path, packing, world_size):
 
 def test_resume_with_hub_source(tmp_path):
     cfg = mixed_cfg(tmp_path, "varlen", with_hub=True)
-    kw = dict(seq_len=20, batch_size=2, world_size=2, rank=1, seed=3)
+    kw = {"seq_len": 20, "batch_size": 2, "world_size": 2, "rank": 1, "seed": 3}
     reference = batches(build_train_loader(cfg, TOK, **kw), 25)
     first = build_train_loader(cfg, TOK, **kw)
     head = batches(first, 11)

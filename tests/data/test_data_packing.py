@@ -1,6 +1,7 @@
 """Packing checked against an independent definition: the concatenated document stream and its doc starts."""
 
 import json
+from itertools import pairwise
 
 import pytest
 import torch
@@ -60,12 +61,12 @@ def test_varlen_segments_positions_and_labels(tmp_path, seq_len, batch_size):
         cuts = sorted({0, n} | {p - lo for p in starts if lo < p < lo + n} | set(range(0, n, seq_len)))
         assert batch["cu_seqlens"].tolist() == cuts and batch["cu_seqlens"].dtype == torch.long
         expected_pos = []
-        for a, z in zip(cuts, cuts[1:]):
+        for a, z in pairwise(cuts):
             expected_pos += list(range(z - a))
         assert batch["position_ids"][0].tolist() == expected_pos
         expected_labels = [IGNORE_INDEX if lo + i in starts else t for i, t in enumerate(ids)]
         assert batch["labels"][0].tolist() == expected_labels
-        assert max(z - a for a, z in zip(cuts, cuts[1:])) <= seq_len
+        assert max(z - a for a, z in pairwise(cuts)) <= seq_len
 
 
 def test_long_documents_split_across_rows(tmp_path):

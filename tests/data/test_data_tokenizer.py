@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 import data.tokenizer as tokmod
@@ -49,7 +51,7 @@ def test_sentencepiece_is_cached_and_keyed(tmp_path, monkeypatch):
     # retraining from scratch elsewhere gives a byte-identical model (deterministic training)
     monkeypatch.setenv("HILO_CACHE", str(tmp_path / "cache2"))
     again = load_tokenizer(cfg)
-    assert open(again.model_path, "rb").read() == open(first.model_path, "rb").read()
+    assert Path(again.model_path).read_bytes() == Path(first.model_path).read_bytes()
     assert load_tokenizer({"type": "sentencepiece", "model_path": first.model_path}).encode(TEXT) == first.encode(TEXT)
 
 
@@ -65,7 +67,7 @@ def test_tokenizer_errors(tmp_path):
 
 
 def test_hf_tokenizer_from_local_dir(tmp_path):
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<s>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(["hello", "world", "!"])}}
