@@ -285,6 +285,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
     if not stopped_by_signal and cfg.trainer.final_eval and final_path is not None:
         summary["eval"] = run_final_eval(cfg, final_path, accelerator, tokenizer, logger)
     logger.finish(summary)
+    if hasattr(loader, "close"):
+        loader.close()
     accelerator.wait_for_everyone()
     if accelerator.num_processes > 1 and torch.distributed.is_initialized():
         accelerator.end_training()

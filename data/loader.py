@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from .packing import PACKERS, TokenBuffer
+from .prefetch import PrefetchingLoader, RowShardedLoader
 from .sources import MAX_WARNINGS, HubSource, Malformed, _plain, build_source, expand_paths, iter_file_records
 
 log = logging.getLogger(__name__)
@@ -117,14 +118,33 @@ class TrainLoader:
 
 
 def build_train_loader(data_cfg: Mapping, tokenizer, *, seq_len: int, batch_size: int, rank: int = 0,
-                       world_size: int = 1, seed: int = 0) -> TrainLoader:
-    """The training loader for ``rank`` of ``world_size``: each rank reads a distinct shard of every source.
+                       world_size: int = 1, seed: int = 0):
+    """The training loader for ``rank`` of ``world_size``.
 
     Fixed packing yields {"input_ids", "labels"} [batch_size, seq_len]; varlen packing yields
     {"input_ids", "labels", "position_ids"} [1, batch_size*seq_len] and "cu_seqlens" [N+1].
+
+    data_cfg["shard"]: "documents" (default; each rank reads a distinct shard of every source) or "rows" (every
+    rank reads the whole stream and keeps its rows of each global batch: the same global batches for any number
+    of processes). data_cfg["prefetch"]: batches prepared ahead in a background thread (default 2; 0: none).
+    Every variant has exact state_dict()/load_state_dict() and .stats.
     """
-    return TrainLoader(data_cfg, tokenizer, seq_len=seq_len, batch_size=batch_size, rank=rank,
-                       world_size=world_size, seed=seed)
+    cfg = _plain(data_cfg)
+    shard = cfg.get("shard", "documents")
+    if shard == "documents":
+        loader = TrainLoader(cfg, tokenizer, seq_len=seq_len, batch_size=batch_size, rank=rank,
+                             world_size=world_size, seed=seed)
+    elif shard == "rows":
+        global_loader = TrainLoader(cfg, tokenizer, seq_len=seq_len, batch_size=batch_size * world_size, rank=0,
+                                    world_size=1, seed=seed)
+        loader = RowShardedLoader(global_loader, rank=rank, world_size=world_size, batch_size=batch_size,
+                                  seq_len=seq_len)
+    else:
+        raise ValueError(f"data.shard={shard!r}: expected documents or rows")
+    depth = cfg.get("prefetch", 2)
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
+        raise ValueError(f"data.prefetch={depth!r}: expected an integer >= 0 (0 disables prefetching)")
+    return PrefetchingLoader(loader, depth) if depth else loader
 
 
 def _iter_heldout_texts(heldout: Any) -> Iterator[str | Malformed]:
