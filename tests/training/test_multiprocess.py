@@ -22,7 +22,7 @@ def test_two_processes_match_one_process_at_the_same_global_batch(tmp_path):
                          timeout=300)
     assert one.returncode == 0, one.stderr[-3000:]
     two = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                          "conf/accelerate/cpu.yaml", "--num_processes", "2", "train.py", *common,
+                          "conf/accelerate/cpu.yaml", "--num_processes", "2", "train.py", *common, "trainer.device=cpu",
                           "trainer.batch_size=2", f"hydra.run.dir={tmp_path / 'two'}"],
                          cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
     assert two.returncode == 0, two.stderr[-5000:]
