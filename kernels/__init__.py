@@ -4,5 +4,6 @@ Each family exposes one public function that validates its inputs and picks a ba
 """
 
 from kernels.softmax_attn import softmax_attn
+from kernels.delta_rule import delta_rule
 
-__all__ = ["softmax_attn"]
+__all__ = ["softmax_attn", "delta_rule"]

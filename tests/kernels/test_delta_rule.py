@@ -1,0 +1,164 @@
+"""kernels.delta_rule: the naive oracle against an explicit-matrix definition, then the chunked torch path and the
+Triton kernels (under TRITON_INTERPRET=1 on CPU, in fp32) against the oracle: outputs, final states, every
+gradient (q, k, v, beta, g, initial_state), varlen without leakage, and decoding steps."""
+
+import os
+
+import pytest
+import torch
+
+from kernels import delta_rule
+from kernels.delta_rule import delta_rule_step
+
+TOL = 1e-4  # SPEC §2: fp32 torch and interpreter runs against the fp32 oracle
+
+
+def err_ratio(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """RMS(out - ref) / RMS(ref), as fla measures kernels."""
+    out, ref = out.double(), ref.double()
+    return ((out - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30)).item()
+
+
+def make(b, t, h, dk, dv, seed=0, decay="weak", normalize=True, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, t, h, dk, generator=gen)
+    k = torch.randn(b, t, h, dk, generator=gen)
+    if normalize:
+        k = torch.nn.functional.normalize(k, dim=-1)
+    else:
+        # Not unit norm, but |k|^2 * beta < 2 keeps (I - beta k k^T) contractive-ish so nothing blows up.
+        k = k * (1.3 / dk ** 0.5)
+    v = torch.randn(b, t, h, dv, generator=gen)
+    beta = torch.rand(b, t, h, generator=gen)
+    scale = {"weak": 0.05, "strong": 3.0, "zero": 0.0}.get(decay)
+    g = None if decay is None else -torch.rand(b, t, h, generator=gen) * scale
+    return [x if x is None else x.to(dtype) for x in (q, k, v, beta)] + [g]
+
+
+def matrix_reference(q, k, v, beta, g, h0=None, scale=None):
+    """The SPEC definition with explicit K x K transition matrices, float64, one sequence per batch row."""
+    b, t, h, dk = q.shape
+    dv = v.shape[-1]
+    scale = dk ** -0.5 if scale is None else scale
+    q, k, v, beta = q.double(), k.double(), v.double(), beta.double()
+    out = torch.zeros(b, t, h, dv, dtype=torch.float64)
+    final = torch.zeros(b, h, dk, dv, dtype=torch.float64)
+    eye = torch.eye(dk, dtype=torch.float64)
+    for bi in range(b):
+        for hi in range(h):
+            s = torch.zeros(dk, dv, dtype=torch.float64) if h0 is None else h0[bi, hi].double()
+            for i in range(t):
+                kt = k[bi, i, hi][:, None]
+                a = 1.0 if g is None else float(torch.exp(g[bi, i, hi].double()))
+                s = a * (eye - beta[bi, i, hi] * kt @ kt.T) @ s + beta[bi, i, hi] * kt @ v[bi, i, hi][None, :]
+                out[bi, i, hi] = scale * q[bi, i, hi] @ s
+            final[bi, hi] = s
+    return out, final
+
+
+def run(backend, inputs, h0=None, cu=None, grads=True, seed=7):
+    """Forward (and backward with fixed random cotangents) of one backend; returns [o, final, *grads]."""
+    q, k, v, beta, g = inputs
+    leaves = [x.detach().clone().requires_grad_(grads) if x is not None else None for x in (q, k, v, beta, g, h0)]
+    o, final = delta_rule(*leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=cu,
+                          backend=backend)
+    if not grads:
+        return [o.detach(), final.detach()]
+    gen = torch.Generator().manual_seed(seed)
+    do = torch.randn(o.shape, generator=gen).to(o)
+    dfinal = torch.randn(final.shape, generator=gen).to(final)
+    ((o * do).sum() + (final * dfinal).sum()).backward()
+    return [o.detach(), final.detach()] + [x.grad for x in leaves if x is not None]
+
+
+def assert_close(got, ref, tol=TOL, what=""):
+    names = ["o", "final", "dq", "dk", "dv", "dbeta", "dg/dh0", "dh0"]
+    for i, (a, b) in enumerate(zip(got, ref)):
+        r = err_ratio(a, b)
+        assert r <= tol, f"{what} {names[i]}: error ratio {r:.2e} > {tol:.0e}"
+
+
+# ---------------------------------------------------------------- oracle and chunked torch path
+
+@pytest.mark.parametrize("decay", ["weak", "strong", None])
+def test_naive_matches_matrix_definition(decay):
+    q, k, v, beta, g = make(2, 13, 2, 6, 5, seed=1, decay=decay, normalize=False)
+    h0 = torch.randn(2, 2, 6, 5)
+    o, final = delta_rule(q, k, v, beta, g, initial_state=h0, output_final_state=True, backend="naive")
+    ro, rf = matrix_reference(q, k, v, beta, g, h0)
+    assert err_ratio(o, ro) <= 1e-6 and err_ratio(final, rf) <= 1e-6
+
+
+@pytest.mark.parametrize("t,dk,dv,decay,normalize", [
+    (500, 100, 100, "weak", True),
+    (75, 60, 100, "strong", False),
+    (63, 100, 60, "zero", True),
+    (130, 32, 16, None, False),
+])
+def test_chunk_matches_naive(t, dk, dv, decay, normalize):
+    inputs = make(1 if t == 500 else 2, t, 2, dk, dv, seed=2, decay=decay, normalize=normalize)
+    h0 = torch.randn(inputs[0].shape[0], 2, dk, dv)
+    assert_close(run("torch", inputs, h0), run("naive", inputs, h0), what="torch")
+
+
+def test_chunk_varlen_equals_separate_runs():
+    inputs = make(1, 90, 2, 16, 12, seed=3)
+    bounds = [0, 1, 16, 16, 60, 90]  # lengths 1, 15, 0, 44, 30
+    cu = torch.tensor(bounds)
+    h0 = torch.randn(len(bounds) - 1, 2, 16, 12)
+    packed = run("torch", inputs, h0, cu=cu, grads=False)
+    assert_close(packed, run("naive", inputs, h0, cu=cu, grads=False), what="varlen")
+    for n, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+        if s == e:
+            assert torch.equal(packed[1][n], h0[n]), "an empty document must return its initial state"
+            continue
+        part = [x[:, s:e] for x in inputs]
+        o, final = run("naive", part, h0[n : n + 1], grads=False)
+        assert err_ratio(packed[0][:, s:e], o) <= TOL and err_ratio(packed[1][n], final[0]) <= TOL
+
+
+def test_step_equals_forward():
+    q, k, v, beta, g = make(2, 20, 3, 16, 8, seed=4)
+    h0 = torch.randn(2, 3, 16, 8)
+    o_full, final = delta_rule(q, k, v, beta, g, initial_state=h0, output_final_state=True, backend="torch")
+    state = h0.clone()
+    outs = []
+    for i in range(20):
+        o, state = delta_rule_step(q[:, i], k[:, i], v[:, i], beta[:, i], g[:, i], state)
+        outs.append(o)
+    assert err_ratio(torch.stack(outs, 1), o_full) <= TOL
+    assert err_ratio(state, final) <= TOL
+
+
+def test_default_scale_and_no_final_state():
+    q, k, v, beta, g = make(1, 10, 2, 16, 8, seed=5)
+    o_default, final = delta_rule(q, k, v, beta, g, backend="torch")
+    assert final is None
+    o_explicit, _ = delta_rule(q, k, v, beta, g, scale=0.25, backend="naive")
+    assert err_ratio(o_default, o_explicit) <= TOL
+    o_other, _ = delta_rule(q, k, v, beta, g, scale=1.0, backend="naive")
+    assert err_ratio(o_other, o_explicit * 4) <= TOL
+
+
+def test_errors_are_clear():
+    q, k, v, beta, g = make(2, 10, 2, 8, 8, seed=6)
+    with pytest.raises(ValueError, match="k must have q's shape"):
+        delta_rule(q, k[..., :4], v, beta, g)
+    with pytest.raises(ValueError, match="beta must be"):
+        delta_rule(q, k, v, beta[..., :1], g)
+    with pytest.raises(ValueError, match="g must be"):
+        delta_rule(q, k, v, beta, g[:, :3])
+    with pytest.raises(TypeError, match="must share one dtype"):
+        delta_rule(q, k, v.half(), beta, g)
+    with pytest.raises(ValueError, match="B == 1"):
+        delta_rule(q, k, v, beta, g, cu_seqlens=torch.tensor([0, 10]))
+    q1, k1, v1, b1, g1 = (x[:1] for x in (q, k, v, beta, g))
+    for bad in ([1, 10], [0, 6, 4, 10], [0, 5, 9]):
+        with pytest.raises(ValueError, match="cu_seqlens must start at 0"):
+            delta_rule(q1, k1, v1, b1, g1, cu_seqlens=torch.tensor(bad))
+    with pytest.raises(ValueError, match="initial_state must be"):
+        delta_rule(q1, k1, v1, b1, g1, cu_seqlens=torch.tensor([0, 4, 10]), initial_state=torch.zeros(1, 2, 8, 8))
+    with pytest.raises(ValueError, match="unknown backend"):
+        delta_rule(q, k, v, beta, g, backend="cuda")
+    with pytest.raises(ValueError, match="step: expected state"):
+        delta_rule_step(q[:, 0], k[:, 0], v[:, 0], beta[:, 0], g[:, 0], torch.zeros(2, 2, 8, 4))
