@@ -34,3 +34,11 @@ def build_mixer(name: str, config, layer_idx: int) -> nn.Module:
     """Instantiate the mixer registered as name for layer layer_idx."""
     check_mixer(name)
     return MIXERS[name](config, layer_idx)
+
+
+def mixer_options(name: str, mixer_kwargs: dict, defaults: dict) -> dict:
+    """defaults updated with mixer_kwargs (config.mixer_kwargs); raise ValueError naming unknown keys."""
+    unknown = sorted(set(mixer_kwargs) - set(defaults))
+    if unknown:
+        raise ValueError(f"unknown mixer_kwargs {unknown} for mixer {name!r}; valid keys: {sorted(defaults)}")
+    return {**defaults, **mixer_kwargs}

@@ -1,5 +1,7 @@
 """Sequence mixers; importing this package registers every mixer in models.registry.MIXERS."""
 
 from models.mixers.attention import AttentionMixer
+from models.mixers.gated_deltanet import GatedDeltaNetMixer
+from models.mixers.mamba2 import Mamba2Mixer
 
-__all__ = ["AttentionMixer"]
+__all__ = ["AttentionMixer", "GatedDeltaNetMixer", "Mamba2Mixer"]

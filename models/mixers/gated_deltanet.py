@@ -1,0 +1,154 @@
+"""Gated DeltaNet mixer (SPEC §5 gated_deltanet shell, operator kernels.delta_rule)."""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.delta_rule import delta_rule, delta_rule_step
+from models.conv import ShortConv
+from models.gates import a_log_init, dt_bias_init, log_decay
+from models.norms import GatedRMSNorm
+from models.registry import mixer_options, register_mixer
+
+# The kernels take head dims up to 256; wider value heads are run in blocks of this many columns (exact: each
+# column of the K x V state evolves on its own, see GatedDeltaNetMixer._operator).
+MAX_OPERATOR_DIM = 256
+
+
+def default_num_heads(hidden_size: int, head_dim: int) -> int:
+    """round(0.75 * hidden_size / head_dim), at least 1: 6 heads of 256 at hidden 2048 (SPEC §5)."""
+    return max(1, math.floor(0.75 * hidden_size / head_dim + 0.5))
+
+
+def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(sum(x^2) + eps) over the last dim, in fp32, returned in x's dtype."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+@register_mixer("gated_deltanet")
+class GatedDeltaNetMixer(nn.Module):
+    """Gated DeltaNet: q, k, v projections, each through a causal depthwise conv (conv_size, SiLU); q and k
+    L2-normalised per head; beta = sigmoid(b_proj x); g = -exp(A_log) * softplus(a_proj x + dt_bias) (fp32 log
+    decay); o = delta_rule(q, k, v, beta, g) with scale head_dim ** -0.5; per-head RMSNorm(o) * SiLU(g_proj x);
+    o_proj.
+
+    Options (config.mixer_kwargs, all optional):
+      head_dim   q/k head dim K (256).
+      num_heads  None: round(0.75 * hidden_size / head_dim), at least 1 (6 at hidden 2048). config.num_heads
+                 and config.head_dim are the attention layers' (hybrids) and are not used here.
+      expand_v   value head dim V = expand_v * head_dim (2).
+      conv_size  short conv kernel size (4).
+      a_init_range, dt_min, dt_max   init: exp(A_log) ~ U[1, 16]; softplus(dt_bias) log-uniform in [1e-3, 1e-1].
+      backend    the delta_rule backend: None (triton on CUDA, torch otherwise), "triton", "torch", "naive".
+
+    forward(hidden [B, T, C], position_ids, cu_seqlens [N+1] or None, cache HiloCache or None) -> [B, T, C].
+    The cache slot holds "conv_q", "conv_k", "conv_v" ([B, channels, conv_size - 1], the last inputs of each
+    conv) and "recurrent_state" ([B, H, K, V] fp32). Packed documents (cu_seqlens, B == 1) restart the convs and
+    the state at every boundary.
+    """
+
+    DEFAULTS = dict(head_dim=256, num_heads=None, expand_v=2, conv_size=4, a_init_range=(1.0, 16.0), dt_min=1e-3,
+                    dt_max=1e-1, backend=None)
+
+    def __init__(self, config, layer_idx: int):
+        super().__init__()
+        opts = mixer_options("gated_deltanet", config.mixer_kwargs, self.DEFAULTS)
+        self.layer_idx = layer_idx
+        c = config.hidden_size
+        self.head_dim = int(opts["head_dim"])
+        self.num_heads = int(opts["num_heads"] or default_num_heads(c, self.head_dim))
+        self.head_v_dim = int(opts["expand_v"] * self.head_dim)
+        if self.head_dim < 1 or self.num_heads < 1 or self.head_v_dim < 1:
+            raise ValueError(f"gated_deltanet needs positive head_dim, num_heads and expand_v * head_dim, got "
+                             f"{self.head_dim}, {self.num_heads}, {self.head_v_dim}")
+        if self.head_dim > MAX_OPERATOR_DIM:
+            raise ValueError(f"gated_deltanet head_dim must be <= {MAX_OPERATOR_DIM} (the kernels' limit), got "
+                             f"{self.head_dim}")
+        self.backend = opts["backend"]
+        h, dk, dv = self.num_heads, self.head_dim, self.head_v_dim
+        self.q_proj = nn.Linear(c, h * dk, bias=False)
+        self.k_proj = nn.Linear(c, h * dk, bias=False)
+        self.v_proj = nn.Linear(c, h * dv, bias=False)
+        self.a_proj = nn.Linear(c, h, bias=False)
+        self.b_proj = nn.Linear(c, h, bias=False)
+        self.g_proj = nn.Linear(c, h * dv, bias=False)
+        self.q_conv = ShortConv(h * dk, opts["conv_size"])
+        self.k_conv = ShortConv(h * dk, opts["conv_size"])
+        self.v_conv = ShortConv(h * dv, opts["conv_size"])
+        a_min, a_max = opts["a_init_range"]
+        self.A_log = a_log_init(h, a_min, a_max)
+        self.dt_bias = dt_bias_init(h, opts["dt_min"], opts["dt_max"])
+        self.norm = GatedRMSNorm(dv, config.norm_eps, norm_before_gate=True)
+        self.o_proj = nn.Linear(h * dv, c, bias=False)
+        self.o_proj._is_residual_proj = True
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor | None = None,
+        cache=None,
+    ) -> torch.Tensor:
+        b, t, _ = hidden.shape
+        h, dk, dv = self.num_heads, self.head_dim, self.head_v_dim
+        slot = cache[self.layer_idx] if cache is not None else None
+        state = slot.get("recurrent_state") if slot is not None else None
+        q, conv_q = self.q_conv(self.q_proj(hidden), slot.get("conv_q") if slot else None, cu_seqlens)
+        k, conv_k = self.k_conv(self.k_proj(hidden), slot.get("conv_k") if slot else None, cu_seqlens)
+        v, conv_v = self.v_conv(self.v_proj(hidden), slot.get("conv_v") if slot else None, cu_seqlens)
+        q = l2_normalize(q.view(b, t, h, dk))
+        k = l2_normalize(k.view(b, t, h, dk))
+        v = v.view(b, t, h, dv)
+        beta = torch.sigmoid(self.b_proj(hidden).float())
+        _, g = log_decay(self.A_log, self.a_proj(hidden), self.dt_bias)
+        o, state = self._operator(q, k, v, beta, g, state, slot is not None, cu_seqlens)
+        if slot is not None:
+            slot.update(conv_q=conv_q, conv_k=conv_k, conv_v=conv_v, recurrent_state=state)
+        o = self.norm(o, self.g_proj(hidden).view(b, t, h, dv))
+        return self.o_proj(o.reshape(b, t, h * dv))
+
+    def _operator(self, q, k, v, beta, g, state, output_final_state, cu_seqlens):
+        """delta_rule over value blocks of at most MAX_OPERATOR_DIM columns (exact: the update
+        S <- exp(g) (I - beta k k^T) S + beta k v^T acts on each column of S independently).
+
+        A single decoding token (T == 1, no cu_seqlens, a state to continue) takes the recurrent step.
+        """
+        b, t = q.shape[:2]
+        if state is None and t == 1 and output_final_state:
+            state = q.new_zeros(b, self.num_heads, self.head_dim, self.head_v_dim, dtype=torch.float32)
+        outs, finals = [], []
+        for lo in range(0, self.head_v_dim, MAX_OPERATOR_DIM):
+            hi = min(lo + MAX_OPERATOR_DIM, self.head_v_dim)
+            s0 = None if state is None else state[..., lo:hi]
+            if t == 1 and s0 is not None and cu_seqlens is None:
+                o, s1 = delta_rule_step(q[:, 0], k[:, 0], v[:, 0, :, lo:hi], beta[:, 0], g[:, 0], s0)
+                o = o.unsqueeze(1)
+            else:
+                o, s1 = delta_rule(q, k, v[..., lo:hi], beta, g, initial_state=s0,
+                                   output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                   backend=self.backend)
+            outs.append(o)
+            finals.append(s1)
+        o = outs[0] if len(outs) == 1 else torch.cat(outs, -1)
+        final = None
+        if output_final_state:
+            final = finals[0] if len(finals) == 1 else torch.cat(finals, -1)
+        return o, final
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token of the chunked delta rule (chunk C = min(64, seq_len)) and the three convs
+        (projections count as 6 x their params in the model's total).
+
+        Forward, per head and token, with the WY/UT representation over chunks of C tokens: K K^T 2CK, the unit
+        triangular solve C^2 (C^3 per chunk, counted as the two solves of W and U), W = T(beta K) 2CK,
+        U = T(beta V) 2CV, U - W S 2KV, Q S 2KV, Q K^T 2CK, (Q K^T) U 2CV, state update K^T U 2KV: together
+        6CK + 4CV + 6KV + C^2. The backward is counted as twice the forward (3x in all).
+        """
+        c = min(64, seq_len)
+        dk, dv = self.head_dim, self.head_v_dim
+        forward = 6 * c * dk + 4 * c * dv + 6 * dk * dv + c * c
+        conv = self.q_conv.flops_per_token() + self.k_conv.flops_per_token() + self.v_conv.flops_per_token()
+        return float(3 * self.num_heads * forward + conv)
