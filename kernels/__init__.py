@@ -3,6 +3,7 @@
 Each family exposes one public function that validates its inputs and picks a backend.
 """
 
+from kernels.linear_attn import linear_attn
 from kernels.softmax_attn import softmax_attn
 from kernels.delta_rule import delta_rule
 

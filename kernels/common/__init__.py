@@ -1,0 +1,8 @@
+"""Helpers shared by the recurrent operator families (linear_attn, delta_rule, ...): input validation,
+cu_seqlens -> chunk tables, and the SPEC §2 error ratio. Imports torch only."""
+
+from .metrics import error_ratio
+from .validate import check_recurrent_inputs, resolve_backend
+from .varlen import chunk_table, sequence_bounds
+
+__all__ = ["error_ratio", "check_recurrent_inputs", "resolve_backend", "chunk_table", "sequence_bounds"]

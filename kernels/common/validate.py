@@ -1,0 +1,117 @@
+"""Input validation and backend choice for the recurrent operators (SPEC §2 conventions).
+
+Every error names the operator and says what was expected. Values of a CUDA cu_seqlens are checked with
+torch._assert_async (a device-side assertion, no host synchronisation); a CPU cu_seqlens is checked on the
+host with a readable error.
+"""
+
+import os
+
+import torch
+
+BACKENDS = ("triton", "torch", "naive")
+_IO_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_HEAD_DIM = 256
+
+
+def _check_4d(op: str, name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.ndim != 4:
+        raise ValueError(f"{op}: {name} must be 4-D [B, T, H, D], got shape {tuple(t.shape)}")
+
+
+def check_recurrent_inputs(
+    op: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None = None,
+    beta: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    backend: str = "triton",
+) -> int:
+    """Validate q, k [B, T, H, K], v [B, T, H, V], g / beta [B, T, H], initial_state [N, H, K, V] (fp32) and
+    cu_seqlens [N+1]; return N, the number of sequences (B, or len(cu_seqlens) - 1). float64 inputs are
+    accepted by the "torch" and "naive" backends only (for float64 reference gradients)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_4d(op, name, t)
+    allowed = _IO_DTYPES if backend == "triton" else _IO_DTYPES + (torch.float64,)
+    if q.dtype not in allowed:
+        raise TypeError(f"{op}: q, k, v must be float32, float16 or bfloat16"
+                        f"{' (or float64 off the triton backend)' if backend == 'triton' else ' or float64'}, "
+                        f"got {q.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"{op}: q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"{op}: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if q.shape != k.shape:
+        raise ValueError(f"{op}: q and k must have the same shape [B, T, H, K], got q {tuple(q.shape)} and "
+                         f"k {tuple(k.shape)}")
+    b, t, h, dk = q.shape
+    if v.shape[:3] != (b, t, h):
+        raise ValueError(f"{op}: v must be [B={b}, T={t}, H={h}, V] to match q, got {tuple(v.shape)}")
+    dv = v.shape[3]
+    if not (0 < dk <= MAX_HEAD_DIM and 0 < dv <= MAX_HEAD_DIM):
+        raise ValueError(f"{op}: head dims must be in 1..{MAX_HEAD_DIM}, got K={dk}, V={dv}")
+    for name, x in (("g", g), ("beta", beta)):
+        if x is None:
+            continue
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor [B, T, H] or None, got {type(x).__name__}")
+        if tuple(x.shape) != (b, t, h):
+            raise ValueError(f"{op}: {name} must have shape [B={b}, T={t}, H={h}], got {tuple(x.shape)}")
+        if not x.is_floating_point():
+            raise TypeError(f"{op}: {name} must be a floating tensor (float32 for g), got {x.dtype}")
+        if name == "g" and x.dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"{op}: g (log decay) must be float32, got {x.dtype}")
+        if x.device != q.device:
+            raise ValueError(f"{op}: {name} must be on {q.device} like q, got {x.device}")
+    n = b
+    if cu_seqlens is not None:
+        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.ndim != 1 or cu_seqlens.dtype not in (
+            torch.int32, torch.int64
+        ):
+            raise TypeError(f"{op}: cu_seqlens must be a 1-D int32/int64 tensor [N+1] of document boundaries")
+        if b != 1:
+            raise ValueError(f"{op}: cu_seqlens needs packed inputs with B == 1, got B={b}")
+        if cu_seqlens.numel() < 2:
+            raise ValueError(f"{op}: cu_seqlens must hold N+1 >= 2 boundaries, got {cu_seqlens.numel()}")
+        if cu_seqlens.device.type != q.device.type:
+            raise ValueError(f"{op}: cu_seqlens must be on {q.device} like q (or on the CPU), got "
+                             f"{cu_seqlens.device}")
+        n = cu_seqlens.numel() - 1
+        if cu_seqlens.device.type == "cpu":
+            bounds = cu_seqlens.tolist()
+            if bounds[0] != 0 or bounds[-1] != t or any(x > y for x, y in zip(bounds[:-1], bounds[1:])):
+                raise ValueError(f"{op}: cu_seqlens must start at 0, never decrease and end at T={t}, got "
+                                 f"{bounds}")
+        else:
+            ok = (cu_seqlens[0] == 0) & (cu_seqlens[-1] == t) & (cu_seqlens[1:] >= cu_seqlens[:-1]).all()
+            torch._assert_async(ok, f"{op}: cu_seqlens must start at 0, never decrease and end at T={t}")
+    if initial_state is not None:
+        if not isinstance(initial_state, torch.Tensor):
+            raise TypeError(f"{op}: initial_state must be a torch.Tensor [N, H, K, V] or None")
+        if tuple(initial_state.shape) != (n, h, dk, dv):
+            raise ValueError(f"{op}: initial_state must have shape [N={n}, H={h}, K={dk}, V={dv}], got "
+                             f"{tuple(initial_state.shape)}")
+        if initial_state.dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"{op}: initial_state must be float32, got {initial_state.dtype}")
+        if initial_state.device != q.device:
+            raise ValueError(f"{op}: initial_state must be on {q.device} like q, got {initial_state.device}")
+    return n
+
+
+def resolve_backend(op: str, backend: str | None, device: torch.device) -> str:
+    """None -> "triton" on CUDA, "torch" elsewhere. "triton" on CPU tensors needs TRITON_INTERPRET=1 set
+    before the kernels were imported."""
+    if backend is None:
+        return "triton" if device.type == "cuda" else "torch"
+    if backend not in BACKENDS:
+        raise ValueError(f"{op}: unknown backend {backend!r}; expected one of {BACKENDS} or None")
+    if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(f"{op}: backend='triton' on {device.type} tensors runs only under the Triton "
+                           "interpreter: set TRITON_INTERPRET=1 before importing kernels (or use CUDA tensors, "
+                           "or backend='torch')")
+    return backend

@@ -1,0 +1,78 @@
+"""Chunked PyTorch linear attention: exact, differentiable through autograd, the CPU path.
+
+Per chunk of C = 64 tokens (chunks never cross a document boundary), with gc the in-chunk inclusive
+cumsum of g and gl its last value, S the state entering the chunk:
+    o_i   = scale * ( exp(gc_i) q_i S  +  sum_{j <= i} exp(gc_i - gc_j) (q_i . k_j) v_j )
+    S_out = exp(gl) S + sum_j exp(gl - gc_j) k_j v_j^T
+The intra-chunk terms of all chunks are computed at once; the state pass runs chunk by chunk. The chunk
+table comes from kernels.common.varlen on the tensors' device, so no host synchronisation happens.
+"""
+
+import torch
+
+from kernels.common.varlen import chunk_table, sequence_bounds
+
+CHUNK = 64
+
+
+def linear_attn_chunk(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, chunk: int = CHUNK):
+    """Same contract as linear_attn_naive: returns (o in q's dtype, final_state fp32 [N, H, K, V] or None)."""
+    b, t, h, dk = q.shape
+    dv = v.shape[-1]
+    dt = torch.promote_types(q.dtype, torch.float32)
+    dev = q.device
+    total = b * t
+    bounds = sequence_bounds(cu_seqlens, b, t, dev)
+    n = bounds.numel() - 1
+    table, offsets = chunk_table(bounds, total, chunk)
+    table = table.long()
+    offsets = offsets.long()
+    start, end, seq = table[:, 0], table[:, 1], table[:, 2]
+    nc = table.shape[0]
+
+    idx = start[:, None] + torch.arange(chunk, device=dev)
+    valid = idx < end[:, None]
+    gather = torch.where(valid, idx, torch.zeros_like(idx))
+    vmask = valid[..., None, None].to(dt)
+    qc = q.reshape(total, h, dk).to(dt)[gather] * vmask
+    kc = k.reshape(total, h, dk).to(dt)[gather] * vmask
+    vc = v.reshape(total, h, dv).to(dt)[gather] * vmask
+    if g is None:
+        gc = torch.zeros(nc, chunk, h, dtype=dt, device=dev)
+    else:
+        gc = torch.cumsum(g.reshape(total, h).to(dt)[gather] * valid[..., None].to(dt), dim=1)
+    gl = gc[:, -1]
+
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=dev).tril()
+    diff = gc.permute(0, 2, 1)[:, :, :, None] - gc.permute(0, 2, 1)[:, :, None, :]
+    decay = torch.where(causal, diff, torch.full_like(diff, float("-inf"))).exp()
+    scores = torch.einsum("nihk,njhk->nhij", qc, kc) * decay
+    o_intra = torch.einsum("nhij,njhv->nihv", scores, vc)
+
+    kdec = kc * (gl[:, None] - gc).exp()[..., None]
+    local = torch.einsum("njhk,njhv->nhkv", kdec, vc)
+    h0 = (torch.zeros(n, h, dk, dv, dtype=dt, device=dev) if initial_state is None
+          else initial_state.to(dt))
+    first = torch.arange(nc, device=dev) == offsets[seq]
+    decay_last = gl.exp()[:, :, None, None]
+    states_in, states_out = [], []
+    prev = h0[0]
+    for c in range(nc):
+        s_in = torch.where(first[c], h0[seq[c]], prev)
+        prev = decay_last[c] * s_in + local[c]
+        states_in.append(s_in)
+        states_out.append(prev)
+    s_in = torch.stack(states_in, 0)
+    o_inter = torch.einsum("nihk,nhkv->nihv", qc * gc.exp()[..., None], s_in)
+    oc = scale * (o_intra + o_inter)
+
+    scatter = torch.where(valid, idx, torch.full_like(idx, total)).reshape(-1)
+    o = torch.zeros(total + 1, h, dv, dtype=dt, device=dev).index_add(0, scatter, oc.reshape(-1, h, dv))
+    o = o[:total].reshape(b, t, h, dv).to(q.dtype)
+    if not output_final_state:
+        return o, None
+    s_out = torch.stack(states_out, 0)
+    last = (offsets[1:] - 1).clamp(min=0)
+    has_chunks = (offsets[1:] > offsets[:-1])[:, None, None, None]
+    final = torch.where(has_chunks, s_out[last], h0)
+    return o, final.to(torch.float32 if dt == torch.float32 else dt)

@@ -1,0 +1,191 @@
+"""linear_attn: naive oracle vs a closed form, torch chunk path and Triton (interpreter, fp32) vs the oracle for
+outputs, final states and every gradient; varlen isolation, step == forward, input errors."""
+
+import os
+
+import pytest
+import torch
+
+from kernels import linear_attn
+from kernels.common import error_ratio
+from kernels.linear_attn import linear_attn_step
+
+TOL = 1e-4
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def make(b, t, h, dk, dv, decay, seed=0, n_state=None, dtype=torch.float32, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, t, h, dk, generator=gen, dtype=torch.float64)
+    k = torch.randn(b, t, h, dk, generator=gen, dtype=torch.float64)
+    v = torch.randn(b, t, h, dv, generator=gen, dtype=torch.float64)
+    if decay == "strong":
+        g = -torch.rand(b, t, h, generator=gen, dtype=torch.float64) * 3.0
+    elif decay == "weak":
+        g = -torch.rand(b, t, h, generator=gen, dtype=torch.float64) * 0.02
+    elif decay == "zero":
+        g = torch.zeros(b, t, h, dtype=torch.float64)
+    else:
+        g = None
+    h0 = None if n_state is None else torch.randn(n_state, h, dk, dv, generator=gen, dtype=torch.float64)
+    cast = (lambda x: None if x is None else x.to(device=device, dtype=dtype))
+    return cast(q), cast(k), cast(v), None if g is None else g.to(device=device, dtype=torch.float32), cast(h0) if (
+        h0 is None or dtype != torch.float64) else h0.to(device)
+
+
+def run(q, k, v, g, h0, backend, cu=None, dtype=None, with_final=True, seed=1, do=None, dfinal=None):
+    """Forward and the gradients of sum(o * do) + sum(final * dfinal) (random cotangents from `seed` unless
+    given); q, k, v are cast to `dtype` leaves, g and h0 to fp32 (float64 with float64)."""
+    dtype = dtype or q.dtype
+    wide = torch.float64 if dtype == torch.float64 else torch.float32
+    leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
+    gl = None if g is None else g.detach().to(wide).requires_grad_()
+    hl = None if h0 is None else h0.detach().to(wide).requires_grad_()
+    o, s = linear_attn(*leaves, gl, initial_state=hl, output_final_state=with_final, cu_seqlens=cu,
+                       backend=backend)
+    gen = torch.Generator().manual_seed(seed)
+    do = torch.randn(o.shape, generator=gen, dtype=torch.float64) if do is None else do
+    loss = (o * do.to(o)).sum()
+    if with_final:
+        dfinal = torch.randn(s.shape, generator=gen, dtype=torch.float64) if dfinal is None else dfinal
+        loss = loss + (s * dfinal.to(s)).sum()
+    inputs = leaves + [x for x in (gl, hl) if x is not None]
+    grads = torch.autograd.grad(loss, inputs)
+    return o, s, grads
+
+
+def assert_close(got, ref, tol=TOL, what=""):
+    o1, s1, g1 = got
+    o2, s2, g2 = ref
+    assert error_ratio(o1, o2) <= tol, f"{what} o: {error_ratio(o1, o2)}"
+    if s2 is not None:
+        assert error_ratio(s1, s2) <= tol, f"{what} final state: {error_ratio(s1, s2)}"
+    names = ["dq", "dk", "dv", "dg/dh0", "dh0"]
+    for name, a, b in zip(names, g1, g2):
+        assert error_ratio(a, b) <= tol, f"{what} {name}: {error_ratio(a, b)}"
+
+
+def closed_form(q, k, v, g, h0, scale):
+    """o_t = scale * (sum_{s<=t} exp(G_t - G_s) (q_t . k_s) v_s + exp(G_t) q_t h0): independent of the code."""
+    q, k, v = (x.double() for x in (q, k, v))
+    b, t, h, _ = q.shape
+    big_g = torch.zeros(b, t, h, dtype=torch.float64) if g is None else g.double().cumsum(1)
+    diff = big_g[:, :, None, :] - big_g[:, None, :, :]  # [b, t, s, h]
+    mask = torch.ones(t, t, dtype=torch.bool).tril()[None, :, :, None]
+    w = torch.where(mask, diff, torch.full_like(diff, float("-inf"))).exp()
+    o = scale * torch.einsum("btsh,bthk,bshk,bshv->bthv", w, q, k, v)
+    if h0 is not None:
+        o = o + scale * torch.einsum("bth,bthk,bhkv->bthv", big_g.exp(), q, h0.double())
+    return o
+
+
+@pytest.mark.parametrize("decay", ["strong", "none"])
+def test_naive_matches_closed_form(decay):
+    q, k, v, g, h0 = make(2, 37, 2, 12, 20, decay, n_state=2, dtype=torch.float64)
+    o, _ = linear_attn(q, k, v, g, initial_state=h0, backend="naive")
+    assert error_ratio(o, closed_form(q, k, v, g, h0, 12 ** -0.5)) < 1e-12
+
+
+@pytest.mark.parametrize(
+    "b,t,h,dk,dv,decay,init",
+    [
+        (2, 63, 2, 60, 100, "strong", True),
+        (1, 75, 3, 16, 16, "weak", False),
+        (2, 130, 2, 32, 48, "zero", True),
+        (1, 500, 2, 100, 100, "weak", True),
+        (1, 64, 1, 8, 8, "none", False),
+    ],
+)
+def test_torch_matches_naive(b, t, h, dk, dv, decay, init):
+    q, k, v, g, h0 = make(b, t, h, dk, dv, decay, n_state=b if init else None)
+    ref = run(q, k, v, g, h0, "naive", dtype=torch.float64)
+    got = run(q, k, v, g, h0, "torch")
+    assert got[0].dtype == torch.float32 and got[1].dtype == torch.float32
+    assert_close(got, ref, what=f"torch T={t}")
+
+
+def varlen_case(backend, dk=16, dv=24, seed=3, lens=(1, 15, 70, 40, 1)):
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+    t = int(cu[-1])
+    q, k, v, g, h0 = make(1, t, 2, dk, dv, "weak", seed=seed, n_state=len(lens))
+    gen = torch.Generator().manual_seed(7)
+    do = torch.randn(1, t, 2, dv, generator=gen, dtype=torch.float64)
+    dfinal = torch.randn(len(lens), 2, dk, dv, generator=gen, dtype=torch.float64)
+    got = run(q, k, v, g, h0, backend, cu=cu, do=do, dfinal=dfinal)
+    # the reference: each document run on its own (no leakage across boundaries)
+    parts = []
+    for n, (s, e) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        parts.append(run(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], h0[n:n + 1], "naive", dtype=torch.float64,
+                         do=do[:, s:e], dfinal=dfinal[n:n + 1]))
+    ref = (torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 0),
+           [torch.cat([p[2][i] for p in parts], 0 if i == 4 else 1) for i in range(5)])
+    assert_close(got, ref, what=f"{backend} varlen")
+
+
+def test_torch_varlen_matches_per_document():
+    varlen_case("torch", dk=60, dv=100)
+
+
+def test_g_none_equals_zero_gate():
+    q, k, v, g, h0 = make(1, 70, 2, 16, 16, "zero", n_state=1)
+    a, sa = linear_attn(q, k, v, g, initial_state=h0, output_final_state=True, backend="torch")
+    b, sb = linear_attn(q, k, v, None, initial_state=h0, output_final_state=True, backend="torch")
+    assert error_ratio(a, b) < 1e-6 and error_ratio(sa, sb) < 1e-6
+    assert sa.shape == (1, 2, 16, 16)
+
+
+def test_step_matches_forward():
+    q, k, v, g, h0 = make(2, 20, 2, 12, 10, "weak", n_state=2)
+    o, s = linear_attn(q, k, v, g, initial_state=h0, output_final_state=True, backend="naive")
+    state = h0.clone()
+    for t in range(20):
+        ot, state = linear_attn_step(q[:, t], k[:, t], v[:, t], g[:, t], state)
+        assert error_ratio(ot, o[:, t]) < 1e-5
+    assert error_ratio(state, s) < 1e-5
+    # a prefill with the chunked path, then decoding, equals the full run
+    _, s10 = linear_attn(q[:, :10], k[:, :10], v[:, :10], g[:, :10], initial_state=h0, output_final_state=True)
+    ot, _ = linear_attn_step(q[:, 10], k[:, 10], v[:, 10], g[:, 10], s10)
+    assert error_ratio(ot, o[:, 10]) < 1e-5
+
+
+def test_no_final_state_and_defaults():
+    q, k, v, g, _ = make(1, 10, 1, 4, 4, "weak")
+    o, s = linear_attn(q, k, v, g)
+    assert s is None and o.shape == (1, 10, 1, 4) and o.dtype == torch.float32
+    o2, _ = linear_attn(q, k, v, g, scale=0.5 * 4 ** -0.5)
+    assert error_ratio(o2, 0.5 * o) < 1e-6
+
+
+def test_errors(monkeypatch):
+    q, k, v, g, h0 = make(2, 8, 2, 4, 6, "weak", n_state=2)
+    with pytest.raises(ValueError, match=r"4-D"):
+        linear_attn(q[0], k, v, g)
+    with pytest.raises(ValueError, match=r"same shape"):
+        linear_attn(q, k[..., :3], v, g)
+    with pytest.raises(ValueError, match=r"v must be"):
+        linear_attn(q, k, v[:, :7], g)
+    with pytest.raises(TypeError, match=r"share one dtype"):
+        linear_attn(q, k.half(), v, g)
+    with pytest.raises(TypeError, match=r"float32, float16 or bfloat16"):
+        linear_attn(q.int(), k.int(), v.int(), g)
+    with pytest.raises(ValueError, match=r"g must have shape"):
+        linear_attn(q, k, v, g[:, :4])
+    with pytest.raises(TypeError, match=r"g \(log decay\) must be float32"):
+        linear_attn(q, k, v, g.bfloat16())
+    with pytest.raises(ValueError, match=r"initial_state must have shape"):
+        linear_attn(q, k, v, g, initial_state=h0[:1])
+    with pytest.raises(ValueError, match=r"B == 1"):
+        linear_attn(q, k, v, g, cu_seqlens=torch.tensor([0, 4, 8]))
+    q1, k1, v1, g1 = (x.reshape(1, 16, *x.shape[2:]) for x in (q, k, v, g))
+    for bad in ([1, 8, 16], [0, 9, 8, 16], [0, 8, 15]):
+        with pytest.raises(ValueError, match=r"start at 0, never decrease and end at T=16"):
+            linear_attn(q1, k1, v1, g1, cu_seqlens=torch.tensor(bad))
+    with pytest.raises(TypeError, match=r"cu_seqlens must be a 1-D int32/int64"):
+        linear_attn(q1, k1, v1, g1, cu_seqlens=torch.tensor([0.0, 16.0]))
+    with pytest.raises(ValueError, match=r"unknown backend"):
+        linear_attn(q, k, v, g, backend="cuda")
+    if DEV == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        with pytest.raises(RuntimeError, match=r"TRITON_INTERPRET=1"):
+            linear_attn(q, k, v, g, backend="triton")
