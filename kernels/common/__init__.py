@@ -5,4 +5,4 @@ from .metrics import error_ratio
 from .validate import check_recurrent_inputs, resolve_backend
 from .varlen import chunk_table, sequence_bounds
 
-__all__ = ["error_ratio", "check_recurrent_inputs", "resolve_backend", "chunk_table", "sequence_bounds"]
+__all__ = ["check_recurrent_inputs", "chunk_table", "error_ratio", "resolve_backend", "sequence_bounds"]

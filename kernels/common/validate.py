@@ -5,6 +5,7 @@ torch._assert_async (a device-side assertion, no host synchronisation); a CPU cu
 host with a readable error.
 """
 
+import itertools
 import os
 
 import torch
@@ -84,7 +85,7 @@ def check_recurrent_inputs(
         n = cu_seqlens.numel() - 1
         if cu_seqlens.device.type == "cpu":
             bounds = cu_seqlens.tolist()
-            if bounds[0] != 0 or bounds[-1] != t or any(x > y for x, y in zip(bounds[:-1], bounds[1:])):
+            if bounds[0] != 0 or bounds[-1] != t or any(x > y for x, y in itertools.pairwise(bounds)):
                 raise ValueError(f"{op}: cu_seqlens must start at 0, never decrease and end at T={t}, got "
                                  f"{bounds}")
         else:

@@ -4,6 +4,8 @@ S_t = exp(g_t) S_{t-1} + k_t v_t^T,  o_t = scale * q_t^T S_t   (per head; S is K
 Computed in float32 (float64 when the inputs are float64); differentiable through autograd.
 """
 
+import itertools
+
 import torch
 
 
@@ -20,7 +22,7 @@ def linear_attn_naive(q, k, v, g, scale, initial_state, output_final_state, cu_s
     else:
         bounds = [int(x) for x in cu_seqlens.tolist()]
     outs, finals = [], []
-    for n, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+    for n, (s, e) in enumerate(itertools.pairwise(bounds)):
         state = (torch.zeros(h, dk, dv, dtype=dt, device=q.device) if initial_state is None
                  else initial_state[n].to(dt))
         for i in range(s, e):

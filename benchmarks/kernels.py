@@ -1,0 +1,213 @@
+"""Kernel benchmark: bf16 correctness on the GPU against the fp32 oracle, then forward and forward+backward
+times beside SDPA (flash and cuDNN backends) at SPEC §9's shapes (B*T = 32,768 tokens, 16 heads, head dim 128).
+
+    python benchmarks/kernels.py                         # every op in CASES
+    python benchmarks/kernels.py --ops linear_attn --seqlens 1024 4096 32768
+    python benchmarks/kernels.py --append                # also writes the table to benchmarks/RESULTS.md
+
+Each op is one entry of CASES (an OpCase): how to make its inputs, how to call it, and which gradients it
+has with their SPEC §2 tolerances. Correctness compares the "triton" backend on bf16 inputs with the "naive"
+backend (the token recurrence) on the same values in fp32, for the output, the final state and every
+gradient, on a small odd-length batch and on a packed varlen batch. Times are medians of
+triton.testing.do_bench in ms. Imports only torch, triton and kernels.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from kernels.common import error_ratio
+
+OUT_TOL = 5e-3  # outputs and final states, bf16 vs the fp32 oracle (SPEC §2)
+QKV_TOL = 1e-2
+GATE_TOL = 2e-2
+
+
+@dataclass
+class OpCase:
+    """make(B, T, H, D, device, seed) -> dict of fp32 input tensors (names in call order; g/beta fp32 always,
+    'initial_state' [N, H, D, D] optional); call(inputs, cu_seqlens, backend) -> (o, final_state).
+    grad_tol maps each differentiable input name to its gradient tolerance."""
+
+    make: Callable[..., dict]
+    call: Callable[..., tuple]
+    grad_tol: dict = field(default_factory=dict)
+
+
+def _qkv(b, t, h, d, device, gen):
+    q = torch.randn(b, t, h, d, device=device, generator=gen)
+    k = torch.randn(b, t, h, d, device=device, generator=gen)
+    v = torch.randn(b, t, h, d, device=device, generator=gen)
+    return q, k, v
+
+
+def _make_linear_attn(b, t, h, d, device, seed=0, n_state=None):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q, k, v = _qkv(b, t, h, d, device, gen)
+    # Mamba-2-like decays: g = -exp(A_log) * softplus(dt), per-token in (-0.3, 0)
+    g = -0.3 * torch.rand(b, t, h, device=device, generator=gen)
+    out = {"q": q, "k": k, "v": v, "g": g}
+    if n_state is not None:
+        out["initial_state"] = torch.randn(n_state, h, d, d, device=device, generator=gen)
+    return out
+
+
+def _call_linear_attn(x, cu_seqlens, backend):
+    from kernels import linear_attn
+
+    return linear_attn(x["q"], x["k"], x["v"], x["g"], initial_state=x.get("initial_state"),
+                       output_final_state=True, cu_seqlens=cu_seqlens, backend=backend)
+
+
+CASES: dict[str, OpCase] = {
+    "linear_attn": OpCase(_make_linear_attn, _call_linear_attn,
+                          {"q": QKV_TOL, "k": QKV_TOL, "v": QKV_TOL, "g": GATE_TOL, "initial_state": QKV_TOL}),
+}
+
+
+def _leaves(inputs, dtype):
+    """Detached leaves requiring grad: q/k/v/beta-like activations in `dtype`, g and states in fp32."""
+    out = {}
+    for name, x in inputs.items():
+        keep_fp32 = name in ("g", "initial_state") or x.dtype != torch.float32
+        out[name] = x.detach().to(torch.float32 if keep_fp32 else dtype).requires_grad_()
+    return out
+
+
+def _run_with_grads(case, inputs, cu, backend, dtype, seed=11):
+    x = _leaves(inputs, dtype)
+    o, s = case.call(x, cu, backend)
+    gen = torch.Generator(device=o.device).manual_seed(seed)
+    do = torch.randn(o.shape, device=o.device, generator=gen)
+    ds = torch.randn(s.shape, device=o.device, generator=gen)
+    loss = (o.float() * do).sum() + (s.float() * ds).sum()
+    names = [n for n in x if n in case.grad_tol]
+    grads = torch.autograd.grad(loss, [x[n] for n in names])
+    return o, s, dict(zip(names, grads))
+
+
+def check(name: str, case: OpCase, device: str) -> list[tuple[str, str, float, float]]:
+    """Rows (shape, quantity, error ratio, tolerance) for bf16 triton vs fp32 naive."""
+    rows = []
+    shapes = [("B2 T777 H4 D128", 2, 777, 4, 128, None), ("varlen 1,15,700,333 H4 D128", 1, 1049, 4, 128,
+                                                             [0, 1, 16, 716, 1049])]
+    for label, b, t, h, d, bounds in shapes:
+        n = b if bounds is None else len(bounds) - 1
+        cu = None if bounds is None else torch.tensor(bounds, device=device, dtype=torch.int32)
+        inputs = case.make(b, t, h, d, device, seed=0, n_state=n)
+        o, s, g = _run_with_grads(case, inputs, cu, "triton", torch.bfloat16)
+        ro, rs, rg = _run_with_grads(case, inputs, cu, "naive", torch.float32)
+        rows.append((label, "o", error_ratio(o, ro), OUT_TOL))
+        rows.append((label, "final_state", error_ratio(s, rs), OUT_TOL))
+        for gname, tol in case.grad_tol.items():
+            if gname in g:
+                rows.append((label, "d" + gname, error_ratio(g[gname], rg[gname]), tol))
+    return rows
+
+
+def _sdpa_fn(backend_name, b, t, h, d, device):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    kind = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend_name]
+    q, k, v = (torch.randn(b, h, t, d, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    do = torch.randn(b, h, t, d, device=device, dtype=torch.bfloat16)
+
+    def fwd():
+        with sdpa_kernel(kind):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def fwd_bwd():
+        fwd().backward(do)
+
+    return fwd, fwd_bwd, [q, k, v]
+
+
+def _op_fn(case, b, t, h, d, device):
+    x = _leaves(case.make(b, t, h, d, device, seed=0), torch.bfloat16)
+    o, _ = case.call(x, None, "triton")
+    do = torch.randn_like(o)
+
+    def fwd():
+        return case.call(x, None, "triton")
+
+    def fwd_bwd():
+        o, _ = case.call(x, None, "triton")
+        o.backward(do)
+
+    return fwd, fwd_bwd, list(x.values())
+
+
+def bench(ops, seqlens, tokens, heads, dim, device):
+    import triton.testing
+
+    rows = []
+    for t in seqlens:
+        b = max(tokens // t, 1)
+        entries = [(op, (lambda op=op, b=b, t=t: _op_fn(CASES[op], b, t, heads, dim, device))) for op in ops]
+        entries += [(f"sdpa_{kind}", (lambda kind=kind, b=b, t=t: _sdpa_fn(kind, b, t, heads, dim, device)))
+                    for kind in ("flash", "cudnn")]
+        for label, build in entries:
+            try:
+                fwd, fwd_bwd, leaves = build()
+                f = triton.testing.do_bench(fwd, warmup=25, rep=100, return_mode="median")
+                fb = triton.testing.do_bench(fwd_bwd, warmup=25, rep=100, grad_to_none=leaves,
+                                             return_mode="median")
+                rows.append((t, b, label, f, fb))
+            except (RuntimeError, ValueError) as e:  # a backend missing on this machine is reported, not fatal
+                rows.append((t, b, label, float("nan"), float("nan")))
+                print(f"  {label} T={t}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+            torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ops", nargs="+", default=list(CASES), choices=list(CASES))
+    p.add_argument("--seqlens", nargs="+", type=int, default=[1024, 2048, 4096, 8192, 16384, 32768])
+    p.add_argument("--tokens", type=int, default=32768)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--skip-check", action="store_true")
+    p.add_argument("--skip-bench", action="store_true")
+    p.add_argument("--append", action="store_true", help="append the tables to benchmarks/RESULTS.md")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/kernels.py needs a CUDA GPU")
+    device = "cuda"
+    lines = []
+    failed = False
+    if not args.skip_check:
+        lines += ["| op | case | quantity | error ratio | tolerance | ok |", "|---|---|---|---|---|---|"]
+        for op in args.ops:
+            for label, qty, err, tol in check(op, CASES[op], device):
+                ok = err <= tol
+                failed |= not ok
+                lines.append(f"| {op} | {label} | {qty} | {err:.2e} | {tol:.0e} | {'yes' if ok else 'NO'} |")
+        print("\n".join(lines), flush=True)
+    if not args.skip_bench:
+        rows = bench(args.ops, args.seqlens, args.tokens, args.heads, args.dim, device)
+        table = ["| T | B | kernel | fwd ms | fwd+bwd ms |", "|---|---|---|---|---|"]
+        table += [f"| {t} | {b} | {label} | {f:.3f} | {fb:.3f} |" for t, b, label, f, fb in rows]
+        print("\n".join(table), flush=True)
+        lines += [""] + table
+    if args.append:
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        head = (f"\n## Kernels, {stamp}, {torch.cuda.get_device_name()} (torch {torch.__version__}, triton "
+                f"{__import__('triton').__version__})\n\n`python benchmarks/kernels.py {' '.join(sys.argv[1:])}`"
+                f"\n\nbf16, {args.tokens} tokens per call, H={args.heads}, D={args.dim}; medians of do_bench.\n\n")
+        with open(REPO / "benchmarks" / "RESULTS.md", "a") as fh:
+            fh.write(head + "\n".join(lines) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
