@@ -162,3 +162,57 @@ def test_errors_are_clear():
         delta_rule(q, k, v, beta, g, backend="cuda")
     with pytest.raises(ValueError, match="step: expected state"):
         delta_rule_step(q[:, 0], k[:, 0], v[:, 0], beta[:, 0], g[:, 0], torch.zeros(2, 2, 8, 4))
+
+
+# ---------------------------------------------------------------- Triton kernels (interpreter on CPU, fp32)
+
+needs_triton = pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="Triton kernels need CUDA or TRITON_INTERPRET=1",
+)
+
+
+def _device_inputs(inputs, h0=None):
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    moved = [x if x is None else x.to(dev) for x in inputs]
+    return moved, (None if h0 is None else h0.to(dev))
+
+
+@needs_triton
+@pytest.mark.parametrize("b,t,dk,dv,decay,with_h0", [
+    (2, 75, 60, 100, "weak", True),
+    (1, 63, 100, 60, "strong", False),
+    (1, 70, 16, 32, "zero", True),
+    (2, 65, 32, 16, None, True),
+])
+def test_triton_matches_naive(b, t, dk, dv, decay, with_h0):
+    inputs = make(b, t, 2, dk, dv, seed=8, decay=decay, normalize=decay != "zero")
+    h0 = torch.randn(b, 2, dk, dv) if with_h0 else None
+    inputs, h0 = _device_inputs(inputs, h0)
+    assert_close(run("triton", inputs, h0), run("naive", inputs, h0), what="triton")
+
+
+@needs_triton
+def test_triton_varlen_matches_naive():
+    inputs = make(1, 100, 2, 20, 12, seed=9, decay="strong")
+    cu = torch.tensor([0, 1, 16, 16, 80, 100])  # lengths 1, 15, 0, 64, 20
+    h0 = torch.randn(5, 2, 20, 12)
+    inputs, h0 = _device_inputs(inputs, h0)
+    cu = cu.to(inputs[0].device)
+    assert_close(run("triton", inputs, h0, cu=cu), run("naive", inputs, h0, cu=cu), what="triton varlen")
+
+
+@needs_triton
+def test_triton_output_only():
+    """No initial state and no final state: the backward starts from a zero state gradient."""
+    inputs, _ = _device_inputs(make(1, 40, 2, 16, 16, seed=10))
+    leaves = [x.clone().requires_grad_() for x in inputs]
+    outs = []
+    for backend in ("triton", "naive"):
+        xs = [x.detach().clone().requires_grad_() for x in leaves]
+        o, final = delta_rule(*xs, backend=backend)
+        assert final is None
+        o.pow(2).sum().backward()
+        outs.append([o.detach()] + [x.grad for x in xs])
+    for a, ref in zip(*outs):
+        assert err_ratio(a, ref) <= TOL

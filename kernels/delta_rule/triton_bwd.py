@@ -1,0 +1,296 @@
+"""Triton backward of the gated delta rule, and the autograd.Function that ties it to triton_fwd.
+
+With the forward's per-chunk quantities (chunk.py's notation; S the chunk-start state, S' the chunk-end state):
+  O = scale (diag(e^gamma) Q S + P U),  P = Q K^T * Gamma * M,    S' = e^{gamma_C} S + Kbar^T U,
+  U = U~ - W S,  W = T X,  U~ = T Y,  X = diag(beta e^gamma) K,  Y = diag(beta) V,  T = (I + A)^{-1},
+the gradients are, going backwards through the chunks with dS' (the gradient at the chunk end):
+  dU = scale P^T dO + Kbar dS',     dS = e^{gamma_C} dS' + scale (diag(e^gamma) Q)^T dO - W^T dU,
+and then, chunk by chunk in parallel: dW = -dU S^T, dX = T^T dW, dY = T^T dU, dT = dW X^T + dU Y^T,
+dA = -T^T dT T^T (strictly lower part), plus the direct terms of Q, K, beta and gamma; dg is the reverse
+cumsum of dgamma inside the chunk. Three launches:
+  1. intra (per (chunk, head, V-block)): dU_intra = scale P^T dO;
+  2. reverse state pass (per (document, head, V-block)): dS' per chunk, dU, and the initial-state gradient;
+  3. grads (per (chunk, head), looping over V-blocks): dq, dk, dv, dbeta, dg.
+The forward's chunk states, pseudo-values, W and T are saved, not recomputed.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.common.varlen import chunk_table, sequence_bounds
+
+from .triton_fwd import CHUNK, block_sizes, delta_rule_fwd, dot_precision
+
+
+@triton.jit
+def _intra_kernel(
+    q_ptr, k_ptr, gamma_ptr, do_ptr, table_ptr, du_ptr, scale,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+):
+    pid_v = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    pid_h = tl.program_id(2)
+    start = tl.load(table_ptr + pid_c * 3).to(tl.int64)
+    end = tl.load(table_ptr + pid_c * 3 + 1).to(tl.int64)
+    if end <= start:
+        return
+    rows = tl.arange(0, C)
+    tok = start + rows
+    rmask = tok < end
+    offs_k = tl.arange(0, BK)
+    offs_v = pid_v * BV + tl.arange(0, BV)
+    mk = rmask[:, None] & (offs_k < K)[None, :]
+    m2 = rmask[:, None] & (offs_v < V)[None, :]
+    b_q = tl.load(q_ptr + (tok[:, None] * H + pid_h) * K + offs_k[None, :], mask=mk, other=0.0)
+    b_k = tl.load(k_ptr + (tok[:, None] * H + pid_h) * K + offs_k[None, :], mask=mk, other=0.0)
+    b_gamma = tl.load(gamma_ptr + tok * H + pid_h, mask=rmask, other=0.0)
+    b_do = tl.load(do_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], mask=m2, other=0.0)
+    incl = rows[:, None] >= rows[None, :]
+    decay = tl.exp(tl.where(incl, b_gamma[:, None] - b_gamma[None, :], float("-inf")))
+    # P^T = K Q^T * Gamma^T: build it transposed directly so no transposed tile is materialised.
+    b_pt = tl.dot(b_k, tl.trans(b_q), input_precision=PREC) * tl.trans(decay) * scale
+    b_du = tl.dot(b_pt.to(b_do.dtype), b_do, input_precision=PREC)
+    tl.store(du_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], b_du, mask=m2)
+
+
+@triton.jit
+def _state_bwd_kernel(
+    q_ptr, k_ptr, gamma_ptr, w_ptr, do_ptr, du_ptr, bounds_ptr, choff_ptr, dht_ptr,
+    dh_ptr, dh0_ptr, scale,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, PREC: tl.constexpr,
+):
+    pid_v = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    pid_n = tl.program_id(2)
+    bos = tl.load(bounds_ptr + pid_n).to(tl.int64)
+    eos = tl.load(bounds_ptr + pid_n + 1).to(tl.int64)
+    c0 = tl.load(choff_ptr + pid_n).to(tl.int64)
+    nch = (eos - bos + C - 1) // C
+    rows = tl.arange(0, C)
+    offs_k = tl.arange(0, BK)
+    offs_v = pid_v * BV + tl.arange(0, BV)
+    kmask = offs_k < K
+    vmask = offs_v < V
+    smask = kmask[:, None] & vmask[None, :]
+    s_off = offs_k[:, None] * V + offs_v[None, :]
+
+    dstate = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_DHT:
+        dstate += tl.load(dht_ptr + (pid_n * H + pid_h) * K * V + s_off, mask=smask, other=0.0)
+    for ci in range(0, nch):
+        c = nch - 1 - ci
+        start = bos + c * C
+        tok = start + rows
+        rmask = tok < eos
+        last = tl.minimum(start + C, eos) - 1
+        tl.store(dh_ptr + ((c0 + c) * H + pid_h) * K * V + s_off, dstate.to(dh_ptr.dtype.element_ty), mask=smask)
+        mk = rmask[:, None] & kmask[None, :]
+        m2 = rmask[:, None] & vmask[None, :]
+        b_k = tl.load(k_ptr + (tok[:, None] * H + pid_h) * K + offs_k[None, :], mask=mk, other=0.0)
+        b_q = tl.load(q_ptr + (tok[:, None] * H + pid_h) * K + offs_k[None, :], mask=mk, other=0.0)
+        b_w = tl.load(w_ptr + (tok[:, None] * H + pid_h) * K + offs_k[None, :], mask=mk, other=0.0)
+        b_gamma = tl.load(gamma_ptr + tok * H + pid_h, mask=rmask, other=0.0)
+        g_last = tl.load(gamma_ptr + last * H + pid_h)
+        b_do = tl.load(do_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], mask=m2, other=0.0)
+        b_du = tl.load(du_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], mask=m2, other=0.0)
+        b_kbar = (b_k.to(tl.float32) * tl.exp(g_last - b_gamma)[:, None]).to(b_k.dtype)
+        b_du += tl.dot(b_kbar, dstate.to(b_k.dtype), input_precision=PREC)
+        tl.store(du_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], b_du, mask=m2)
+        b_qd = (b_q.to(tl.float32) * (tl.exp(b_gamma) * scale)[:, None]).to(b_q.dtype)
+        dstate = dstate * tl.exp(g_last) + tl.dot(tl.trans(b_qd), b_do, input_precision=PREC)
+        dstate -= tl.dot(tl.trans(b_w), b_du.to(b_w.dtype), input_precision=PREC)
+    if STORE_DH0:
+        tl.store(dh0_ptr + (pid_n * H + pid_h) * K * V + s_off, dstate, mask=smask)
+
+
+@triton.jit
+def _grads_kernel(
+    q_ptr, k_ptr, v_ptr, beta_ptr, gamma_ptr, tinv_ptr, w_ptr, u_ptr, h_ptr, dh_ptr, do_ptr, du_ptr, table_ptr,
+    dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, scale,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_G: tl.constexpr, PREC: tl.constexpr,
+):
+    pid_c = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    start = tl.load(table_ptr + pid_c * 3).to(tl.int64)
+    end = tl.load(table_ptr + pid_c * 3 + 1).to(tl.int64)
+    if end <= start:
+        return
+    rows = tl.arange(0, C)
+    tok = start + rows
+    rmask = tok < end
+    offs_k = tl.arange(0, BK)
+    kmask = offs_k < K
+    mk = rmask[:, None] & kmask[None, :]
+    kptrs = (tok[:, None] * H + pid_h) * K + offs_k[None, :]
+    b_q = tl.load(q_ptr + kptrs, mask=mk, other=0.0)
+    b_k = tl.load(k_ptr + kptrs, mask=mk, other=0.0)
+    b_w = tl.load(w_ptr + kptrs, mask=mk, other=0.0)
+    b_beta = tl.load(beta_ptr + tok * H + pid_h, mask=rmask, other=0.0).to(tl.float32)
+    b_gamma = tl.load(gamma_ptr + tok * H + pid_h, mask=rmask, other=0.0)
+    last = end - start - 1
+    g_last = tl.load(gamma_ptr + (end - 1) * H + pid_h)
+    b_t = tl.load(tinv_ptr + (tok[:, None] * H + pid_h) * C + rows[None, :], mask=rmask[:, None], other=0.0)
+    b_tt = tl.trans(b_t)
+    dt = b_q.dtype
+
+    b_dqs = tl.zeros([C, BK], dtype=tl.float32)
+    b_dp = tl.zeros([C, C], dtype=tl.float32)
+    b_kb = tl.zeros([C, BK], dtype=tl.float32)
+    b_dw = tl.zeros([C, BK], dtype=tl.float32)
+    b_dtp = tl.zeros([C, C], dtype=tl.float32)
+    b_dbeta = tl.zeros([C], dtype=tl.float32)
+    b_dgl = tl.zeros([BK], dtype=tl.float32)
+    h_base = pid_c.to(tl.int64) * H * K * V + pid_h * K * V
+    for v0 in range(0, V, BV):
+        offs_v = v0 + tl.arange(0, BV)
+        vmask = offs_v < V
+        m2 = rmask[:, None] & vmask[None, :]
+        vptrs = (tok[:, None] * H + pid_h) * V + offs_v[None, :]
+        b_do = tl.load(do_ptr + vptrs, mask=m2, other=0.0)
+        b_u = tl.load(u_ptr + vptrs, mask=m2, other=0.0)
+        b_v = tl.load(v_ptr + vptrs, mask=m2, other=0.0)
+        b_du = tl.load(du_ptr + vptrs, mask=m2, other=0.0)
+        smask = kmask[:, None] & vmask[None, :]
+        s_off = h_base + offs_k[:, None] * V + offs_v[None, :]
+        b_h = tl.load(h_ptr + s_off, mask=smask, other=0.0)
+        b_dh = tl.load(dh_ptr + s_off, mask=smask, other=0.0)
+        b_dqs += tl.dot(b_do, tl.trans(b_h.to(dt)), input_precision=PREC)
+        b_dp += tl.dot(b_do, tl.trans(b_u), input_precision=PREC)
+        b_kb += tl.dot(b_u, tl.trans(b_dh.to(dt)), input_precision=PREC)
+        b_dw -= tl.dot(b_du.to(dt), tl.trans(b_h.to(dt)), input_precision=PREC)
+        b_dy = tl.dot(b_tt, b_du, input_precision=PREC)
+        tl.store(dv_ptr + vptrs, (b_dy * b_beta[:, None]).to(dv_ptr.dtype.element_ty), mask=m2)
+        b_vf = b_v.to(tl.float32)
+        b_dbeta += tl.sum(b_dy * b_vf, 1)
+        b_dtp += tl.dot(b_du, tl.trans(b_vf * b_beta[:, None]), input_precision=PREC)
+        b_dgl += tl.sum(b_dh.to(tl.float32) * b_h.to(tl.float32), 1)
+
+    incl = rows[:, None] >= rows[None, :]
+    strict = rows[:, None] > rows[None, :]
+    decay = tl.exp(tl.where(incl, b_gamma[:, None] - b_gamma[None, :], float("-inf")))
+    e_gamma = tl.exp(b_gamma)
+    b_qf = b_q.to(tl.float32)
+    b_kf = b_k.to(tl.float32)
+    # Intra-chunk output term P = scale Q K^T * Gamma * M.
+    b_p = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * decay * scale
+    b_e = b_dp * b_p
+    b_dgam = tl.sum(b_e, 1) - tl.sum(b_e, 0)
+    b_dpm = (b_dp * decay * scale).to(dt)
+    b_dq = b_dqs * (e_gamma * scale)[:, None] + tl.dot(b_dpm, b_k, input_precision=PREC)
+    b_dk = tl.dot(tl.trans(b_dpm), b_q, input_precision=PREC)
+    b_dgam += e_gamma * scale * tl.sum(b_qf * b_dqs, 1)
+    # State write Kbar^T U with Kbar = diag(e^{gamma_C - gamma}) K, and the carried e^{gamma_C} S.
+    e_end = tl.where(rmask, tl.exp(g_last - b_gamma), 0.0)
+    b_dk += b_kb * e_end[:, None]
+    b_term = e_end * tl.sum(b_kf * b_kb, 1)
+    d_glast = tl.exp(g_last) * tl.sum(b_dgl, 0) + tl.sum(b_term, 0)
+    b_dgam -= b_term
+    # W = T X, X = diag(beta e^gamma) K.
+    b_xw = b_beta * e_gamma
+    b_x = b_kf * b_xw[:, None]
+    b_dx = tl.dot(b_tt, b_dw, input_precision=PREC)
+    b_dk += b_dx * b_xw[:, None]
+    b_tmp = e_gamma * tl.sum(b_dx * b_kf, 1)
+    b_dbeta += b_tmp
+    b_dgam += b_beta * b_tmp
+    # T = (I + A)^{-1}: dA = -T^T dT T^T on the strictly lower part; A = diag(beta) (K K^T * Gamma) strict.
+    b_dtm = tl.dot(b_dw, tl.trans(b_x), input_precision=PREC) + b_dtp
+    b_da = -tl.dot(tl.dot(b_tt, b_dtm, input_precision=PREC), b_tt, input_precision=PREC)
+    b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
+    dstrict = tl.where(strict, decay, 0.0)
+    b_kkd = b_kk * dstrict
+    b_da = tl.where(strict, b_da, 0.0)
+    b_ga = b_da * b_beta[:, None] * dstrict
+    b_dk += tl.dot(b_ga, b_kf, input_precision=PREC) + tl.dot(tl.trans(b_ga), b_kf, input_precision=PREC)
+    b_dbeta += tl.sum(b_da * b_kkd, 1)
+    b_d = b_da * b_kkd * b_beta[:, None]
+    b_dgam += tl.sum(b_d, 1) - tl.sum(b_d, 0)
+    b_dgam += tl.where(rows == last, d_glast, 0.0)
+
+    tl.store(dq_ptr + kptrs, b_dq.to(dq_ptr.dtype.element_ty), mask=mk)
+    tl.store(dk_ptr + kptrs, b_dk.to(dk_ptr.dtype.element_ty), mask=mk)
+    tl.store(dbeta_ptr + tok * H + pid_h, b_dbeta, mask=rmask)
+    if HAS_G:
+        b_dgam = tl.where(rmask, b_dgam, 0.0)
+        b_dg = tl.sum(b_dgam, 0) - tl.cumsum(b_dgam, axis=0) + b_dgam
+        tl.store(dg_ptr + tok * H + pid_h, b_dg, mask=rmask)
+
+
+def delta_rule_bwd(q, k, v, beta, g, scale, initial_state, bounds, table, choff, saved, do, dht):
+    """Gradients (dq, dk, dv, dbeta fp32, dg fp32 or None, dh0 fp32 or None) on the packed [L, H, *] layout."""
+    gamma, tinv, w, u, hs = saved
+    total, h, dk = q.shape
+    dv = v.shape[-1]
+    n = bounds.numel() - 1
+    rows = table.shape[0]
+    bk, bv = block_sizes(dk, dv)
+    prec = dot_precision(q.dtype)
+    dev = q.device
+    du = torch.empty(total, h, dv, device=dev, dtype=torch.float32)
+    _intra_kernel[(triton.cdiv(dv, bv), rows, h)](
+        q, k, gamma, do, table, du, scale, H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, PREC=prec, num_warps=4,
+    )
+    dh = torch.empty(rows, h, dk, dv, device=dev, dtype=q.dtype)
+    dh0 = torch.empty(n, h, dk, dv, device=dev, dtype=torch.float32) if initial_state is not None else None
+    _state_bwd_kernel[(triton.cdiv(dv, bv), h, n)](
+        q, k, gamma, w, do, du, bounds, choff, dht if dht is not None else gamma,
+        dh, dh0 if dh0 is not None else gamma, scale,
+        H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
+        PREC=prec, num_warps=4,
+    )
+    dq = torch.empty_like(q)
+    dkk = torch.empty_like(k)
+    dvv = torch.empty_like(v)
+    dbeta = torch.empty(total, h, device=dev, dtype=torch.float32)
+    dg = torch.empty(total, h, device=dev, dtype=torch.float32) if g is not None else None
+    _grads_kernel[(rows, h)](
+        q, k, v, beta, gamma, tinv, w, u, hs, dh, do, du, table,
+        dq, dkk, dvv, dbeta, dg if dg is not None else dbeta, scale,
+        H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, HAS_G=g is not None, PREC=prec, num_warps=4,
+    )
+    return dq, dkk, dvv, dbeta, dg, dh0
+
+
+class DeltaRuleFunction(torch.autograd.Function):
+    """Triton forward and backward on the packed token axis; see triton_fwd and this module's docstring."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, beta, g, initial_state, scale, output_final_state, bounds, table, choff):
+        o, final, saved = delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, bounds, table,
+                                         choff)
+        ctx.save_for_backward(q, k, v, beta, g, initial_state, bounds, table, choff, *saved)
+        ctx.scale = scale
+        if final is not None:
+            return o, final
+        return o, None
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, beta, g, initial_state, bounds, table, choff, *saved = ctx.saved_tensors
+        dq, dk, dv, dbeta, dg, dh0 = delta_rule_bwd(
+            q, k, v, beta, g, ctx.scale, initial_state, bounds, table, choff, saved, do.contiguous(),
+            None if dht is None else dht.contiguous().float(),
+        )
+        return (dq, dk, dv, dbeta.to(beta.dtype), None if dg is None else dg.to(g.dtype), dh0, None, None, None,
+                None, None)
+
+
+def delta_rule_triton(q, k, v, beta, g, scale, initial_state, output_final_state, cu_seqlens):
+    """The public contract (kernels.delta_rule.delta_rule) on the Triton kernels. No host synchronisation: the
+    chunk table is built on the device with a static upper bound on its number of rows."""
+    b, t, h, dk = q.shape
+    dv = v.shape[-1]
+    bounds = sequence_bounds(cu_seqlens, b, t, q.device)
+    table, choff = chunk_table(bounds, b * t, CHUNK)
+    flat = [x.reshape(b * t, h, -1).contiguous() for x in (q, k, v)]
+    beta_f = beta.reshape(b * t, h).contiguous()
+    g_f = None if g is None else g.reshape(b * t, h).float().contiguous()
+    h0 = None if initial_state is None else initial_state.float().contiguous()
+    o, final = DeltaRuleFunction.apply(*flat, beta_f, g_f, h0, scale, output_final_state, bounds, table, choff)
+    return o.reshape(b, t, h, dv), final

@@ -1,0 +1,206 @@
+"""Triton forward of the gated delta rule (chunk 64, WY/UT representation; the math is in chunk.py's docstring).
+
+Tensors are viewed as one packed token axis: [B, T, H, D] -> [B*T, H, D] with document boundaries `bounds`
+(cu_seqlens, or b*T for fixed-length batches), so fixed-length and varlen inputs share one code path. Three
+launches:
+  1. prepare (one program per (chunk, head)): gamma (in-chunk cumsum of g), T = (I + A)^{-1} by forward
+     substitution in fp32, W = T diag(beta e^gamma) K, U~ = T diag(beta) V;
+  2. state pass (one program per (document, head, V-block)): walks the document's chunks in order, storing the
+     chunk-start state S and the pseudo-values U = U~ - W S, then S <- e^{gamma_C} S + (e^{gamma_C-gamma} K)^T U;
+  3. output (one program per (chunk, head, V-block)): O = scale (diag(e^gamma) Q S + (Q K^T * Gamma * M) U).
+Chunk-start states are stored in the input dtype (fp32 inputs: fp32), accumulated in fp32.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+CHUNK = 64
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs get exact fp32 products (SPEC §2 tolerances); 16-bit inputs let fp32 tiles use tf32."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+@triton.jit
+def _prepare_kernel(
+    k_ptr, v_ptr, beta_ptr, g_ptr, table_ptr,
+    gamma_ptr, tinv_ptr, w_ptr, ut_ptr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_G: tl.constexpr, PREC: tl.constexpr,
+):
+    pid_c = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    start = tl.load(table_ptr + pid_c * 3).to(tl.int64)
+    end = tl.load(table_ptr + pid_c * 3 + 1).to(tl.int64)
+    if end <= start:
+        return
+    rows = tl.arange(0, C)
+    tok = start + rows
+    rmask = tok < end
+    offs_k = tl.arange(0, BK)
+    kmask = offs_k < K
+
+    b_k = tl.load(k_ptr + (tok[:, None] * H + pid_h) * K + offs_k[None, :], mask=rmask[:, None] & kmask[None, :],
+                  other=0.0)
+    b_beta = tl.load(beta_ptr + tok * H + pid_h, mask=rmask, other=0.0).to(tl.float32)
+    if HAS_G:
+        b_g = tl.load(g_ptr + tok * H + pid_h, mask=rmask, other=0.0).to(tl.float32)
+        b_gamma = tl.cumsum(b_g, axis=0)
+    else:
+        b_gamma = tl.zeros([C], dtype=tl.float32)
+    tl.store(gamma_ptr + tok * H + pid_h, b_gamma, mask=rmask)
+
+    strict = rows[:, None] > rows[None, :]
+    diff = tl.where(strict, b_gamma[:, None] - b_gamma[None, :], float("-inf"))
+    b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
+    # N = -A (strictly lower); X = T - I satisfies X = N + N X, solved row by row (row i needs rows < i only).
+    b_x = -tl.where(strict, b_beta[:, None] * b_kk * tl.exp(diff), 0.0)
+    for i in range(1, C):
+        row = tl.sum(tl.where(rows[:, None] == i, b_x, 0.0), 0)
+        row = row + tl.sum(row[:, None] * b_x, 0)
+        b_x = tl.where(rows[:, None] == i, row[None, :], b_x)
+    b_t = b_x + (rows[:, None] == rows[None, :]).to(tl.float32)
+    tl.store(tinv_ptr + (tok[:, None] * H + pid_h) * C + rows[None, :], b_t, mask=rmask[:, None])
+
+    b_kw = (b_k.to(tl.float32) * (b_beta * tl.exp(b_gamma))[:, None])
+    b_w = tl.dot(b_t, b_kw, input_precision=PREC)
+    tl.store(w_ptr + (tok[:, None] * H + pid_h) * K + offs_k[None, :], b_w.to(w_ptr.dtype.element_ty),
+             mask=rmask[:, None] & kmask[None, :])
+    for v0 in range(0, V, BV):
+        offs_v = v0 + tl.arange(0, BV)
+        vmask = offs_v < V
+        m2 = rmask[:, None] & vmask[None, :]
+        b_v = tl.load(v_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], mask=m2, other=0.0)
+        b_u = tl.dot(b_t, b_v.to(tl.float32) * b_beta[:, None], input_precision=PREC)
+        tl.store(ut_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], b_u.to(ut_ptr.dtype.element_ty),
+                 mask=m2)
+
+
+@triton.jit
+def _state_kernel(
+    k_ptr, gamma_ptr, w_ptr, ut_ptr, bounds_ptr, choff_ptr, h0_ptr,
+    h_ptr, u_ptr, ht_ptr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr,
+):
+    pid_v = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    pid_n = tl.program_id(2)
+    bos = tl.load(bounds_ptr + pid_n).to(tl.int64)
+    eos = tl.load(bounds_ptr + pid_n + 1).to(tl.int64)
+    c0 = tl.load(choff_ptr + pid_n).to(tl.int64)
+    nch = (eos - bos + C - 1) // C
+    rows = tl.arange(0, C)
+    offs_k = tl.arange(0, BK)
+    offs_v = pid_v * BV + tl.arange(0, BV)
+    kmask = offs_k < K
+    vmask = offs_v < V
+    smask = kmask[:, None] & vmask[None, :]
+    s_off = offs_k[:, None] * V + offs_v[None, :]
+
+    state = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        state += tl.load(h0_ptr + (pid_n * H + pid_h) * K * V + s_off, mask=smask, other=0.0).to(tl.float32)
+    for c in range(0, nch):
+        start = bos + c * C
+        tok = start + rows
+        rmask = tok < eos
+        last = tl.minimum(start + C, eos) - 1
+        tl.store(h_ptr + ((c0 + c) * H + pid_h) * K * V + s_off, state.to(h_ptr.dtype.element_ty), mask=smask)
+        b_w = tl.load(w_ptr + (tok[:, None] * H + pid_h) * K + offs_k[None, :],
+                      mask=rmask[:, None] & kmask[None, :], other=0.0)
+        m2 = rmask[:, None] & vmask[None, :]
+        b_ut = tl.load(ut_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], mask=m2, other=0.0)
+        b_u = b_ut.to(tl.float32) - tl.dot(b_w, state.to(b_w.dtype), input_precision=PREC)
+        tl.store(u_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], b_u.to(u_ptr.dtype.element_ty), mask=m2)
+        b_gamma = tl.load(gamma_ptr + tok * H + pid_h, mask=rmask, other=0.0)
+        g_last = tl.load(gamma_ptr + last * H + pid_h)
+        b_k = tl.load(k_ptr + (tok[:, None] * H + pid_h) * K + offs_k[None, :],
+                      mask=rmask[:, None] & kmask[None, :], other=0.0)
+        b_kbar = (b_k.to(tl.float32) * tl.exp(g_last - b_gamma)[:, None]).to(b_w.dtype)
+        state = state * tl.exp(g_last) + tl.dot(tl.trans(b_kbar), b_u.to(b_w.dtype), input_precision=PREC)
+    if STORE_HT:
+        tl.store(ht_ptr + (pid_n * H + pid_h) * K * V + s_off, state, mask=smask)
+
+
+@triton.jit
+def _output_kernel(
+    q_ptr, k_ptr, gamma_ptr, h_ptr, u_ptr, table_ptr, o_ptr, scale,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+):
+    pid_v = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    pid_h = tl.program_id(2)
+    start = tl.load(table_ptr + pid_c * 3).to(tl.int64)
+    end = tl.load(table_ptr + pid_c * 3 + 1).to(tl.int64)
+    if end <= start:
+        return
+    rows = tl.arange(0, C)
+    tok = start + rows
+    rmask = tok < end
+    offs_k = tl.arange(0, BK)
+    offs_v = pid_v * BV + tl.arange(0, BV)
+    kmask = offs_k < K
+    vmask = offs_v < V
+    mk = rmask[:, None] & kmask[None, :]
+    b_q = tl.load(q_ptr + (tok[:, None] * H + pid_h) * K + offs_k[None, :], mask=mk, other=0.0)
+    b_k = tl.load(k_ptr + (tok[:, None] * H + pid_h) * K + offs_k[None, :], mask=mk, other=0.0)
+    b_gamma = tl.load(gamma_ptr + tok * H + pid_h, mask=rmask, other=0.0)
+    b_h = tl.load(h_ptr + (pid_c.to(tl.int64) * H + pid_h) * K * V + offs_k[:, None] * V + offs_v[None, :],
+                  mask=kmask[:, None] & vmask[None, :], other=0.0)
+    m2 = rmask[:, None] & vmask[None, :]
+    b_u = tl.load(u_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], mask=m2, other=0.0)
+    incl = rows[:, None] >= rows[None, :]
+    decay = tl.exp(tl.where(incl, b_gamma[:, None] - b_gamma[None, :], float("-inf")))
+    b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * decay
+    b_o = tl.dot(b_q, b_h.to(b_q.dtype), input_precision=PREC) * tl.exp(b_gamma)[:, None]
+    b_o += tl.dot(b_qk.to(b_u.dtype), b_u, input_precision=PREC)
+    tl.store(o_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], (b_o * scale).to(o_ptr.dtype.element_ty),
+             mask=m2)
+
+
+def block_sizes(dk: int, dv: int):
+    bk = max(16, triton.next_power_of_2(dk))
+    bv = min(64, max(16, triton.next_power_of_2(dv)))
+    return bk, bv
+
+
+def delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, bounds, table, choff):
+    """q, k [L, H, K]; v [L, H, V]; beta, g [L, H] (g None: no decay); bounds int64 [N+1]; table/choff from
+    kernels.common.varlen.chunk_table. Returns (o [L, H, V], final [N, H, K, V] fp32 or None, and the saved
+    intermediates (gamma, tinv, w, u, h) that the backward reuses)."""
+    total, h, dk = q.shape
+    dv = v.shape[-1]
+    n = bounds.numel() - 1
+    rows = table.shape[0]
+    bk, bv = block_sizes(dk, dv)
+    prec = dot_precision(q.dtype)
+    dev = q.device
+    gamma = torch.empty(total, h, device=dev, dtype=torch.float32)
+    tinv = torch.empty(total, h, CHUNK, device=dev, dtype=torch.float32)
+    w = torch.empty(total, h, dk, device=dev, dtype=q.dtype)
+    ut = torch.empty(total, h, dv, device=dev, dtype=q.dtype)
+    _prepare_kernel[(rows, h)](
+        k, v, beta, g if g is not None else beta, table, gamma, tinv, w, ut,
+        H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, HAS_G=g is not None, PREC=prec, num_warps=4,
+    )
+    hs = torch.empty(rows, h, dk, dv, device=dev, dtype=q.dtype)
+    u = torch.empty(total, h, dv, device=dev, dtype=q.dtype)
+    final = torch.empty(n, h, dk, dv, device=dev, dtype=torch.float32) if output_final_state else None
+    _state_kernel[(triton.cdiv(dv, bv), h, n)](
+        k, gamma, w, ut, bounds, choff, initial_state if initial_state is not None else gamma,
+        hs, u, final if final is not None else gamma,
+        H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, HAS_H0=initial_state is not None,
+        STORE_HT=output_final_state, PREC=prec, num_warps=4,
+    )
+    o = torch.empty(total, h, dv, device=dev, dtype=v.dtype)
+    _output_kernel[(triton.cdiv(dv, bv), rows, h)](
+        q, k, gamma, hs, u, table, o, scale,
+        H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, PREC=prec, num_warps=4,
+    )
+    return o, final, (gamma, tinv, w, u, hs)
