@@ -189,3 +189,40 @@ def test_errors(monkeypatch):
         monkeypatch.setenv("TRITON_INTERPRET", "0")
         with pytest.raises(RuntimeError, match=r"TRITON_INTERPRET=1"):
             linear_attn(q, k, v, g, backend="triton")
+
+
+# Triton kernels: under TRITON_INTERPRET=1 on CPU (fp32: the interpreter gets bf16 tl.dot wrong), on the GPU
+# when there is one. Small shapes keep the interpreter fast.
+triton_only = pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
+
+
+@triton_only
+@pytest.mark.parametrize(
+    "b,t,h,dk,dv,decay,init",
+    [
+        (2, 75, 2, 16, 32, "strong", True),
+        (1, 63, 2, 60, 100, "weak", True),
+        (2, 63, 1, 32, 16, "zero", False),
+        (1, 130, 2, 16, 16, "none", True),
+    ],
+)
+def test_triton_matches_naive(b, t, h, dk, dv, decay, init):
+    q, k, v, g, h0 = make(b, t, h, dk, dv, decay, n_state=b if init else None, device=DEV)
+    ref = run(q, k, v, g, h0, "naive", dtype=torch.float64)
+    got = run(q, k, v, g, h0, "triton")
+    assert got[0].dtype == torch.float32 and got[1].dtype == torch.float32
+    assert_close(got, ref, what=f"triton T={t} {decay}")
+
+
+@triton_only
+def test_triton_varlen_matches_per_document():
+    varlen_case("triton", dk=16, dv=24)
+
+
+@triton_only
+def test_triton_without_final_state():
+    q, k, v, g, h0 = make(1, 70, 2, 16, 16, "weak", n_state=1, device=DEV)
+    ref = run(q, k, v, g, h0, "naive", dtype=torch.float64, with_final=False)
+    got = run(q, k, v, g, h0, "triton", with_final=False)
+    assert got[1] is None
+    assert_close(got, ref, what="triton no final state")

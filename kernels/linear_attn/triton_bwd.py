@@ -1,0 +1,248 @@
+"""Triton backward of chunked linear attention, and the autograd.Function tying forward and backward.
+
+With gc/gl as in triton_fwd, S_in the state entering a chunk (recomputed by the forward state kernel, not
+saved) and dS_out the gradient of the state leaving it:
+  dS_in    = exp(gl) dS_out + scale * (q * exp(gc))^T do            (reverse pass over each document's chunks;
+                                                                      dS_out of the last chunk = d final state,
+                                                                      dS_in of the first = d initial_state)
+  dA_ij    = scale * exp(gc_i - gc_j) [j <= i] (do_i . v_j)
+  dq       = scale * exp(gc) * (do S_in^T) + dA k
+  dk       = exp(gl - gc) * (v dS_out^T) + dA^T q
+  dv       = exp(gl - gc) * (k dS_out) + (scale * exp(gc_i - gc_j) [j <= i] (q_i . k_j))^T do
+Gate gradient: every decay enters as exp(G_t - G_s) with G the in-document cumsum of g, so
+dL/dG_t = q_t . dq_t - k_t . dk_t (+ <S_T, dS_T> at a document's last token, from the final state), and
+dg_t = sum_{s >= t in its document} dL/dG_s. (Derived by hand; checked against autograd of the chunk path.)
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from .triton_fwd import BT, Layout, _chunk_bounds, _pow2, _seq_bounds, chunk_fwd, chunk_states, state_blocks
+
+
+@triton.jit(do_not_specialize=["T", "NT"])
+def _chunk_dstates_bwd(q, do, g, dht, dhs, dh0, bounds, offsets, scale, T, NT,
+                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                       BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr, HAS_DHT: tl.constexpr,
+                       STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr):
+    i_kv, i_nh = tl.program_id(0), tl.program_id(1)
+    NV: tl.constexpr = triton.cdiv(V, BV)
+    i_k, i_v = i_kv // NV, i_kv % NV
+    i_n, i_h = i_nh // H, i_nh % H
+    bos, eos, c0 = _seq_bounds(bounds, offsets, i_n, T, NT, IS_VARLEN)
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
+    kv_off = o_k[:, None] * V + o_v[None, :]
+    dstate = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_DHT:
+        dstate += tl.load(dht + i_nh.to(tl.int64) * K * V + kv_off, mask=m_kv, other=0.0).to(tl.float32)
+    nchunks = tl.cdiv(eos - bos, BT)
+    for it in range(nchunks):
+        c = nchunks - 1 - it
+        tl.store(dhs + ((c0 + c) * H + i_h) * K * V + kv_off, dstate.to(dhs.dtype.element_ty), mask=m_kv)
+        o_t = bos + c * BT + tl.arange(0, BT)
+        m_t = o_t < eos
+        qb = tl.load(q + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K),
+                     other=0.0)
+        dob = tl.load(do + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V),
+                      other=0.0)
+        if HAS_G:
+            gb = tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
+            gc = tl.cumsum(gb, 0)
+            dstate *= tl.exp(tl.sum(gb, 0))
+            qb = (qb * (tl.exp(gc) * scale)[:, None]).to(dob.dtype)
+        else:
+            qb = (qb * scale).to(dob.dtype)
+        dstate += tl.dot(tl.trans(qb), dob)
+    if STORE_DH0:
+        tl.store(dh0 + i_nh.to(tl.int64) * K * V + kv_off, dstate, mask=m_kv)
+
+
+@triton.jit(do_not_specialize=["T", "NT"])
+def _chunk_dqk_bwd(q, k, v, g, do, hs, dhs, dq, dk, dgp, table, scale, T, NT, TT,
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                   BV: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr):
+    i_k, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    start, end = _chunk_bounds(table, i_c, T, NT, BT, IS_VARLEN)
+    if start >= end:
+        return
+    o_t = start + tl.arange(0, BT)
+    m_t = o_t < end
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < K
+    state_base = (i_c.to(tl.int64) * H + i_h) * K * V
+    d_scores = tl.zeros([BT, BT], dtype=tl.float32)
+    acc_q = tl.zeros([BT, BK], dtype=tl.float32)
+    acc_k = tl.zeros([BT, BK], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_tv = m_t[:, None] & (o_v[None, :] < V)
+        dob = tl.load(do + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0)
+        vb = tl.load(v + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0)
+        # states as [BV, BK] tiles (transposed loads)
+        m_vk = (o_v[:, None] < V) & m_k[None, :]
+        hb = tl.load(hs + state_base + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0).to(dob.dtype)
+        dhb = tl.load(dhs + state_base + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0).to(dob.dtype)
+        d_scores += tl.dot(dob, tl.trans(vb))
+        acc_q += tl.dot(dob, hb)
+        acc_k += tl.dot(vb, dhb)
+    m_tk = m_t[:, None] & m_k[None, :]
+    qb = tl.load(q + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
+    kb = tl.load(k + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
+    o_i = tl.arange(0, BT)
+    causal = o_i[:, None] >= o_i[None, :]
+    if HAS_G:
+        gb = tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
+        gc = tl.cumsum(gb, 0)
+        gl = tl.sum(gb, 0)
+        acc_q *= (tl.exp(gc) * scale)[:, None]
+        acc_k *= tl.exp(gl - gc)[:, None]
+        d_scores *= tl.exp(tl.where(causal, gc[:, None] - gc[None, :], float("-inf"))) * scale
+    else:
+        acc_q *= scale
+        d_scores *= scale
+    d_scores = tl.where(causal, d_scores, 0.0).to(qb.dtype)
+    acc_q += tl.dot(d_scores, kb)
+    acc_k += tl.dot(tl.trans(d_scores), qb)
+    tok = (o_t[:, None] * H + i_h) * K + o_k[None, :]
+    tl.store(dq + tok, acc_q.to(dq.dtype.element_ty), mask=m_tk)
+    tl.store(dk + tok, acc_k.to(dk.dtype.element_ty), mask=m_tk)
+    if HAS_G:
+        dgate = tl.sum(qb.to(tl.float32) * acc_q - kb.to(tl.float32) * acc_k, 1)
+        tl.store(dgp + i_k.to(tl.int64) * TT * H + o_t * H + i_h, dgate, mask=m_t)
+
+
+@triton.jit(do_not_specialize=["T", "NT"])
+def _chunk_dv_bwd(q, k, g, do, dhs, dv, table, scale, T, NT,
+                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                  BV: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr):
+    i_v, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    start, end = _chunk_bounds(table, i_c, T, NT, BT, IS_VARLEN)
+    if start >= end:
+        return
+    o_t = start + tl.arange(0, BT)
+    m_t = o_t < end
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_tv = m_t[:, None] & (o_v[None, :] < V)
+    state_base = (i_c.to(tl.int64) * H + i_h) * K * V
+    scores_t = tl.zeros([BT, BT], dtype=tl.float32)  # [j, i] = k_j . q_i
+    acc = tl.zeros([BT, BV], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_tk = m_t[:, None] & (o_k[None, :] < K)
+        qb = tl.load(q + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
+        kb = tl.load(k + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
+        dhb = tl.load(dhs + state_base + o_k[:, None] * V + o_v[None, :],
+                      mask=(o_k[:, None] < K) & (o_v[None, :] < V), other=0.0).to(kb.dtype)
+        scores_t += tl.dot(kb, tl.trans(qb))
+        acc += tl.dot(kb, dhb)
+    o_i = tl.arange(0, BT)
+    anti = o_i[:, None] <= o_i[None, :]  # j <= i in [j, i] layout
+    if HAS_G:
+        gb = tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
+        gc = tl.cumsum(gb, 0)
+        gl = tl.sum(gb, 0)
+        acc *= tl.exp(gl - gc)[:, None]
+        scores_t *= tl.exp(tl.where(anti, gc[None, :] - gc[:, None], float("-inf"))) * scale
+    else:
+        scores_t *= scale
+    dob = tl.load(do + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0)
+    scores_t = tl.where(anti, scores_t, 0.0).to(dob.dtype)
+    acc += tl.dot(scores_t, dob)
+    tl.store(dv + (o_t[:, None] * H + i_h) * V + o_v[None, :], acc.to(dv.dtype.element_ty), mask=m_tv)
+
+
+def _segment_reverse_cumsum(x: torch.Tensor, lay: Layout) -> torch.Tensor:
+    """dg_t = sum_{s >= t, same document} x_s for x [TT, H], in float64, on device (no sync)."""
+    x64 = x.to(torch.float64)
+    rc = torch.flip(torch.cumsum(torch.flip(x64, [0]), 0), [0])
+    rc = torch.cat([rc, rc.new_zeros(1, rc.shape[1])], 0)
+    tokens = torch.arange(lay.total, device=x.device)
+    if lay.varlen:
+        seq = torch.searchsorted(lay.bounds[1:], tokens, right=True)
+        eos = lay.bounds[1:][seq.clamp(max=lay.n - 1)]
+    else:
+        eos = (tokens // lay.seqlen + 1) * lay.seqlen
+    return (rc[:-1] - rc[eos]).to(torch.float32)
+
+
+def chunk_bwd(q, k, v, g, do, dht, ht, scale, h0, lay: Layout, need_dh0: bool):
+    """Gradients (dq, dk, dv, dg or None, dh0 or None) on the packed layout."""
+    dk_, dv_ = q.shape[-1], v.shape[-1]
+    h = lay.heads
+    hs, _ = chunk_states(k, v, g, h0, lay, store_final=False)
+    dhs = torch.empty_like(hs)
+    dh0 = torch.empty(lay.n, h, dk_, dv_, device=q.device, dtype=torch.float32) if need_dh0 else None
+    bk, bv = state_blocks(dk_, dv_, lay.n * h)
+    grid = (triton.cdiv(dk_, bk) * triton.cdiv(dv_, bv), lay.n * h)
+    _chunk_dstates_bwd[grid](q, do, g if g is not None else q, dht if dht is not None else q, dhs,
+                             dh0 if dh0 is not None else dhs, lay.bounds, lay.offsets, scale, lay.seqlen, lay.nt,
+                             H=h, K=dk_, V=dv_, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
+                             HAS_DHT=dht is not None, STORE_DH0=need_dh0, IS_VARLEN=lay.varlen,
+                             num_warps=4, num_stages=2)
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    bk = _pow2(dk_)
+    nk = triton.cdiv(dk_, bk)
+    dgp = torch.empty(nk, lay.total, h, device=q.device, dtype=torch.float32) if g is not None else None
+    _chunk_dqk_bwd[(nk, lay.rows, h)](q, k, v, g if g is not None else q, do, hs, dhs, dq, dk,
+                                      dgp if dgp is not None else q, lay.table, scale, lay.seqlen, lay.nt,
+                                      lay.total, H=h, K=dk_, V=dv_, BT=BT, BK=bk, BV=_pow2(dv_, hi=64),
+                                      HAS_G=g is not None, IS_VARLEN=lay.varlen, num_warps=8, num_stages=2)
+    bv = _pow2(dv_, hi=64)
+    _chunk_dv_bwd[(triton.cdiv(dv_, bv), lay.rows, h)](q, k, g if g is not None else q, do, dhs, dv, lay.table,
+                                                       scale, lay.seqlen, lay.nt, H=h, K=dk_, V=dv_, BT=BT,
+                                                       BK=_pow2(dk_), BV=bv, HAS_G=g is not None,
+                                                       IS_VARLEN=lay.varlen, num_warps=4, num_stages=2)
+    dg = None
+    if g is not None:
+        dgate = dgp.sum(0)
+        if dht is not None:
+            # <S_T, dS_T> enters at each document's last token
+            last = (lay.bounds[1:] - 1).clamp(min=0) if lay.varlen else (
+                torch.arange(1, lay.n + 1, device=q.device) * lay.seqlen - 1)
+            nonempty = (lay.bounds[1:] > lay.bounds[:-1]) if lay.varlen else torch.ones(
+                lay.n, dtype=torch.bool, device=q.device)
+            term = (ht * dht).sum((-2, -1)) * nonempty[:, None]
+            dgate = dgate.index_add(0, last, term.to(dgate.dtype))
+        dg = _segment_reverse_cumsum(dgate, lay)
+    return dq, dk, dv, dg, dh0
+
+
+class LinearAttnFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, h0, cu_seqlens, scale, output_final_state):
+        b, t, h, dk = q.shape
+        dv = v.shape[-1]
+        lay = Layout(b, t, h, cu_seqlens, q.device)
+        qf, kf, vf = (x.reshape(b * t, h, x.shape[-1]).contiguous() for x in (q, k, v))
+        gf = None if g is None else g.reshape(b * t, h).contiguous().float()
+        h0f = None if h0 is None else h0.contiguous().float()
+        o, ht = chunk_fwd(qf, kf, vf, gf, scale, h0f, lay, output_final_state)
+        ctx.save_for_backward(qf, kf, vf, gf, h0f, ht)
+        ctx.lay, ctx.scale, ctx.shape = lay, scale, (b, t, h, dk, dv)
+        ctx.h0_dtype = None if h0 is None else h0.dtype
+        return o.reshape(b, t, h, dv), ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        qf, kf, vf, gf, h0f, ht = ctx.saved_tensors
+        b, t, h, dk, dv = ctx.shape
+        do = do.reshape(b * t, h, dv).contiguous().to(vf.dtype)
+        dht = None if dht is None else dht.contiguous().float()
+        dq, dk_, dv_, dg, dh0 = chunk_bwd(qf, kf, vf, gf, do, dht, ht, ctx.scale, h0f, ctx.lay,
+                                          need_dh0=h0f is not None)
+        dq, dk_ = dq.reshape(b, t, h, dk), dk_.reshape(b, t, h, dk)
+        dv_ = dv_.reshape(b, t, h, dv)
+        dg = None if dg is None else dg.reshape(b, t, h)
+        dh0 = None if dh0 is None else dh0.to(ctx.h0_dtype)
+        return dq, dk_, dv_, dg, dh0, None, None, None
+
+
+def linear_attn_triton(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens):
+    """Triton backend of kernels.linear_attn (forward and backward kernels); returns (o, final_state)."""
+    o, ht = LinearAttnFunction.apply(q, k, v, g, initial_state, cu_seqlens, scale, output_final_state)
+    return o, (ht if output_final_state else None)

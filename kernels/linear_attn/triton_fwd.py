@@ -1,0 +1,181 @@
+"""Triton forward of chunked linear attention (chunk BT = 64, fp32 accumulation, log-space gates).
+
+Two kernels over a packed token axis [TT = B*T, H, D] (documents from cu_seqlens, or B rows of T tokens):
+  1. `_chunk_states_fwd`, one program per (document, head, K-block, V-block), walks the document's chunks in
+     order and stores the state entering each chunk (hs[c] = S_in, in the inputs' dtype), then the final
+     state (fp32):  S <- exp(gl) S + (k * exp(gl - gc))^T v.
+  2. `_chunk_out_fwd`, one program per (V-block, chunk, head), all chunks in parallel:
+     o = scale * ( exp(gc) * (q S_in) + ((q k^T) * exp(gc_i - gc_j) * [j <= i]) v ).
+gc is the in-chunk inclusive cumsum of g and gl its last value, so every exponent is <= 0. Chunk boundaries
+come from a device-side table (kernels.common.varlen) or, without cu_seqlens, from T: no host sync. T and the
+token counts are not specialised on (`do_not_specialize`), so a new T never recompiles.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.common.varlen import chunk_table
+
+BT = 64
+
+
+@triton.jit
+def _chunk_bounds(table, i_c, T, NT, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(start, end) tokens of chunk i_c on the packed axis."""
+    if IS_VARLEN:
+        start = tl.load(table + i_c * 3).to(tl.int64)
+        end = tl.load(table + i_c * 3 + 1).to(tl.int64)
+    else:
+        i_n = i_c // NT
+        start = (i_n * T + (i_c % NT) * BT).to(tl.int64)
+        end = tl.minimum(start + BT, (i_n + 1) * T).to(tl.int64)
+    return start, end
+
+
+@triton.jit
+def _seq_bounds(bounds, offsets, i_n, T, NT, IS_VARLEN: tl.constexpr):
+    """(bos, eos, first chunk index) of document i_n."""
+    if IS_VARLEN:
+        bos = tl.load(bounds + i_n).to(tl.int64)
+        eos = tl.load(bounds + i_n + 1).to(tl.int64)
+        c0 = tl.load(offsets + i_n).to(tl.int64)
+    else:
+        bos = (i_n * T).to(tl.int64)
+        eos = bos + T
+        c0 = (i_n * NT).to(tl.int64)
+    return bos, eos, c0
+
+
+@triton.jit(do_not_specialize=["T", "NT"])
+def _chunk_states_fwd(k, v, g, h0, hs, ht, bounds, offsets, T, NT,
+                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                      BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr, HAS_H0: tl.constexpr,
+                      STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    i_kv, i_nh = tl.program_id(0), tl.program_id(1)
+    NV: tl.constexpr = triton.cdiv(V, BV)
+    i_k, i_v = i_kv // NV, i_kv % NV
+    i_n, i_h = i_nh // H, i_nh % H
+    bos, eos, c0 = _seq_bounds(bounds, offsets, i_n, T, NT, IS_VARLEN)
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
+    kv_off = o_k[:, None] * V + o_v[None, :]
+    state = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        state += tl.load(h0 + i_nh.to(tl.int64) * K * V + kv_off, mask=m_kv, other=0.0).to(tl.float32)
+    nchunks = tl.cdiv(eos - bos, BT)
+    for c in range(nchunks):
+        tl.store(hs + ((c0 + c) * H + i_h) * K * V + kv_off, state.to(hs.dtype.element_ty), mask=m_kv)
+        o_t = bos + c * BT + tl.arange(0, BT)
+        m_t = o_t < eos
+        kb = tl.load(k + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K),
+                     other=0.0)
+        vb = tl.load(v + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V),
+                     other=0.0)
+        if HAS_G:
+            gb = tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
+            gc = tl.cumsum(gb, 0)
+            gl = tl.sum(gb, 0)
+            state *= tl.exp(gl)
+            kb = (kb * tl.exp(gl - gc)[:, None]).to(vb.dtype)
+        state += tl.dot(tl.trans(kb), vb)
+    if STORE_HT:
+        tl.store(ht + i_nh.to(tl.int64) * K * V + kv_off, state, mask=m_kv)
+
+
+@triton.jit(do_not_specialize=["T", "NT"])
+def _chunk_out_fwd(q, k, v, g, hs, o, table, scale, T, NT,
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                   BV: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr):
+    i_v, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    start, end = _chunk_bounds(table, i_c, T, NT, BT, IS_VARLEN)
+    if start >= end:
+        return
+    o_t = start + tl.arange(0, BT)
+    m_t = o_t < end
+    o_v = i_v * BV + tl.arange(0, BV)
+    acc = tl.zeros([BT, BV], dtype=tl.float32)
+    scores = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_qk = m_t[:, None] & (o_k[None, :] < K)
+        qb = tl.load(q + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_qk, other=0.0)
+        kb = tl.load(k + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_qk, other=0.0)
+        hb = tl.load(hs + (i_c.to(tl.int64) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
+                     mask=(o_k[:, None] < K) & (o_v[None, :] < V), other=0.0)
+        acc += tl.dot(qb, hb.to(qb.dtype))
+        scores += tl.dot(qb, tl.trans(kb))
+    o_i = tl.arange(0, BT)
+    causal = o_i[:, None] >= o_i[None, :]
+    if HAS_G:
+        gc = tl.cumsum(tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32), 0)
+        acc *= tl.exp(gc)[:, None]
+        scores *= tl.exp(tl.where(causal, gc[:, None] - gc[None, :], float("-inf")))
+    scores = tl.where(causal, scores, 0.0)
+    vb = tl.load(v + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V),
+                 other=0.0)
+    acc += tl.dot(scores.to(vb.dtype), vb)
+    tl.store(o + (o_t[:, None] * H + i_h) * V + o_v[None, :], (acc * scale).to(o.dtype.element_ty),
+             mask=m_t[:, None] & (o_v[None, :] < V))
+
+
+def _pow2(x: int, lo: int = 16, hi: int = 128) -> int:
+    return max(lo, min(hi, triton.next_power_of_2(x)))
+
+
+class Layout:
+    """Packed-axis bookkeeping shared by the forward and backward launches (all on device, no sync)."""
+
+    def __init__(self, batch: int, seqlen: int, heads: int, cu_seqlens: torch.Tensor | None, device):
+        self.total = batch * seqlen
+        self.heads = heads
+        self.varlen = cu_seqlens is not None
+        if self.varlen:
+            self.bounds = cu_seqlens.to(device=device, dtype=torch.int64)
+            self.n = self.bounds.numel() - 1
+            self.table, self.offsets = chunk_table(self.bounds, self.total, BT)
+            self.rows = self.table.shape[0]
+            self.seqlen, self.nt = 0, 0
+        else:
+            self.n = batch
+            self.seqlen = seqlen
+            self.nt = triton.cdiv(seqlen, BT)
+            self.rows = batch * self.nt
+            self.bounds = self.offsets = self.table = torch.empty(1, dtype=torch.int32, device=device)
+
+
+def state_blocks(dk: int, dv: int, programs_per_block: int) -> tuple[int, int]:
+    """K/V tiles of the sequential state kernels: 64x64, or 64x32 when that leaves the GPU under-filled."""
+    bk, bv = _pow2(dk, hi=64), _pow2(dv, hi=64)
+    if programs_per_block * triton.cdiv(dk, bk) * triton.cdiv(dv, bv) < 256 and bv > 32:
+        bv = 32
+    return bk, bv
+
+
+def chunk_states(k, v, g, h0, lay: Layout, store_final: bool):
+    """hs [rows, H, K, V] in k's dtype (state entering each chunk) and the final state [N, H, K, V] fp32."""
+    dk, dv = k.shape[-1], v.shape[-1]
+    h = lay.heads
+    hs = torch.empty(lay.rows, h, dk, dv, device=k.device, dtype=k.dtype)
+    ht = torch.empty(lay.n, h, dk, dv, device=k.device, dtype=torch.float32) if store_final else None
+    bk, bv = state_blocks(dk, dv, lay.n * h)
+    grid = (triton.cdiv(dk, bk) * triton.cdiv(dv, bv), lay.n * h)
+    _chunk_states_fwd[grid](k, v, g if g is not None else k, h0 if h0 is not None else k, hs,
+                            ht if ht is not None else hs, lay.bounds, lay.offsets, lay.seqlen, lay.nt,
+                            H=h, K=dk, V=dv, BT=BT, BK=bk, BV=bv, HAS_G=g is not None, HAS_H0=h0 is not None,
+                            STORE_HT=store_final, IS_VARLEN=lay.varlen, num_warps=4, num_stages=2)
+    return hs, ht
+
+
+def chunk_fwd(q, k, v, g, scale, h0, lay: Layout, store_final: bool):
+    """q, k [TT, H, K], v [TT, H, V] contiguous, g [TT, H] fp32 or None -> (o [TT, H, V], final or None)."""
+    dk, dv = q.shape[-1], v.shape[-1]
+    hs, ht = chunk_states(k, v, g, h0, lay, store_final)
+    o = torch.empty_like(v)
+    bk, bv = _pow2(dk), _pow2(dv, hi=64)
+    grid = (triton.cdiv(dv, bv), lay.rows, lay.heads)
+    _chunk_out_fwd[grid](q, k, v, g if g is not None else q, hs, o, lay.table, scale, lay.seqlen, lay.nt,
+                         H=lay.heads, K=dk, V=dv, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
+                         IS_VARLEN=lay.varlen, num_warps=4, num_stages=2)
+    return o, ht
