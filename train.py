@@ -185,7 +185,11 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
 
     model.train()
     accum = int(tr.grad_accum)
-    window = {"loss": 0.0, "n": 0, "data_wait": 0.0, "t0": time.perf_counter(), "tokens": 0}
+    def new_window():
+        return {"loss": torch.zeros((), device=accelerator.device), "updates": 0, "steps": 0, "data_wait": 0.0,
+                "t0": time.perf_counter(), "tokens": 0}
+
+    window = new_window()
     last_val = None
     stopped_by_signal = False
     with _StopRequested() as stop:
@@ -218,9 +222,10 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
             state["step"] += 1
             state["tokens"] += tokens_per_step
             window["tokens"] += tokens_per_step
+            window["steps"] += 1
             if bool(finite):
-                window["loss"] += float(accelerator.reduce(step_loss, reduction="mean"))
-                window["n"] += 1
+                window["loss"] += step_loss  # summed on the device; reduced across ranks once per log window
+                window["updates"] += 1
             if progress is not None:
                 progress.update(1)
 
@@ -228,8 +233,9 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
             if step % int(tr.log_every) == 0 or step == max_steps:
                 elapsed = time.perf_counter() - window["t0"]
                 tok_s = window["tokens"] / max(elapsed, 1e-9)
+                loss_sum = float(accelerator.reduce(window["loss"], reduction="mean"))
                 metrics = {
-                    "train/loss": window["loss"] / max(window["n"], 1),
+                    "train/loss": loss_sum / window["updates"] if window["updates"] else float("nan"),
                     "train/lr": scheduler.get_last_lr()[0],
                     "train/grad_norm": float(grad_norm),
                     "train/tokens": state["tokens"],
@@ -238,7 +244,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
                     "perf/tokens_per_s_per_device": tok_s / world,
                     "perf/data_wait_s": window["data_wait"],
                     "perf/data_wait_frac": window["data_wait"] / max(elapsed, 1e-9),
-                    "perf/step_time_s": elapsed / max(window["n"] + (0 if bool(finite) else 1), 1),
+                    "perf/step_time_s": elapsed / window["steps"],
                     "data/malformed_records": loader.stats.get("malformed", 0),
                 }
                 if peak:
@@ -251,7 +257,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
                 logger.log(metrics, step=step)
                 if progress is not None:
                     progress.set_postfix(loss=f"{metrics['train/loss']:.3f}", tok_s=f"{tok_s:.0f}")
-                window = {"loss": 0.0, "n": 0, "data_wait": 0.0, "t0": time.perf_counter(), "tokens": 0}
+                window = new_window()
 
             if int(tr.val_every) and step % int(tr.val_every) == 0 and step != max_steps:
                 last_val = evaluate_loss(model, val_rows, int(tr.batch_size), accelerator)
