@@ -7,10 +7,12 @@ the gradients are, going backwards through the chunks with dS' (the gradient at 
   dU = scale P^T dO + Kbar dS',     dS = e^{gamma_C} dS' + scale (diag(e^gamma) Q)^T dO - W^T dU,
 and then, chunk by chunk in parallel: dW = -dU S^T, dX = T^T dW, dY = T^T dU, dT = dW X^T + dU Y^T,
 dA = -T^T dT T^T (strictly lower part), plus the direct terms of Q, K, beta and gamma; dg is the reverse
-cumsum of dgamma inside the chunk. Three launches:
+cumsum of dgamma inside the chunk. Four launches:
   1. intra (per (chunk, head, V-block)): dU_intra = scale P^T dO;
   2. reverse state pass (per (document, head, V-block)): dS' per chunk, dU, and the initial-state gradient;
-  3. grads (per (chunk, head), looping over V-blocks): dq, dk, dv, dbeta, dg.
+  3. grads_qk (per (chunk, head), looping over V-blocks): dq, the output and state-write parts of dk and dgamma,
+     and dW;
+  4. grads_wy (per (chunk, head)): through the UT transform: dv, dbeta, the rest of dk and dgamma, dg.
 The forward's chunk states, pseudo-values, W and T are saved, not recomputed.
 """
 
@@ -20,7 +22,7 @@ import triton.language as tl
 
 from kernels.common.varlen import chunk_table, sequence_bounds
 
-from .triton_fwd import CHUNK, block_sizes, delta_rule_fwd, dot_precision
+from .triton_fwd import CHUNK, NUM_STAGES, NUM_WARPS, block_sizes, delta_rule_fwd, dot_precision
 
 
 @triton.jit
@@ -108,13 +110,14 @@ def _state_bwd_kernel(
 
 
 @triton.jit
-def _grads_kernel(
-    q_ptr, k_ptr, v_ptr, beta_ptr, gamma_ptr, tinv_ptr, w_ptr, u_ptr, h_ptr, dh_ptr, do_ptr, du_ptr, table_ptr,
-    dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, scale,
+def _grads_qk_kernel(
+    q_ptr, k_ptr, gamma_ptr, u_ptr, h_ptr, dh_ptr, do_ptr, du_ptr, table_ptr,
+    dq_ptr, dk_ptr, dw_ptr, dgam_ptr, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_G: tl.constexpr, PREC: tl.constexpr,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):
+    """dq; the parts of dk and dgamma from the output (S and P terms) and the state write (Kbar^T U, e^{gamma_C}
+    S); dW = -dU S^T for the second kernel."""
     pid_c = tl.program_id(0)
     pid_h = tl.program_id(1)
     start = tl.load(table_ptr + pid_c * 3).to(tl.int64)
@@ -128,23 +131,15 @@ def _grads_kernel(
     kmask = offs_k < K
     mk = rmask[:, None] & kmask[None, :]
     kptrs = (tok[:, None] * H + pid_h) * K + offs_k[None, :]
-    b_q = tl.load(q_ptr + kptrs, mask=mk, other=0.0)
-    b_k = tl.load(k_ptr + kptrs, mask=mk, other=0.0)
-    b_w = tl.load(w_ptr + kptrs, mask=mk, other=0.0)
-    b_beta = tl.load(beta_ptr + tok * H + pid_h, mask=rmask, other=0.0).to(tl.float32)
     b_gamma = tl.load(gamma_ptr + tok * H + pid_h, mask=rmask, other=0.0)
     last = end - start - 1
     g_last = tl.load(gamma_ptr + (end - 1) * H + pid_h)
-    b_t = tl.load(tinv_ptr + (tok[:, None] * H + pid_h) * C + rows[None, :], mask=rmask[:, None], other=0.0)
-    b_tt = tl.trans(b_t)
-    dt = b_q.dtype
+    dt = q_ptr.dtype.element_ty
 
     b_dqs = tl.zeros([C, BK], dtype=tl.float32)
     b_dp = tl.zeros([C, C], dtype=tl.float32)
     b_kb = tl.zeros([C, BK], dtype=tl.float32)
     b_dw = tl.zeros([C, BK], dtype=tl.float32)
-    b_dtp = tl.zeros([C, C], dtype=tl.float32)
-    b_dbeta = tl.zeros([C], dtype=tl.float32)
     b_dgl = tl.zeros([BK], dtype=tl.float32)
     h_base = pid_c.to(tl.int64) * H * K * V + pid_h * K * V
     for v0 in range(0, V, BV):
@@ -154,29 +149,23 @@ def _grads_kernel(
         vptrs = (tok[:, None] * H + pid_h) * V + offs_v[None, :]
         b_do = tl.load(do_ptr + vptrs, mask=m2, other=0.0)
         b_u = tl.load(u_ptr + vptrs, mask=m2, other=0.0)
-        b_v = tl.load(v_ptr + vptrs, mask=m2, other=0.0)
-        b_du = tl.load(du_ptr + vptrs, mask=m2, other=0.0)
+        b_du = tl.load(du_ptr + vptrs, mask=m2, other=0.0).to(dt)
         smask = kmask[:, None] & vmask[None, :]
         s_off = h_base + offs_k[:, None] * V + offs_v[None, :]
         b_h = tl.load(h_ptr + s_off, mask=smask, other=0.0)
         b_dh = tl.load(dh_ptr + s_off, mask=smask, other=0.0)
-        b_dqs += tl.dot(b_do, tl.trans(b_h.to(dt)), input_precision=PREC)
+        b_dqs += tl.dot(b_do, tl.trans(b_h), input_precision=PREC)
         b_dp += tl.dot(b_do, tl.trans(b_u), input_precision=PREC)
-        b_kb += tl.dot(b_u, tl.trans(b_dh.to(dt)), input_precision=PREC)
-        b_dw -= tl.dot(b_du.to(dt), tl.trans(b_h.to(dt)), input_precision=PREC)
-        b_dy = tl.dot(b_tt, b_du, input_precision=PREC)
-        tl.store(dv_ptr + vptrs, (b_dy * b_beta[:, None]).to(dv_ptr.dtype.element_ty), mask=m2)
-        b_vf = b_v.to(tl.float32)
-        b_dbeta += tl.sum(b_dy * b_vf, 1)
-        b_dtp += tl.dot(b_du, tl.trans(b_vf * b_beta[:, None]), input_precision=PREC)
+        b_kb += tl.dot(b_u, tl.trans(b_dh), input_precision=PREC)
+        b_dw -= tl.dot(b_du, tl.trans(b_h), input_precision=PREC)
         b_dgl += tl.sum(b_dh.to(tl.float32) * b_h.to(tl.float32), 1)
+    tl.store(dw_ptr + kptrs, b_dw, mask=mk)
 
+    b_q = tl.load(q_ptr + kptrs, mask=mk, other=0.0)
+    b_k = tl.load(k_ptr + kptrs, mask=mk, other=0.0)
     incl = rows[:, None] >= rows[None, :]
-    strict = rows[:, None] > rows[None, :]
     decay = tl.exp(tl.where(incl, b_gamma[:, None] - b_gamma[None, :], float("-inf")))
     e_gamma = tl.exp(b_gamma)
-    b_qf = b_q.to(tl.float32)
-    b_kf = b_k.to(tl.float32)
     # Intra-chunk output term P = scale Q K^T * Gamma * M.
     b_p = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * decay * scale
     b_e = b_dp * b_p
@@ -184,36 +173,84 @@ def _grads_kernel(
     b_dpm = (b_dp * decay * scale).to(dt)
     b_dq = b_dqs * (e_gamma * scale)[:, None] + tl.dot(b_dpm, b_k, input_precision=PREC)
     b_dk = tl.dot(tl.trans(b_dpm), b_q, input_precision=PREC)
-    b_dgam += e_gamma * scale * tl.sum(b_qf * b_dqs, 1)
+    b_dgam += e_gamma * scale * tl.sum(b_q.to(tl.float32) * b_dqs, 1)
     # State write Kbar^T U with Kbar = diag(e^{gamma_C - gamma}) K, and the carried e^{gamma_C} S.
     e_end = tl.where(rmask, tl.exp(g_last - b_gamma), 0.0)
     b_dk += b_kb * e_end[:, None]
-    b_term = e_end * tl.sum(b_kf * b_kb, 1)
+    b_term = e_end * tl.sum(b_k.to(tl.float32) * b_kb, 1)
     d_glast = tl.exp(g_last) * tl.sum(b_dgl, 0) + tl.sum(b_term, 0)
     b_dgam -= b_term
+    b_dgam += tl.where(rows == last, d_glast, 0.0)
+    tl.store(dq_ptr + kptrs, b_dq.to(dq_ptr.dtype.element_ty), mask=mk)
+    tl.store(dk_ptr + kptrs, b_dk, mask=mk)
+    tl.store(dgam_ptr + tok * H + pid_h, b_dgam, mask=rmask)
+
+
+@triton.jit
+def _grads_wy_kernel(
+    k_ptr, v_ptr, beta_ptr, gamma_ptr, tinv_ptr, du_ptr, dw_ptr, dk_part_ptr, dgam_ptr, table_ptr,
+    dk_ptr, dv_ptr, dbeta_ptr, dg_ptr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_G: tl.constexpr, PREC: tl.constexpr,
+):
+    """Through the UT transform: dv, dbeta, the rest of dk and dgamma; then dg = reverse cumsum of dgamma."""
+    pid_c = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    start = tl.load(table_ptr + pid_c * 3).to(tl.int64)
+    end = tl.load(table_ptr + pid_c * 3 + 1).to(tl.int64)
+    if end <= start:
+        return
+    rows = tl.arange(0, C)
+    tok = start + rows
+    rmask = tok < end
+    offs_k = tl.arange(0, BK)
+    kmask = offs_k < K
+    mk = rmask[:, None] & kmask[None, :]
+    kptrs = (tok[:, None] * H + pid_h) * K + offs_k[None, :]
+    b_beta = tl.load(beta_ptr + tok * H + pid_h, mask=rmask, other=0.0).to(tl.float32)
+    b_gamma = tl.load(gamma_ptr + tok * H + pid_h, mask=rmask, other=0.0)
+    b_t = tl.load(tinv_ptr + (tok[:, None] * H + pid_h) * C + rows[None, :], mask=rmask[:, None], other=0.0)
+    b_tt = tl.trans(b_t)
+
+    b_dtp = tl.zeros([C, C], dtype=tl.float32)
+    b_dbeta = tl.zeros([C], dtype=tl.float32)
+    for v0 in range(0, V, BV):
+        offs_v = v0 + tl.arange(0, BV)
+        m2 = rmask[:, None] & (offs_v < V)[None, :]
+        vptrs = (tok[:, None] * H + pid_h) * V + offs_v[None, :]
+        b_v = tl.load(v_ptr + vptrs, mask=m2, other=0.0).to(tl.float32)
+        b_du = tl.load(du_ptr + vptrs, mask=m2, other=0.0)
+        b_dy = tl.dot(b_tt, b_du, input_precision=PREC)
+        tl.store(dv_ptr + vptrs, (b_dy * b_beta[:, None]).to(dv_ptr.dtype.element_ty), mask=m2)
+        b_dbeta += tl.sum(b_dy * b_v, 1)
+        b_dtp += tl.dot(b_du, tl.trans(b_v * b_beta[:, None]), input_precision=PREC)
+
+    b_k = tl.load(k_ptr + kptrs, mask=mk, other=0.0).to(tl.float32)
+    b_dw = tl.load(dw_ptr + kptrs, mask=mk, other=0.0)
+    b_dk = tl.load(dk_part_ptr + kptrs, mask=mk, other=0.0)
+    b_dgam = tl.load(dgam_ptr + tok * H + pid_h, mask=rmask, other=0.0)
+    e_gamma = tl.exp(b_gamma)
     # W = T X, X = diag(beta e^gamma) K.
     b_xw = b_beta * e_gamma
-    b_x = b_kf * b_xw[:, None]
     b_dx = tl.dot(b_tt, b_dw, input_precision=PREC)
     b_dk += b_dx * b_xw[:, None]
-    b_tmp = e_gamma * tl.sum(b_dx * b_kf, 1)
+    b_tmp = e_gamma * tl.sum(b_dx * b_k, 1)
     b_dbeta += b_tmp
     b_dgam += b_beta * b_tmp
     # T = (I + A)^{-1}: dA = -T^T dT T^T on the strictly lower part; A = diag(beta) (K K^T * Gamma) strict.
-    b_dtm = tl.dot(b_dw, tl.trans(b_x), input_precision=PREC) + b_dtp
+    b_dtm = tl.dot(b_dw, tl.trans(b_k * b_xw[:, None]), input_precision=PREC) + b_dtp
     b_da = -tl.dot(tl.dot(b_tt, b_dtm, input_precision=PREC), b_tt, input_precision=PREC)
-    b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
-    dstrict = tl.where(strict, decay, 0.0)
-    b_kkd = b_kk * dstrict
+    strict = rows[:, None] > rows[None, :]
+    dstrict = tl.exp(tl.where(strict, b_gamma[:, None] - b_gamma[None, :], float("-inf")))
+    b_kkd = tl.dot(b_k, tl.trans(b_k), input_precision=PREC) * dstrict
     b_da = tl.where(strict, b_da, 0.0)
     b_ga = b_da * b_beta[:, None] * dstrict
-    b_dk += tl.dot(b_ga, b_kf, input_precision=PREC) + tl.dot(tl.trans(b_ga), b_kf, input_precision=PREC)
+    b_dk += tl.dot(b_ga, b_k, input_precision=PREC) + tl.dot(tl.trans(b_ga), b_k, input_precision=PREC)
     b_dbeta += tl.sum(b_da * b_kkd, 1)
     b_d = b_da * b_kkd * b_beta[:, None]
     b_dgam += tl.sum(b_d, 1) - tl.sum(b_d, 0)
-    b_dgam += tl.where(rows == last, d_glast, 0.0)
 
-    tl.store(dq_ptr + kptrs, b_dq.to(dq_ptr.dtype.element_ty), mask=mk)
     tl.store(dk_ptr + kptrs, b_dk.to(dk_ptr.dtype.element_ty), mask=mk)
     tl.store(dbeta_ptr + tok * H + pid_h, b_dbeta, mask=rmask)
     if HAS_G:
@@ -234,7 +271,8 @@ def delta_rule_bwd(q, k, v, beta, g, scale, initial_state, bounds, table, choff,
     dev = q.device
     du = torch.empty(total, h, dv, device=dev, dtype=torch.float32)
     _intra_kernel[(triton.cdiv(dv, bv), rows, h)](
-        q, k, gamma, do, table, du, scale, H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, PREC=prec, num_warps=4,
+        q, k, gamma, do, table, du, scale, H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, PREC=prec,
+        num_warps=NUM_WARPS["intra"],
     )
     dh = torch.empty(rows, h, dk, dv, device=dev, dtype=q.dtype)
     dh0 = torch.empty(n, h, dk, dv, device=dev, dtype=torch.float32) if initial_state is not None else None
@@ -242,17 +280,25 @@ def delta_rule_bwd(q, k, v, beta, g, scale, initial_state, bounds, table, choff,
         q, k, gamma, w, do, du, bounds, choff, dht if dht is not None else gamma,
         dh, dh0 if dh0 is not None else gamma, scale,
         H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
-        PREC=prec, num_warps=4,
+        PREC=prec, num_warps=NUM_WARPS["state_bwd"],
     )
     dq = torch.empty_like(q)
+    dk_part = torch.empty(total, h, dk, device=dev, dtype=torch.float32)
+    dw = torch.empty(total, h, dk, device=dev, dtype=torch.float32)
+    dgam = torch.empty(total, h, device=dev, dtype=torch.float32)
+    _grads_qk_kernel[(rows, h)](
+        q, k, gamma, u, hs, dh, do, du, table, dq, dk_part, dw, dgam, scale,
+        H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=min(bv, 32), PREC=prec, num_warps=NUM_WARPS["grads_qk"],
+        num_stages=NUM_STAGES["grads_qk"],
+    )
     dkk = torch.empty_like(k)
     dvv = torch.empty_like(v)
     dbeta = torch.empty(total, h, device=dev, dtype=torch.float32)
     dg = torch.empty(total, h, device=dev, dtype=torch.float32) if g is not None else None
-    _grads_kernel[(rows, h)](
-        q, k, v, beta, gamma, tinv, w, u, hs, dh, do, du, table,
-        dq, dkk, dvv, dbeta, dg if dg is not None else dbeta, scale,
-        H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, HAS_G=g is not None, PREC=prec, num_warps=4,
+    _grads_wy_kernel[(rows, h)](
+        k, v, beta, gamma, tinv, du, dw, dk_part, dgam, table, dkk, dvv, dbeta, dg if dg is not None else dbeta,
+        H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, HAS_G=g is not None, PREC=prec, num_warps=NUM_WARPS["grads_wy"],
+        num_stages=NUM_STAGES["grads_wy"],
     )
     return dq, dkk, dvv, dbeta, dg, dh0
 

@@ -3,8 +3,8 @@
 Tensors are viewed as one packed token axis: [B, T, H, D] -> [B*T, H, D] with document boundaries `bounds`
 (cu_seqlens, or b*T for fixed-length batches), so fixed-length and varlen inputs share one code path. Three
 launches:
-  1. prepare (one program per (chunk, head)): gamma (in-chunk cumsum of g), T = (I + A)^{-1} by forward
-     substitution in fp32, W = T diag(beta e^gamma) K, U~ = T diag(beta) V;
+  1. prepare (one program per (chunk, head)): gamma (in-chunk cumsum of g), T = (I + A)^{-1} in fp32 by
+     blocks of 16 (forward substitution on the diagonal blocks), W = T diag(beta e^gamma) K, U~ = T diag(beta) V;
   2. state pass (one program per (document, head, V-block)): walks the document's chunks in order, storing the
      chunk-start state S and the pseudo-values U = U~ - W S, then S <- e^{gamma_C} S + (e^{gamma_C-gamma} K)^T U;
   3. output (one program per (chunk, head, V-block)): O = scale (diag(e^gamma) Q S + (Q K^T * Gamma * M) U).
@@ -16,11 +16,42 @@ import triton
 import triton.language as tl
 
 CHUNK = 64
+# Warps per program of each launch (forward and backward), chosen on an H200 at K = V = 128.
+NUM_WARPS = {"prepare": 4, "state": 4, "output": 4, "intra": 4, "state_bwd": 8, "grads_qk": 8, "grads_wy": 4}
+NUM_STAGES = {"grads_qk": 1, "grads_wy": 2}
 
 
 def dot_precision(dtype: torch.dtype) -> str:
     """fp32 inputs get exact fp32 products (SPEC §2 tolerances); 16-bit inputs let fp32 tiles use tf32."""
     return "ieee" if dtype == torch.float32 else "tf32"
+
+
+@triton.jit
+def _load_block(blk, r16, lim, bi: tl.constexpr, bj: tl.constexpr, H: tl.constexpr, C: tl.constexpr):
+    """Block (bi, bj) of 16 x 16 of a chunk's [C, C] matrix stored row-major per token at `blk`."""
+    return tl.load(blk + (16 * bi) * H * C + 16 * bj, mask=(16 * bi + r16 < lim)[:, None], other=0.0)
+
+
+@triton.jit
+def _store_block(blk, r16, lim, bi: tl.constexpr, bj: tl.constexpr, x, H: tl.constexpr, C: tl.constexpr):
+    tl.store(blk + (16 * bi) * H * C + 16 * bj, x, mask=(16 * bi + r16 < lim)[:, None])
+
+
+@triton.jit
+def _inv_unit_lower(a, r16):
+    """(I + a)^{-1} for a strictly lower 16 x 16 block: X = T - I solves X = N + N X with N = -a, row by row
+    (row i needs only rows < i, already final)."""
+    x = -a
+    for i in range(1, 16):
+        row = tl.sum(tl.where(r16[:, None] == i, x, 0.0), 0)
+        row = row + tl.sum(row[:, None] * x, 0)
+        x = tl.where(r16[:, None] == i, row[None, :], x)
+    return x + (r16[:, None] == r16[None, :]).to(tl.float32)
+
+
+@triton.jit
+def _dot3(a, b, c, PREC: tl.constexpr):
+    return tl.dot(a, tl.dot(b, c, input_precision=PREC), input_precision=PREC)
 
 
 @triton.jit
@@ -56,14 +87,48 @@ def _prepare_kernel(
     strict = rows[:, None] > rows[None, :]
     diff = tl.where(strict, b_gamma[:, None] - b_gamma[None, :], float("-inf"))
     b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
-    # N = -A (strictly lower); X = T - I satisfies X = N + N X, solved row by row (row i needs rows < i only).
-    b_x = -tl.where(strict, b_beta[:, None] * b_kk * tl.exp(diff), 0.0)
-    for i in range(1, C):
-        row = tl.sum(tl.where(rows[:, None] == i, b_x, 0.0), 0)
-        row = row + tl.sum(row[:, None] * b_x, 0)
-        b_x = tl.where(rows[:, None] == i, row[None, :], b_x)
-    b_t = b_x + (rows[:, None] == rows[None, :]).to(tl.float32)
-    tl.store(tinv_ptr + (tok[:, None] * H + pid_h) * C + rows[None, :], b_t, mask=rmask[:, None])
+    b_a = tl.where(strict, b_beta[:, None] * b_kk * tl.exp(diff), 0.0)
+    # T = (I + A)^{-1} by blocks of 16: the diagonal blocks by forward substitution, then
+    # T_ij = -T_ii sum_{j<=m<i} A_im T_mj. Blocks go through the tinv buffer (this program's own rows) because
+    # register tiles cannot be sliced; the barriers make each store visible to the loads that follow.
+    t_base = tinv_ptr + (tok[:, None] * H + pid_h) * C + rows[None, :]
+    tl.store(t_base, b_a, mask=rmask[:, None])
+    tl.debug_barrier()
+    r16 = tl.arange(0, 16)
+    blk = tinv_ptr + ((start + r16)[:, None] * H + pid_h) * C + r16[None, :]
+    lim = end - start
+    a10 = _load_block(blk, r16, lim, 1, 0, H, C)
+    a20 = _load_block(blk, r16, lim, 2, 0, H, C)
+    a21 = _load_block(blk, r16, lim, 2, 1, H, C)
+    a30 = _load_block(blk, r16, lim, 3, 0, H, C)
+    a31 = _load_block(blk, r16, lim, 3, 1, H, C)
+    a32 = _load_block(blk, r16, lim, 3, 2, H, C)
+    t00 = _inv_unit_lower(_load_block(blk, r16, lim, 0, 0, H, C), r16)
+    t11 = _inv_unit_lower(_load_block(blk, r16, lim, 1, 1, H, C), r16)
+    t22 = _inv_unit_lower(_load_block(blk, r16, lim, 2, 2, H, C), r16)
+    t33 = _inv_unit_lower(_load_block(blk, r16, lim, 3, 3, H, C), r16)
+    t10 = -_dot3(t11, a10, t00, PREC)
+    t21 = -_dot3(t22, a21, t11, PREC)
+    t32 = -_dot3(t33, a32, t22, PREC)
+    t20 = -tl.dot(t22, tl.dot(a20, t00, input_precision=PREC) + tl.dot(a21, t10, input_precision=PREC),
+                  input_precision=PREC)
+    t31 = -tl.dot(t33, tl.dot(a31, t11, input_precision=PREC) + tl.dot(a32, t21, input_precision=PREC),
+                  input_precision=PREC)
+    t30 = -tl.dot(t33, tl.dot(a30, t00, input_precision=PREC) + tl.dot(a31, t10, input_precision=PREC)
+                  + tl.dot(a32, t20, input_precision=PREC), input_precision=PREC)
+    tl.debug_barrier()
+    _store_block(blk, r16, lim, 0, 0, t00, H, C)
+    _store_block(blk, r16, lim, 1, 0, t10, H, C)
+    _store_block(blk, r16, lim, 1, 1, t11, H, C)
+    _store_block(blk, r16, lim, 2, 0, t20, H, C)
+    _store_block(blk, r16, lim, 2, 1, t21, H, C)
+    _store_block(blk, r16, lim, 2, 2, t22, H, C)
+    _store_block(blk, r16, lim, 3, 0, t30, H, C)
+    _store_block(blk, r16, lim, 3, 1, t31, H, C)
+    _store_block(blk, r16, lim, 3, 2, t32, H, C)
+    _store_block(blk, r16, lim, 3, 3, t33, H, C)
+    tl.debug_barrier()
+    b_t = tl.load(t_base, mask=rmask[:, None], other=0.0)
 
     b_kw = (b_k.to(tl.float32) * (b_beta * tl.exp(b_gamma))[:, None])
     b_w = tl.dot(b_t, b_kw, input_precision=PREC)
@@ -187,7 +252,7 @@ def delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, b
     ut = torch.empty(total, h, dv, device=dev, dtype=q.dtype)
     _prepare_kernel[(rows, h)](
         k, v, beta, g if g is not None else beta, table, gamma, tinv, w, ut,
-        H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, HAS_G=g is not None, PREC=prec, num_warps=4,
+        H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, HAS_G=g is not None, PREC=prec, num_warps=NUM_WARPS["prepare"],
     )
     hs = torch.empty(rows, h, dk, dv, device=dev, dtype=q.dtype)
     u = torch.empty(total, h, dv, device=dev, dtype=q.dtype)
@@ -196,11 +261,11 @@ def delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, b
         k, gamma, w, ut, bounds, choff, initial_state if initial_state is not None else gamma,
         hs, u, final if final is not None else gamma,
         H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, HAS_H0=initial_state is not None,
-        STORE_HT=output_final_state, PREC=prec, num_warps=4,
+        STORE_HT=output_final_state, PREC=prec, num_warps=NUM_WARPS["state"],
     )
     o = torch.empty(total, h, dv, device=dev, dtype=v.dtype)
     _output_kernel[(triton.cdiv(dv, bv), rows, h)](
         q, k, gamma, hs, u, table, o, scale,
-        H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, PREC=prec, num_warps=4,
+        H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, PREC=prec, num_warps=NUM_WARPS["output"],
     )
     return o, final, (gamma, tinv, w, u, hs)
