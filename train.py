@@ -110,7 +110,8 @@ class _StopRequested:
             signal.signal(sig, old)
 
 
-def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = None) -> dict:
+def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = None,
+        run_name: str | None = None) -> dict:
     """Train as cfg says; return a summary (final step, losses, checkpoint path)."""
     from accelerate import Accelerator
     from accelerate.utils import set_seed
@@ -163,7 +164,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
     if is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-    logger = MetricsLogger(run_dir, cfg, enabled=is_main, group=group, resume_id=state["wandb_id"])
+    logger = MetricsLogger(run_dir, cfg, enabled=is_main, group=group, resume_id=state["wandb_id"], name=run_name)
     state["wandb_id"] = logger.wandb_id
     peak = peak_flops_per_device(tr.peak_tflops, accelerator.device)
     tokens_per_step = int(tr.batch_size) * int(tr.seq_len) * int(tr.grad_accum) * world
@@ -325,10 +326,11 @@ def main(cfg: DictConfig) -> float | None:
     from hydra.types import RunMode
 
     hc = HydraConfig.get()
-    group = None
-    if hc.mode == RunMode.MULTIRUN:
+    group = run_name = None
+    if hc.mode == RunMode.MULTIRUN:  # one W&B run per sweep point, grouped by sweep, named by its overrides
         group = cfg.logger.group or Path(hc.sweep.dir).name
-    summary = run(cfg, run_dir=hc.runtime.output_dir, group=group)
+        run_name = f"{group}/{hc.job.num}: {' '.join(hc.overrides.task)}"
+    summary = run(cfg, run_dir=hc.runtime.output_dir, group=group, run_name=run_name)
     print(json.dumps(summary, indent=None, default=str))
     return summary["val_loss"]  # lets Hydra sweepers minimise it
 

@@ -47,7 +47,8 @@ def resolve_wandb_mode(mode: str) -> str:
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: Path, cfg, *, enabled: bool, group: str | None = None, resume_id: str | None = None):
+    def __init__(self, run_dir: Path, cfg, *, enabled: bool, group: str | None = None, resume_id: str | None = None,
+                 name: str | None = None):
         self.enabled = enabled
         self.run_dir = Path(run_dir)
         self.jsonl = self.run_dir / "metrics.jsonl"
@@ -64,7 +65,7 @@ class MetricsLogger:
         self.wandb_id = resume_id or uuid.uuid4().hex[:8]  # our own id: it is saved with every checkpoint
         self.wandb_run = wandb.init(
             project=cfg.logger.project, entity=cfg.logger.entity, group=group or cfg.logger.group,
-            name=str(cfg.name), id=self.wandb_id, resume="allow", dir=str(self.run_dir), mode=mode,
+            name=name or str(cfg.name), id=self.wandb_id, resume="allow", dir=str(self.run_dir), mode=mode,
             tags=list(cfg.logger.tags or []), config=OmegaConf.to_container(cfg, resolve=True))
 
     def log(self, metrics: dict, step: int | None) -> None:

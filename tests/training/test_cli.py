@@ -15,9 +15,9 @@ ENV = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE="", WANDB_SILENT="true")
 ENV.pop("WANDB_MODE")
 
 
-def _train(args, timeout=300, env=None):
-    return subprocess.run([sys.executable, "train.py", *SMALL, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env=env or ENV)
+def _train(args, timeout=300, env=None, flags=()):
+    return subprocess.run([sys.executable, "train.py", *flags, *SMALL, *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout, env=env or ENV)
 
 
 def test_sigterm_saves_then_exits_and_the_run_resumes(tmp_path):
@@ -90,3 +90,14 @@ def test_eval_writes_json_and_png_and_rejects_a_missing_checkpoint(tmp_path):
     bad = subprocess.run([sys.executable, "eval.py", f"checkpoint={tmp_path / 'missing'}"], cwd=REPO,
                          capture_output=True, text=True, timeout=120, env=ENV)
     assert bad.returncode != 0 and "does not exist" in bad.stderr
+
+
+def test_multirun_sweep_runs_one_job_per_point(tmp_path):
+    sweep = tmp_path / "sweep"
+    res = _train(["optim.lr=1e-3,3e-3", "trainer.max_steps=2", "trainer.save_every=0", "trainer.val_every=0",
+                  f"hydra.sweep.dir={sweep}"], flags=["-m"])
+    assert res.returncode == 0, res.stderr[-3000:]
+    jobs = sorted(p.name for p in sweep.iterdir() if (p / "summary.json").exists())
+    assert jobs == ["0", "1"]
+    for job, lr in zip(jobs, ("0.001", "0.003")):
+        assert f"lr: {lr}" in (sweep / job / "config.yaml").read_text()
