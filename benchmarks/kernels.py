@@ -68,9 +68,32 @@ def _call_linear_attn(x, cu_seqlens, backend):
                        output_final_state=True, cu_seqlens=cu_seqlens, backend=backend)
 
 
+def _make_delta_rule(b, t, h, d, device, seed=0, n_state=None):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q, k, v = _qkv(b, t, h, d, device, gen)
+    # As the Gated DeltaNet layer feeds it: L2-normalised k, beta = sigmoid(.), g = -exp(A_log) * softplus(.).
+    k = torch.nn.functional.normalize(k, dim=-1)
+    beta = torch.rand(b, t, h, device=device, generator=gen).sigmoid()
+    g = -0.3 * torch.rand(b, t, h, device=device, generator=gen)
+    out = {"q": q, "k": k, "v": v, "beta": beta, "g": g}
+    if n_state is not None:
+        out["initial_state"] = torch.randn(n_state, h, d, d, device=device, generator=gen)
+    return out
+
+
+def _call_delta_rule(x, cu_seqlens, backend):
+    from kernels import delta_rule
+
+    return delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"], initial_state=x.get("initial_state"),
+                      output_final_state=True, cu_seqlens=cu_seqlens, backend=backend)
+
+
 CASES: dict[str, OpCase] = {
     "linear_attn": OpCase(_make_linear_attn, _call_linear_attn,
                           {"q": QKV_TOL, "k": QKV_TOL, "v": QKV_TOL, "g": GATE_TOL, "initial_state": QKV_TOL}),
+    "delta_rule": OpCase(_make_delta_rule, _call_delta_rule,
+                         {"q": QKV_TOL, "k": QKV_TOL, "v": QKV_TOL, "beta": GATE_TOL, "g": GATE_TOL,
+                          "initial_state": QKV_TOL}),
 }
 
 
@@ -169,6 +192,25 @@ def bench(ops, seqlens, tokens, heads, dim, device):
     return rows
 
 
+def profile(ops, seqlen, tokens, heads, dim, device):
+    """CUDA time per kernel of one forward+backward (torch.profiler), to see where the time goes."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    b = max(tokens // seqlen, 1)
+    for op in ops:
+        _, fwd_bwd, _ = _op_fn(CASES[op], b, seqlen, heads, dim, device)
+        for _ in range(3):
+            fwd_bwd()
+        torch.cuda.synchronize()
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                fwd_bwd()
+            torch.cuda.synchronize()
+        print(f"{op} T={seqlen} B={b}: CUDA time per kernel over 5 forward+backward calls")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ops", nargs="+", default=list(CASES), choices=list(CASES))
@@ -178,6 +220,7 @@ def main(argv=None):
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--skip-check", action="store_true")
     p.add_argument("--skip-bench", action="store_true")
+    p.add_argument("--profile", type=int, default=0, metavar="T", help="also profile one fwd+bwd at this T")
     p.add_argument("--append", action="store_true", help="append the tables to benchmarks/RESULTS.md")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -199,6 +242,8 @@ def main(argv=None):
         table += [f"| {t} | {b} | {label} | {f:.3f} | {fb:.3f} |" for t, b, label, f, fb in rows]
         print("\n".join(table), flush=True)
         lines += [""] + table
+    if args.profile:
+        profile(args.ops, args.profile, args.tokens, args.heads, args.dim, device)
     if args.append:
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         head = (f"\n## Kernels, {stamp}, {torch.cuda.get_device_name()} (torch {torch.__version__}, triton "

@@ -79,7 +79,7 @@ def check_recurrent_inputs(
             raise ValueError(f"{op}: cu_seqlens needs packed inputs with B == 1, got B={b}")
         if cu_seqlens.numel() < 2:
             raise ValueError(f"{op}: cu_seqlens must hold N+1 >= 2 boundaries, got {cu_seqlens.numel()}")
-        if cu_seqlens.device.type != q.device.type:
+        if cu_seqlens.device.type not in ("cpu", q.device.type):
             raise ValueError(f"{op}: cu_seqlens must be on {q.device} like q (or on the CPU), got "
                              f"{cu_seqlens.device}")
         n = cu_seqlens.numel() - 1

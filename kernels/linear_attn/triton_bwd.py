@@ -18,14 +18,24 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_fwd import BT, Layout, _chunk_bounds, _pow2, _seq_bounds, chunk_fwd, chunk_states, state_blocks
+from .triton_fwd import (
+    BT,
+    Layout,
+    _chunk_bounds,
+    _pow2,
+    _seq_bounds,
+    chunk_fwd,
+    chunk_states,
+    dot_precision,
+    state_blocks,
+)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def _chunk_dstates_bwd(q, do, g, dht, dhs, dh0, bounds, offsets, scale, T, NT,
                        H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                        BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr, HAS_DHT: tl.constexpr,
-                       STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr):
+                       STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
     i_kv, i_nh = tl.program_id(0), tl.program_id(1)
     NV: tl.constexpr = triton.cdiv(V, BV)
     i_k, i_v = i_kv // NV, i_kv % NV
@@ -55,7 +65,7 @@ def _chunk_dstates_bwd(q, do, g, dht, dhs, dh0, bounds, offsets, scale, T, NT,
             qb = (qb * (tl.exp(gc) * scale)[:, None]).to(dob.dtype)
         else:
             qb = (qb * scale).to(dob.dtype)
-        dstate += tl.dot(tl.trans(qb), dob)
+        dstate += tl.dot(tl.trans(qb), dob, input_precision=PREC)
     if STORE_DH0:
         tl.store(dh0 + i_nh.to(tl.int64) * K * V + kv_off, dstate, mask=m_kv)
 
@@ -63,7 +73,7 @@ def _chunk_dstates_bwd(q, do, g, dht, dhs, dh0, bounds, offsets, scale, T, NT,
 @triton.jit(do_not_specialize=["T", "NT"])
 def _chunk_dqk_bwd(q, k, v, g, do, hs, dhs, dq, dk, dgp, table, scale, T, NT, TT,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                   BV: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr):
+                   BV: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
     i_k, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     start, end = _chunk_bounds(table, i_c, T, NT, BT, IS_VARLEN)
     if start >= end:
@@ -85,9 +95,9 @@ def _chunk_dqk_bwd(q, k, v, g, do, hs, dhs, dq, dk, dgp, table, scale, T, NT, TT
         m_vk = (o_v[:, None] < V) & m_k[None, :]
         hb = tl.load(hs + state_base + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0).to(dob.dtype)
         dhb = tl.load(dhs + state_base + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0).to(dob.dtype)
-        d_scores += tl.dot(dob, tl.trans(vb))
-        acc_q += tl.dot(dob, hb)
-        acc_k += tl.dot(vb, dhb)
+        d_scores += tl.dot(dob, tl.trans(vb), input_precision=PREC)
+        acc_q += tl.dot(dob, hb, input_precision=PREC)
+        acc_k += tl.dot(vb, dhb, input_precision=PREC)
     m_tk = m_t[:, None] & m_k[None, :]
     qb = tl.load(q + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
     kb = tl.load(k + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
@@ -104,8 +114,8 @@ def _chunk_dqk_bwd(q, k, v, g, do, hs, dhs, dq, dk, dgp, table, scale, T, NT, TT
         acc_q *= scale
         d_scores *= scale
     d_scores = tl.where(causal, d_scores, 0.0).to(qb.dtype)
-    acc_q += tl.dot(d_scores, kb)
-    acc_k += tl.dot(tl.trans(d_scores), qb)
+    acc_q += tl.dot(d_scores, kb, input_precision=PREC)
+    acc_k += tl.dot(tl.trans(d_scores), qb, input_precision=PREC)
     tok = (o_t[:, None] * H + i_h) * K + o_k[None, :]
     tl.store(dq + tok, acc_q.to(dq.dtype.element_ty), mask=m_tk)
     tl.store(dk + tok, acc_k.to(dk.dtype.element_ty), mask=m_tk)
@@ -117,7 +127,7 @@ def _chunk_dqk_bwd(q, k, v, g, do, hs, dhs, dq, dk, dgp, table, scale, T, NT, TT
 @triton.jit(do_not_specialize=["T", "NT"])
 def _chunk_dv_bwd(q, k, g, do, dhs, dv, table, scale, T, NT,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                  BV: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr):
+                  BV: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
     i_v, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     start, end = _chunk_bounds(table, i_c, T, NT, BT, IS_VARLEN)
     if start >= end:
@@ -136,8 +146,8 @@ def _chunk_dv_bwd(q, k, g, do, dhs, dv, table, scale, T, NT,
         kb = tl.load(k + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
         dhb = tl.load(dhs + state_base + o_k[:, None] * V + o_v[None, :],
                       mask=(o_k[:, None] < K) & (o_v[None, :] < V), other=0.0).to(kb.dtype)
-        scores_t += tl.dot(kb, tl.trans(qb))
-        acc += tl.dot(kb, dhb)
+        scores_t += tl.dot(kb, tl.trans(qb), input_precision=PREC)
+        acc += tl.dot(kb, dhb, input_precision=PREC)
     o_i = tl.arange(0, BT)
     anti = o_i[:, None] <= o_i[None, :]  # j <= i in [j, i] layout
     if HAS_G:
@@ -150,22 +160,24 @@ def _chunk_dv_bwd(q, k, g, do, dhs, dv, table, scale, T, NT,
         scores_t *= scale
     dob = tl.load(do + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0)
     scores_t = tl.where(anti, scores_t, 0.0).to(dob.dtype)
-    acc += tl.dot(scores_t, dob)
+    acc += tl.dot(scores_t, dob, input_precision=PREC)
     tl.store(dv + (o_t[:, None] * H + i_h) * V + o_v[None, :], acc.to(dv.dtype.element_ty), mask=m_tv)
 
 
 def _segment_reverse_cumsum(x: torch.Tensor, lay: Layout) -> torch.Tensor:
-    """dg_t = sum_{s >= t, same document} x_s for x [TT, H], in float64, on device (no sync)."""
-    x64 = x.to(torch.float64)
-    rc = torch.flip(torch.cumsum(torch.flip(x64, [0]), 0), [0])
-    rc = torch.cat([rc, rc.new_zeros(1, rc.shape[1])], 0)
+    """dg_t = sum_{s >= t, same document} x_s for x [TT, H], on device (no sync).
+
+    With C the inclusive prefix sum along tokens, dg_t = C[eos(t) - 1] - C[t] + x[t]. The scan runs in float64
+    along the innermost axis of an [H, TT] copy (torch scans the outer axis of [TT, H] very slowly)."""
+    xt = x.t().to(torch.float64).contiguous()
+    csum = torch.cumsum(xt, 1)
     tokens = torch.arange(lay.total, device=x.device)
     if lay.varlen:
-        seq = torch.searchsorted(lay.bounds[1:], tokens, right=True)
-        eos = lay.bounds[1:][seq.clamp(max=lay.n - 1)]
+        seq = torch.searchsorted(lay.bounds[1:], tokens, right=True).clamp_(max=lay.n - 1)
+        last = lay.bounds[1:][seq] - 1
     else:
-        eos = (tokens // lay.seqlen + 1) * lay.seqlen
-    return (rc[:-1] - rc[eos]).to(torch.float32)
+        last = (tokens // lay.seqlen + 1) * lay.seqlen - 1
+    return (csum[:, last] - csum + xt).t().to(torch.float32)
 
 
 def chunk_bwd(q, k, v, g, do, dht, ht, scale, h0, lay: Layout, need_dh0: bool):
@@ -180,7 +192,7 @@ def chunk_bwd(q, k, v, g, do, dht, ht, scale, h0, lay: Layout, need_dh0: bool):
     _chunk_dstates_bwd[grid](q, do, g if g is not None else q, dht if dht is not None else q, dhs,
                              dh0 if dh0 is not None else dhs, lay.bounds, lay.offsets, scale, lay.seqlen, lay.nt,
                              H=h, K=dk_, V=dv_, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
-                             HAS_DHT=dht is not None, STORE_DH0=need_dh0, IS_VARLEN=lay.varlen,
+                             HAS_DHT=dht is not None, STORE_DH0=need_dh0, IS_VARLEN=lay.varlen, PREC=dot_precision(k),
                              num_warps=4, num_stages=2)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
@@ -191,12 +203,12 @@ def chunk_bwd(q, k, v, g, do, dht, ht, scale, h0, lay: Layout, need_dh0: bool):
     _chunk_dqk_bwd[(nk, lay.rows, h)](q, k, v, g if g is not None else q, do, hs, dhs, dq, dk,
                                       dgp if dgp is not None else q, lay.table, scale, lay.seqlen, lay.nt,
                                       lay.total, H=h, K=dk_, V=dv_, BT=BT, BK=bk, BV=_pow2(dv_, hi=64),
-                                      HAS_G=g is not None, IS_VARLEN=lay.varlen, num_warps=8, num_stages=2)
+                                      HAS_G=g is not None, IS_VARLEN=lay.varlen, PREC=dot_precision(k), num_warps=8, num_stages=2)
     bv = _pow2(dv_, hi=64)
     _chunk_dv_bwd[(triton.cdiv(dv_, bv), lay.rows, h)](q, k, g if g is not None else q, do, dhs, dv, lay.table,
                                                        scale, lay.seqlen, lay.nt, H=h, K=dk_, V=dv_, BT=BT,
                                                        BK=_pow2(dk_), BV=bv, HAS_G=g is not None,
-                                                       IS_VARLEN=lay.varlen, num_warps=4, num_stages=2)
+                                                       IS_VARLEN=lay.varlen, PREC=dot_precision(k), num_warps=4, num_stages=2)
     dg = None
     if g is not None:
         dgate = dgp.sum(0)

@@ -51,7 +51,7 @@ def _seq_bounds(bounds, offsets, i_n, T, NT, IS_VARLEN: tl.constexpr):
 def _chunk_states_fwd(k, v, g, h0, hs, ht, bounds, offsets, T, NT,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr, HAS_H0: tl.constexpr,
-                      STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr):
+                      STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
     i_kv, i_nh = tl.program_id(0), tl.program_id(1)
     NV: tl.constexpr = triton.cdiv(V, BV)
     i_k, i_v = i_kv // NV, i_kv % NV
@@ -79,7 +79,7 @@ def _chunk_states_fwd(k, v, g, h0, hs, ht, bounds, offsets, T, NT,
             gl = tl.sum(gb, 0)
             state *= tl.exp(gl)
             kb = (kb * tl.exp(gl - gc)[:, None]).to(vb.dtype)
-        state += tl.dot(tl.trans(kb), vb)
+        state += tl.dot(tl.trans(kb), vb, input_precision=PREC)
     if STORE_HT:
         tl.store(ht + i_nh.to(tl.int64) * K * V + kv_off, state, mask=m_kv)
 
@@ -87,7 +87,7 @@ def _chunk_states_fwd(k, v, g, h0, hs, ht, bounds, offsets, T, NT,
 @triton.jit(do_not_specialize=["T", "NT"])
 def _chunk_out_fwd(q, k, v, g, hs, o, table, scale, T, NT,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                   BV: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr):
+                   BV: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
     i_v, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     start, end = _chunk_bounds(table, i_c, T, NT, BT, IS_VARLEN)
     if start >= end:
@@ -104,8 +104,8 @@ def _chunk_out_fwd(q, k, v, g, hs, o, table, scale, T, NT,
         kb = tl.load(k + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_qk, other=0.0)
         hb = tl.load(hs + (i_c.to(tl.int64) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
                      mask=(o_k[:, None] < K) & (o_v[None, :] < V), other=0.0)
-        acc += tl.dot(qb, hb.to(qb.dtype))
-        scores += tl.dot(qb, tl.trans(kb))
+        acc += tl.dot(qb, hb.to(qb.dtype), input_precision=PREC)
+        scores += tl.dot(qb, tl.trans(kb), input_precision=PREC)
     o_i = tl.arange(0, BT)
     causal = o_i[:, None] >= o_i[None, :]
     if HAS_G:
@@ -115,9 +115,14 @@ def _chunk_out_fwd(q, k, v, g, hs, o, table, scale, T, NT,
     scores = tl.where(causal, scores, 0.0)
     vb = tl.load(v + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V),
                  other=0.0)
-    acc += tl.dot(scores.to(vb.dtype), vb)
+    acc += tl.dot(scores.to(vb.dtype), vb, input_precision=PREC)
     tl.store(o + (o_t[:, None] * H + i_h) * V + o_v[None, :], (acc * scale).to(o.dtype.element_ty),
              mask=m_t[:, None] & (o_v[None, :] < V))
+
+
+def dot_precision(x: torch.Tensor) -> str:
+    """fp32 inputs multiply in full fp32 ("ieee"); tf32 would miss the 1e-4 fp32 tolerance."""
+    return "ieee" if x.dtype == torch.float32 else "tf32"
 
 
 def _pow2(x: int, lo: int = 16, hi: int = 128) -> int:
@@ -164,7 +169,7 @@ def chunk_states(k, v, g, h0, lay: Layout, store_final: bool):
     _chunk_states_fwd[grid](k, v, g if g is not None else k, h0 if h0 is not None else k, hs,
                             ht if ht is not None else hs, lay.bounds, lay.offsets, lay.seqlen, lay.nt,
                             H=h, K=dk, V=dv, BT=BT, BK=bk, BV=bv, HAS_G=g is not None, HAS_H0=h0 is not None,
-                            STORE_HT=store_final, IS_VARLEN=lay.varlen, num_warps=4, num_stages=2)
+                            STORE_HT=store_final, IS_VARLEN=lay.varlen, PREC=dot_precision(k), num_warps=4, num_stages=2)
     return hs, ht
 
 
@@ -177,5 +182,5 @@ def chunk_fwd(q, k, v, g, scale, h0, lay: Layout, store_final: bool):
     grid = (triton.cdiv(dv, bv), lay.rows, lay.heads)
     _chunk_out_fwd[grid](q, k, v, g if g is not None else q, hs, o, lay.table, scale, lay.seqlen, lay.nt,
                          H=lay.heads, K=dk, V=dv, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
-                         IS_VARLEN=lay.varlen, num_warps=4, num_stages=2)
+                         IS_VARLEN=lay.varlen, PREC=dot_precision(k), num_warps=4, num_stages=2)
     return o, ht

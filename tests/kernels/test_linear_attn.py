@@ -108,7 +108,9 @@ def test_torch_matches_naive(b, t, h, dk, dv, decay, init):
 def varlen_case(backend, dk=16, dv=24, seed=3, lens=(1, 15, 70, 40, 1)):
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
     t = int(cu[-1])
-    q, k, v, g, h0 = make(1, t, 2, dk, dv, "weak", seed=seed, n_state=len(lens))
+    q, k, v, g, h0 = make(1, t, 2, dk, dv, "weak", seed=seed, n_state=len(lens),
+                          device=DEV if backend == "triton" else "cpu")
+    cu = cu.to(q.device)
     gen = torch.Generator().manual_seed(7)
     do = torch.randn(1, t, 2, dv, generator=gen, dtype=torch.float64)
     dfinal = torch.randn(len(lens), 2, dk, dv, generator=gen, dtype=torch.float64)
