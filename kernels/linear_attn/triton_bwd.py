@@ -30,6 +30,8 @@ from .triton_fwd import (
     state_blocks,
 )
 
+FUSED_MAX_DIM = 128  # larger head dims take the two-kernel backward (K- and V-blocked)
+
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def _chunk_dstates_bwd(q, do, g, dht, dhs, dh0, bounds, offsets, scale, T, NT,
@@ -164,6 +166,71 @@ def _chunk_dv_bwd(q, k, g, do, dhs, dv, table, scale, T, NT,
     tl.store(dv + (o_t[:, None] * H + i_h) * V + o_v[None, :], acc.to(dv.dtype.element_ty), mask=m_tv)
 
 
+@triton.jit(do_not_specialize=["T", "NT"])
+def _chunk_bwd_fused(q, k, v, g, do, hs, dhs, dq, dk, dv, dgp, table, scale, T, NT,
+                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                     BV: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """dq, dk, dv and the gate partial of one (chunk, head) when K <= BK and V <= BV (one tile each): q, k, v,
+    do and both states are read once. Ordered so that one gradient accumulator is live at a time."""
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    start, end = _chunk_bounds(table, i_c, T, NT, BT, IS_VARLEN)
+    if start >= end:
+        return
+    o_t = start + tl.arange(0, BT)
+    m_t = o_t < end
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    m_tk = m_t[:, None] & (o_k[None, :] < K)
+    m_tv = m_t[:, None] & (o_v[None, :] < V)
+    m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
+    tok_k = (o_t[:, None] * H + i_h) * K + o_k[None, :]
+    tok_v = (o_t[:, None] * H + i_h) * V + o_v[None, :]
+    state_off = (i_c.to(tl.int64) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :]
+    o_i = tl.arange(0, BT)
+    causal = o_i[:, None] >= o_i[None, :]
+    qb = tl.load(q + tok_k, mask=m_tk, other=0.0)
+    kb = tl.load(k + tok_k, mask=m_tk, other=0.0)
+    dob = tl.load(do + tok_v, mask=m_tv, other=0.0)
+    if HAS_G:
+        gb = tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
+        gc = tl.cumsum(gb, 0)
+        gl = tl.sum(gb, 0)
+        decay = tl.exp(tl.where(causal, gc[:, None] - gc[None, :], float("-inf"))) * scale
+        k_out = tl.exp(gl - gc)
+    else:
+        decay = tl.where(causal, scale, 0.0)
+    # dv = exp(gl - gc) * (k dS_out) + P^T do, with P_ij = scale * decay_ij * (q_i . k_j)
+    dhb = tl.load(dhs + state_off, mask=m_kv, other=0.0).to(kb.dtype)
+    p_t = tl.trans(tl.dot(qb, tl.trans(kb), input_precision=PREC) * decay).to(dob.dtype)
+    acc = tl.dot(kb, dhb, input_precision=PREC)
+    if HAS_G:
+        acc *= k_out[:, None]
+    acc += tl.dot(p_t, dob, input_precision=PREC)
+    tl.store(dv + tok_v, acc.to(dv.dtype.element_ty), mask=m_tv)
+    # dA_ij = scale * decay_ij * (do_i . v_j);  dq = scale * exp(gc) * (do S_in^T) + dA k
+    vb = tl.load(v + tok_v, mask=m_tv, other=0.0)
+    hb = tl.load(hs + state_off, mask=m_kv, other=0.0).to(dob.dtype)
+    d_scores = (tl.dot(dob, tl.trans(vb), input_precision=PREC) * decay).to(kb.dtype)
+    acc_q = tl.dot(dob, tl.trans(hb), input_precision=PREC)
+    if HAS_G:
+        acc_q *= (tl.exp(gc) * scale)[:, None]
+    else:
+        acc_q *= scale
+    acc_q += tl.dot(d_scores, kb, input_precision=PREC)
+    tl.store(dq + tok_k, acc_q.to(dq.dtype.element_ty), mask=m_tk)
+    if HAS_G:
+        dgate = tl.sum(qb.to(tl.float32) * acc_q, 1)
+    # dk = exp(gl - gc) * (v dS_out^T) + dA^T q
+    acc_k = tl.dot(vb, tl.trans(dhb), input_precision=PREC)
+    if HAS_G:
+        acc_k *= k_out[:, None]
+    acc_k += tl.dot(tl.trans(d_scores), qb, input_precision=PREC)
+    tl.store(dk + tok_k, acc_k.to(dk.dtype.element_ty), mask=m_tk)
+    if HAS_G:
+        dgate -= tl.sum(kb.to(tl.float32) * acc_k, 1)
+        tl.store(dgp + o_t * H + i_h, dgate, mask=m_t)
+
+
 def _segment_reverse_cumsum(x: torch.Tensor, lay: Layout) -> torch.Tensor:
     """dg_t = sum_{s >= t, same document} x_s for x [TT, H], on device (no sync).
 
@@ -197,18 +264,27 @@ def chunk_bwd(q, k, v, g, do, dht, ht, scale, h0, lay: Layout, need_dh0: bool):
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    bk = _pow2(dk_)
-    nk = triton.cdiv(dk_, bk)
-    dgp = torch.empty(nk, lay.total, h, device=q.device, dtype=torch.float32) if g is not None else None
-    _chunk_dqk_bwd[(nk, lay.rows, h)](q, k, v, g if g is not None else q, do, hs, dhs, dq, dk,
-                                      dgp if dgp is not None else q, lay.table, scale, lay.seqlen, lay.nt,
-                                      lay.total, H=h, K=dk_, V=dv_, BT=BT, BK=bk, BV=_pow2(dv_, hi=64),
-                                      HAS_G=g is not None, IS_VARLEN=lay.varlen, PREC=dot_precision(k), num_warps=8, num_stages=2)
-    bv = _pow2(dv_, hi=64)
-    _chunk_dv_bwd[(triton.cdiv(dv_, bv), lay.rows, h)](q, k, g if g is not None else q, do, dhs, dv, lay.table,
-                                                       scale, lay.seqlen, lay.nt, H=h, K=dk_, V=dv_, BT=BT,
-                                                       BK=_pow2(dk_), BV=bv, HAS_G=g is not None,
-                                                       IS_VARLEN=lay.varlen, PREC=dot_precision(k), num_warps=4, num_stages=2)
+    gate = g if g is not None else q
+    prec = dot_precision(k)
+    if dk_ <= FUSED_MAX_DIM and dv_ <= FUSED_MAX_DIM:
+        dgp = torch.empty(1, lay.total, h, device=q.device, dtype=torch.float32) if g is not None else None
+        _chunk_bwd_fused[(lay.rows, h)](q, k, v, gate, do, hs, dhs, dq, dk, dv, dgp if dgp is not None else q,
+                                        lay.table, scale, lay.seqlen, lay.nt, H=h, K=dk_, V=dv_, BT=BT,
+                                        BK=_pow2(dk_), BV=_pow2(dv_), HAS_G=g is not None, IS_VARLEN=lay.varlen,
+                                        PREC=prec, num_warps=8, num_stages=1)
+    else:
+        bk = _pow2(dk_)
+        nk = triton.cdiv(dk_, bk)
+        dgp = torch.empty(nk, lay.total, h, device=q.device, dtype=torch.float32) if g is not None else None
+        _chunk_dqk_bwd[(nk, lay.rows, h)](q, k, v, gate, do, hs, dhs, dq, dk, dgp if dgp is not None else q,
+                                          lay.table, scale, lay.seqlen, lay.nt, lay.total, H=h, K=dk_, V=dv_,
+                                          BT=BT, BK=bk, BV=_pow2(dv_, hi=64), HAS_G=g is not None,
+                                          IS_VARLEN=lay.varlen, PREC=prec, num_warps=8, num_stages=2)
+        bv = _pow2(dv_, hi=64)
+        _chunk_dv_bwd[(triton.cdiv(dv_, bv), lay.rows, h)](q, k, gate, do, dhs, dv, lay.table, scale, lay.seqlen,
+                                                           lay.nt, H=h, K=dk_, V=dv_, BT=BT, BK=bk, BV=bv,
+                                                           HAS_G=g is not None, IS_VARLEN=lay.varlen, PREC=prec,
+                                                           num_warps=4, num_stages=2)
     dg = None
     if g is not None:
         dgate = dgp.sum(0)

@@ -178,9 +178,10 @@ def chunk_fwd(q, k, v, g, scale, h0, lay: Layout, store_final: bool):
     dk, dv = q.shape[-1], v.shape[-1]
     hs, ht = chunk_states(k, v, g, h0, lay, store_final)
     o = torch.empty_like(v)
-    bk, bv = _pow2(dk), _pow2(dv, hi=64)
+    bk, bv = _pow2(dk), _pow2(dv)
     grid = (triton.cdiv(dv, bv), lay.rows, lay.heads)
     _chunk_out_fwd[grid](q, k, v, g if g is not None else q, hs, o, lay.table, scale, lay.seqlen, lay.nt,
                          H=lay.heads, K=dk, V=dv, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
-                         IS_VARLEN=lay.varlen, PREC=dot_precision(k), num_warps=4, num_stages=2)
+                         IS_VARLEN=lay.varlen, PREC=dot_precision(k), num_warps=8 if bk * bv >= 8192 else 4,
+                         num_stages=2)
     return o, ht
