@@ -13,6 +13,8 @@ with pseudo-values u_t = beta_t (v_t - e^{gamma_t} S^T k_t - sum_{i<t} Gamma_ti 
 Every exponent is a difference gamma_t - gamma_i with i <= t (or gamma itself), so it is <= 0 and never overflows.
 """
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 
@@ -66,7 +68,7 @@ def _chunk_batch(q, k, v, beta, g, scale, state, chunk):
 
 def delta_rule_chunk(q, k, v, beta, g, scale, initial_state, output_final_state, bounds, chunk=CHUNK):
     """Same contract as kernels.delta_rule.naive.delta_rule_naive, computed chunk by chunk (chunk tokens each)."""
-    b, t, h, dk = q.shape
+    b, _, h, dk = q.shape
     dv = v.shape[-1]
     out_dtype = v.dtype
     acc = torch.promote_types(q.dtype, torch.float32)
@@ -82,7 +84,7 @@ def delta_rule_chunk(q, k, v, beta, g, scale, initial_state, output_final_state,
         o = o.transpose(1, 2)
         return o.to(out_dtype), (final if output_final_state else None)
     outs, finals = [], []
-    for n, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+    for n, (s, e) in enumerate(itertools.pairwise(bounds)):
         if initial_state is None:
             state = qf.new_zeros(1, h, dk, dv)
         else:

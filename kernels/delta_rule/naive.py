@@ -3,6 +3,8 @@
 S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,   o_t = scale * q_t^T S_t   (per head).
 """
 
+import itertools
+
 import torch
 
 
@@ -17,7 +19,7 @@ def delta_rule_naive(q, k, v, beta, g, scale, initial_state, output_final_state,
     b, t, h, dk = q.shape
     dv = v.shape[-1]
     segments = [(i, 0, t) for i in range(b)] if bounds is None else [
-        (0, s, e) for s, e in zip(bounds[:-1], bounds[1:])
+        (0, s, e) for s, e in itertools.pairwise(bounds)
     ]
     # fp32 accumulation (float64 inputs stay float64, so the oracle can run in double precision).
     acc = torch.promote_types(q.dtype, torch.float32)

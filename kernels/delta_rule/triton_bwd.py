@@ -13,7 +13,7 @@ cumsum of dgamma inside the chunk. Four launches:
   3. grads_qk (per (chunk, head), looping over V-blocks): dq, the output and state-write parts of dk and dgamma,
      and dW;
   4. grads_wy (per (chunk, head)): through the UT transform: dv, dbeta, the rest of dk and dgamma, dg.
-The forward's chunk states, pseudo-values, W and T are saved, not recomputed.
+The forward's chunk states, pseudo-values, U~, W and T are saved, not recomputed.
 """
 
 import torch
@@ -22,7 +22,7 @@ import triton.language as tl
 
 from kernels.common.varlen import chunk_table, sequence_bounds
 
-from .triton_fwd import CHUNK, NUM_STAGES, NUM_WARPS, block_sizes, delta_rule_fwd, dot_precision
+from .triton_fwd import CHUNK, NUM_STAGES, NUM_WARPS, block_sizes, delta_rule_fwd, dot_precision, state_block_v
 
 
 @triton.jit
@@ -83,7 +83,7 @@ def _state_bwd_kernel(
     dstate = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DHT:
         dstate += tl.load(dht_ptr + (pid_n * H + pid_h) * K * V + s_off, mask=smask, other=0.0)
-    for ci in range(0, nch):
+    for ci in range(nch):
         c = nch - 1 - ci
         start = bos + c * C
         tok = start + rows
@@ -188,13 +188,16 @@ def _grads_qk_kernel(
 
 @triton.jit
 def _grads_wy_kernel(
-    k_ptr, v_ptr, beta_ptr, gamma_ptr, tinv_ptr, du_ptr, dw_ptr, dk_part_ptr, dgam_ptr, table_ptr,
+    k_ptr, v_ptr, beta_ptr, gamma_ptr, tinv_ptr, w_ptr, ut_ptr, du_ptr, dw_ptr, dk_part_ptr, dgam_ptr, table_ptr,
     dk_ptr, dv_ptr, dbeta_ptr, dg_ptr,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_G: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Through the UT transform: dv, dbeta, the rest of dk and dgamma; then dg = reverse cumsum of dgamma."""
+    """Through the UT transform: dv, dbeta, the rest of dk and dgamma; then dg = reverse cumsum of dgamma.
+
+    dA = -T^T (dW X^T + dU Y^T) T^T = -(dX W^T + dY U~^T), since X^T T^T = W^T and Y^T T^T = U~^T.
+    """
     pid_c = tl.program_id(0)
     pid_h = tl.program_id(1)
     start = tl.load(table_ptr + pid_c * 3).to(tl.int64)
@@ -210,37 +213,36 @@ def _grads_wy_kernel(
     kptrs = (tok[:, None] * H + pid_h) * K + offs_k[None, :]
     b_beta = tl.load(beta_ptr + tok * H + pid_h, mask=rmask, other=0.0).to(tl.float32)
     b_gamma = tl.load(gamma_ptr + tok * H + pid_h, mask=rmask, other=0.0)
-    b_t = tl.load(tinv_ptr + (tok[:, None] * H + pid_h) * C + rows[None, :], mask=rmask[:, None], other=0.0)
-    b_tt = tl.trans(b_t)
+    b_tt = tl.trans(tl.load(tinv_ptr + (tok[:, None] * H + pid_h) * C + rows[None, :], mask=rmask[:, None],
+                            other=0.0))
 
-    b_dtp = tl.zeros([C, C], dtype=tl.float32)
+    b_da = tl.zeros([C, C], dtype=tl.float32)
     b_dbeta = tl.zeros([C], dtype=tl.float32)
     for v0 in range(0, V, BV):
         offs_v = v0 + tl.arange(0, BV)
         m2 = rmask[:, None] & (offs_v < V)[None, :]
         vptrs = (tok[:, None] * H + pid_h) * V + offs_v[None, :]
         b_v = tl.load(v_ptr + vptrs, mask=m2, other=0.0).to(tl.float32)
+        b_ut = tl.load(ut_ptr + vptrs, mask=m2, other=0.0).to(tl.float32)
         b_du = tl.load(du_ptr + vptrs, mask=m2, other=0.0)
         b_dy = tl.dot(b_tt, b_du, input_precision=PREC)
         tl.store(dv_ptr + vptrs, (b_dy * b_beta[:, None]).to(dv_ptr.dtype.element_ty), mask=m2)
         b_dbeta += tl.sum(b_dy * b_v, 1)
-        b_dtp += tl.dot(b_du, tl.trans(b_v * b_beta[:, None]), input_precision=PREC)
+        b_da -= tl.dot(b_dy, tl.trans(b_ut), input_precision=PREC)
 
-    b_k = tl.load(k_ptr + kptrs, mask=mk, other=0.0).to(tl.float32)
     b_dw = tl.load(dw_ptr + kptrs, mask=mk, other=0.0)
-    b_dk = tl.load(dk_part_ptr + kptrs, mask=mk, other=0.0)
-    b_dgam = tl.load(dgam_ptr + tok * H + pid_h, mask=rmask, other=0.0)
-    e_gamma = tl.exp(b_gamma)
-    # W = T X, X = diag(beta e^gamma) K.
-    b_xw = b_beta * e_gamma
     b_dx = tl.dot(b_tt, b_dw, input_precision=PREC)
-    b_dk += b_dx * b_xw[:, None]
+    b_w = tl.load(w_ptr + kptrs, mask=mk, other=0.0).to(tl.float32)
+    b_da -= tl.dot(b_dx, tl.trans(b_w), input_precision=PREC)
+    b_k = tl.load(k_ptr + kptrs, mask=mk, other=0.0).to(tl.float32)
+    e_gamma = tl.exp(b_gamma)
+    # X = diag(beta e^gamma) K.
+    b_xw = b_beta * e_gamma
+    b_dk = tl.load(dk_part_ptr + kptrs, mask=mk, other=0.0) + b_dx * b_xw[:, None]
     b_tmp = e_gamma * tl.sum(b_dx * b_k, 1)
     b_dbeta += b_tmp
-    b_dgam += b_beta * b_tmp
-    # T = (I + A)^{-1}: dA = -T^T dT T^T on the strictly lower part; A = diag(beta) (K K^T * Gamma) strict.
-    b_dtm = tl.dot(b_dw, tl.trans(b_k * b_xw[:, None]), input_precision=PREC) + b_dtp
-    b_da = -tl.dot(tl.dot(b_tt, b_dtm, input_precision=PREC), b_tt, input_precision=PREC)
+    b_dgam = tl.load(dgam_ptr + tok * H + pid_h, mask=rmask, other=0.0) + b_beta * b_tmp
+    # A = diag(beta) (K K^T * Gamma) on the strictly lower part.
     strict = rows[:, None] > rows[None, :]
     dstrict = tl.exp(tl.where(strict, b_gamma[:, None] - b_gamma[None, :], float("-inf")))
     b_kkd = tl.dot(b_k, tl.trans(b_k), input_precision=PREC) * dstrict
@@ -261,7 +263,7 @@ def _grads_wy_kernel(
 
 def delta_rule_bwd(q, k, v, beta, g, scale, initial_state, bounds, table, choff, saved, do, dht):
     """Gradients (dq, dk, dv, dbeta fp32, dg fp32 or None, dh0 fp32 or None) on the packed [L, H, *] layout."""
-    gamma, tinv, w, u, hs = saved
+    gamma, tinv, w, ut, u, hs = saved
     total, h, dk = q.shape
     dv = v.shape[-1]
     n = bounds.numel() - 1
@@ -276,10 +278,11 @@ def delta_rule_bwd(q, k, v, beta, g, scale, initial_state, bounds, table, choff,
     )
     dh = torch.empty(rows, h, dk, dv, device=dev, dtype=q.dtype)
     dh0 = torch.empty(n, h, dk, dv, device=dev, dtype=torch.float32) if initial_state is not None else None
-    _state_bwd_kernel[(triton.cdiv(dv, bv), h, n)](
+    sbv = state_block_v(dv, n * h, dev, "state_bwd")
+    _state_bwd_kernel[(triton.cdiv(dv, sbv), h, n)](
         q, k, gamma, w, do, du, bounds, choff, dht if dht is not None else gamma,
         dh, dh0 if dh0 is not None else gamma, scale,
-        H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
+        H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=sbv, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
         PREC=prec, num_warps=NUM_WARPS["state_bwd"],
     )
     dq = torch.empty_like(q)
@@ -296,7 +299,8 @@ def delta_rule_bwd(q, k, v, beta, g, scale, initial_state, bounds, table, choff,
     dbeta = torch.empty(total, h, device=dev, dtype=torch.float32)
     dg = torch.empty(total, h, device=dev, dtype=torch.float32) if g is not None else None
     _grads_wy_kernel[(rows, h)](
-        k, v, beta, gamma, tinv, du, dw, dk_part, dgam, table, dkk, dvv, dbeta, dg if dg is not None else dbeta,
+        k, v, beta, gamma, tinv, w, ut, du, dw, dk_part, dgam, table, dkk, dvv, dbeta,
+        dg if dg is not None else dbeta,
         H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, HAS_G=g is not None, PREC=prec, num_warps=NUM_WARPS["grads_wy"],
         num_stages=NUM_STAGES["grads_wy"],
     )
@@ -330,7 +334,7 @@ class DeltaRuleFunction(torch.autograd.Function):
 def delta_rule_triton(q, k, v, beta, g, scale, initial_state, output_final_state, cu_seqlens):
     """The public contract (kernels.delta_rule.delta_rule) on the Triton kernels. No host synchronisation: the
     chunk table is built on the device with a static upper bound on its number of rows."""
-    b, t, h, dk = q.shape
+    b, t, h, _ = q.shape
     dv = v.shape[-1]
     bounds = sequence_bounds(cu_seqlens, b, t, q.device)
     table, choff = chunk_table(bounds, b * t, CHUNK)

@@ -17,8 +17,11 @@ import triton.language as tl
 
 CHUNK = 64
 # Warps per program of each launch (forward and backward), chosen on an H200 at K = V = 128.
-NUM_WARPS = {"prepare": 4, "state": 4, "output": 4, "intra": 4, "state_bwd": 8, "grads_qk": 8, "grads_wy": 4}
-NUM_STAGES = {"grads_qk": 1, "grads_wy": 2}
+NUM_WARPS = {"prepare": 4, "state": 4, "output": 4, "intra": 4, "state_bwd": 8, "grads_qk": 8, "grads_wy": 8}
+NUM_STAGES = {"grads_qk": 3, "grads_wy": 2}
+# V-block of the sequential state passes when N * H fills the GPU; with fewer (sequence, head) pairs than
+# multiprocessors (long single sequences) the passes take 32-wide V-blocks, twice the programs in flight.
+STATE_BV = {"state": 64, "state_bwd": 64}
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -38,15 +41,29 @@ def _store_block(blk, r16, lim, bi: tl.constexpr, bj: tl.constexpr, x, H: tl.con
 
 
 @triton.jit
-def _inv_unit_lower(a, r16):
-    """(I + a)^{-1} for a strictly lower 16 x 16 block: X = T - I solves X = N + N X with N = -a, row by row
-    (row i needs only rows < i, already final)."""
-    x = -a
+def _inv_diag_blocks(blk, row0, r16, lim, H: tl.constexpr, C: tl.constexpr):
+    """(I + A_bb)^{-1} for the four strictly lower 16 x 16 diagonal blocks of A (stored at `blk`).
+
+    X = T - I solves X = N + N X with N = -A_bb, row by row: row i needs only rows < i, already final, and row i
+    of N is read from memory (`row0` points at the chunk's first row). The four blocks are independent chains,
+    interleaved for instruction-level parallelism.
+    """
+    x0 = -_load_block(blk, r16, lim, 0, 0, H, C)
+    x1 = -_load_block(blk, r16, lim, 1, 1, H, C)
+    x2 = -_load_block(blk, r16, lim, 2, 2, H, C)
+    x3 = -_load_block(blk, r16, lim, 3, 3, H, C)
     for i in range(1, 16):
-        row = tl.sum(tl.where(r16[:, None] == i, x, 0.0), 0)
-        row = row + tl.sum(row[:, None] * x, 0)
-        x = tl.where(r16[:, None] == i, row[None, :], x)
-    return x + (r16[:, None] == r16[None, :]).to(tl.float32)
+        sel = r16[:, None] == i
+        n0 = -tl.load(row0 + i * H * C + r16, mask=r16 * 0 + i < lim, other=0.0)
+        n1 = -tl.load(row0 + (16 + i) * H * C + 16 + r16, mask=r16 * 0 + 16 + i < lim, other=0.0)
+        n2 = -tl.load(row0 + (32 + i) * H * C + 32 + r16, mask=r16 * 0 + 32 + i < lim, other=0.0)
+        n3 = -tl.load(row0 + (48 + i) * H * C + 48 + r16, mask=r16 * 0 + 48 + i < lim, other=0.0)
+        x0 = tl.where(sel, (n0 + tl.sum(n0[:, None] * x0, 0))[None, :], x0)
+        x1 = tl.where(sel, (n1 + tl.sum(n1[:, None] * x1, 0))[None, :], x1)
+        x2 = tl.where(sel, (n2 + tl.sum(n2[:, None] * x2, 0))[None, :], x2)
+        x3 = tl.where(sel, (n3 + tl.sum(n3[:, None] * x3, 0))[None, :], x3)
+    eye = (r16[:, None] == r16[None, :]).to(tl.float32)
+    return x0 + eye, x1 + eye, x2 + eye, x3 + eye
 
 
 @triton.jit
@@ -103,10 +120,7 @@ def _prepare_kernel(
     a30 = _load_block(blk, r16, lim, 3, 0, H, C)
     a31 = _load_block(blk, r16, lim, 3, 1, H, C)
     a32 = _load_block(blk, r16, lim, 3, 2, H, C)
-    t00 = _inv_unit_lower(_load_block(blk, r16, lim, 0, 0, H, C), r16)
-    t11 = _inv_unit_lower(_load_block(blk, r16, lim, 1, 1, H, C), r16)
-    t22 = _inv_unit_lower(_load_block(blk, r16, lim, 2, 2, H, C), r16)
-    t33 = _inv_unit_lower(_load_block(blk, r16, lim, 3, 3, H, C), r16)
+    t00, t11, t22, t33 = _inv_diag_blocks(blk, tinv_ptr + (start * H + pid_h) * C, r16, lim, H, C)
     t10 = -_dot3(t11, a10, t00, PREC)
     t21 = -_dot3(t22, a21, t11, PREC)
     t32 = -_dot3(t33, a32, t22, PREC)
@@ -170,7 +184,7 @@ def _state_kernel(
     state = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
         state += tl.load(h0_ptr + (pid_n * H + pid_h) * K * V + s_off, mask=smask, other=0.0).to(tl.float32)
-    for c in range(0, nch):
+    for c in range(nch):
         start = bos + c * C
         tok = start + rows
         rmask = tok < eos
@@ -229,6 +243,20 @@ def _output_kernel(
              mask=m2)
 
 
+_SM_COUNT: dict = {}
+
+
+def state_block_v(dv: int, pairs: int, device: torch.device, which: str) -> int:
+    """V-block of a sequential state pass for `pairs` (sequence, head) pairs (no dependence on T)."""
+    bv = min(STATE_BV[which], max(16, triton.next_power_of_2(dv)))
+    if device.type == "cuda":
+        if device not in _SM_COUNT:
+            _SM_COUNT[device] = torch.cuda.get_device_properties(device).multi_processor_count
+        if pairs * triton.cdiv(dv, bv) < _SM_COUNT[device]:
+            bv = min(bv, 32)
+    return bv
+
+
 def block_sizes(dk: int, dv: int):
     bk = max(16, triton.next_power_of_2(dk))
     bv = min(64, max(16, triton.next_power_of_2(dv)))
@@ -238,7 +266,7 @@ def block_sizes(dk: int, dv: int):
 def delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, bounds, table, choff):
     """q, k [L, H, K]; v [L, H, V]; beta, g [L, H] (g None: no decay); bounds int64 [N+1]; table/choff from
     kernels.common.varlen.chunk_table. Returns (o [L, H, V], final [N, H, K, V] fp32 or None, and the saved
-    intermediates (gamma, tinv, w, u, h) that the backward reuses)."""
+    intermediates (gamma, tinv, w, ut, u, h) that the backward reuses)."""
     total, h, dk = q.shape
     dv = v.shape[-1]
     n = bounds.numel() - 1
@@ -257,10 +285,11 @@ def delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, b
     hs = torch.empty(rows, h, dk, dv, device=dev, dtype=q.dtype)
     u = torch.empty(total, h, dv, device=dev, dtype=q.dtype)
     final = torch.empty(n, h, dk, dv, device=dev, dtype=torch.float32) if output_final_state else None
-    _state_kernel[(triton.cdiv(dv, bv), h, n)](
+    sbv = state_block_v(dv, n * h, dev, "state")
+    _state_kernel[(triton.cdiv(dv, sbv), h, n)](
         k, gamma, w, ut, bounds, choff, initial_state if initial_state is not None else gamma,
         hs, u, final if final is not None else gamma,
-        H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, HAS_H0=initial_state is not None,
+        H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=sbv, HAS_H0=initial_state is not None,
         STORE_HT=output_final_state, PREC=prec, num_warps=NUM_WARPS["state"],
     )
     o = torch.empty(total, h, dv, device=dev, dtype=v.dtype)
@@ -268,4 +297,4 @@ def delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, b
         q, k, gamma, hs, u, table, o, scale,
         H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, PREC=prec, num_warps=NUM_WARPS["output"],
     )
-    return o, final, (gamma, tinv, w, u, hs)
+    return o, final, (gamma, tinv, w, ut, u, hs)
