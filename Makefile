@@ -8,17 +8,23 @@ ARGS   ?=
 
 setup: $(VENV)/.hilo-installed
 
-# torch first: on a machine without an NVIDIA GPU take the CPU build (a local wheel when the pip
-# configuration offers one, else PyTorch's CPU index) so the multi-GB CUDA build is never pulled.
+# torch first: on a machine without an NVIDIA GPU take the CPU build (a local wheel when pip's find-links offer
+# one, else PyPI's CPU index of PyTorch) so the multi-GB CUDA build is never pulled; later installs keep it.
 $(VENV)/.hilo-installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	@if $(PY) -c "import torch" 2>/dev/null; then \
 	  echo "torch already installed: $$($(PY) -c 'import torch; print(torch.__version__)')"; \
 	elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
 	  $(PIP) install "torch>=2.4"; \
+	elif $(PIP) install -q --no-index --no-deps --only-binary=:all: "torch>=2.4" 2>/dev/null \
+	     && $(PIP) show torch 2>/dev/null | grep -q '^Version: .*+cpu'; then \
+	  version=$$($(PIP) show torch | sed -n 's/^Version: //p'); \
+	  echo "torch $$version (CPU build) from a local wheel; now its dependencies"; \
+	  $(PIP) install "torch==$$version"; \
 	else \
-	  $(PIP) install --no-index "torch>=2.4" 2>/dev/null \
-	  || $(PIP) install --index-url https://download.pytorch.org/whl/cpu "torch>=2.4"; \
+	  $(PIP) uninstall -q -y torch 2>/dev/null; \
+	  $(PIP) install --retries 1 --index-url https://download.pytorch.org/whl/cpu \
+	    --extra-index-url https://pypi.org/simple "torch>=2.4"; \
 	fi
 	$(PIP) install -e ".[test]"
 	touch $@
