@@ -23,8 +23,9 @@ $(VENV)/.hilo-installed: pyproject.toml
 	  $(PIP) install "torch==$$version"; \
 	else \
 	  $(PIP) uninstall -q -y torch 2>/dev/null; \
-	  $(PIP) install --retries 1 --index-url https://download.pytorch.org/whl/cpu \
-	    --extra-index-url https://pypi.org/simple "torch>=2.4"; \
+	  $(PIP) install --retries 1 --index-url https://download.pytorch.org/whl/cpu "torch>=2.4" \
+	  || { echo "could not install torch's CPU build from download.pytorch.org; install torch yourself into" \
+	       "$(VENV) (pip install torch --index-url <a CPU wheel index>) and run make again"; exit 1; }; \
 	fi
 	$(PIP) install -e ".[test]"
 	touch $@
