@@ -289,8 +289,12 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
     summary = {"step": state["step"], "tokens": state["tokens"], "skipped_steps": state["skipped_steps"],
                "val_loss": last_val, "checkpoint": str(final_path or ckpt.latest() or ""), "run_dir": str(run_dir),
                "stopped_by_signal": stopped_by_signal, "malformed_records": loader.stats.get("malformed", 0)}
-    if not stopped_by_signal and cfg.trainer.final_eval and final_path is not None:
-        summary["eval"] = run_final_eval(cfg, final_path, accelerator, tokenizer, logger)
+    if not stopped_by_signal and tr.final_eval and final_path is not None:
+        from training.evaluation import evaluate_checkpoint
+
+        result = evaluate_checkpoint(final_path, cfg.eval, device=accelerator.device,
+                                     dtype=torch.float32 if use_cpu else torch.bfloat16, wandb_run=logger.wandb_run)
+        summary["eval"] = {"ppl": result["ppl"], "json": result.get("json_path"), "png": result.get("png_path")}
     logger.finish(summary)
     if hasattr(loader, "close"):
         loader.close()
@@ -298,26 +302,6 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
     if accelerator.num_processes > 1 and torch.distributed.is_initialized():
         accelerator.end_training()
     return summary
-
-
-def run_final_eval(cfg, checkpoint: Path, accelerator, tokenizer, logger) -> dict:
-    from data import iter_heldout_documents
-    from eval_suites import ppl_by_position
-    from training import load_checkpoint_model
-
-    ev = cfg.eval
-    model = load_checkpoint_model(checkpoint).to(accelerator.device)
-    docs = list(iter_heldout_documents(OmegaConf.to_container(cfg.data, resolve=True), tokenizer,
-                                       min_tokens=int(ev.seq_len) + 1, max_docs=int(ev.num_documents)))
-    result = ppl_by_position.evaluate(model, docs, seq_len=int(ev.seq_len), batch_size=int(ev.batch_size),
-                                      device=accelerator.device, train_len=int(cfg.trainer.seq_len))
-    out_dir = Path(ev.out_dir or checkpoint.parent.parent / "eval" / f"ppl_by_position_T{ev.seq_len}")
-    paths = {}
-    if accelerator.is_main_process:
-        json_path, png_path = ppl_by_position.write_report(result, out_dir, title=cfg.name)
-        paths = {"json": str(json_path), "png": str(png_path)}
-        logger.log({"eval/ppl": result["ppl"]}, step=None)
-    return {"ppl": result["ppl"], **paths}
 
 
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")

@@ -77,8 +77,11 @@ def test_bad_input_fails_fast_with_a_clear_message(tmp_path, args, needle):
 
 def test_eval_writes_json_and_png_and_rejects_a_missing_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
-    res = _train(["trainer.max_steps=2", f"hydra.run.dir={run_dir}"])
+    res = _train(["trainer.max_steps=2", "trainer.final_eval=true", "eval.seq_len=96", "eval.num_documents=2",
+                  f"hydra.run.dir={run_dir}"])
     assert res.returncode == 0, res.stderr[-3000:]
+    final = json.loads((run_dir / "summary.json").read_text())["eval"]  # the training run's own final evaluation
+    assert final["ppl"] > 1 and Path(final["json"]).parent.name == "ppl_by_position_T96"
     ev = subprocess.run([sys.executable, "eval.py", f"checkpoint={run_dir}", "eval=ppl_by_position",
                          "eval.seq_len=128", "eval.num_documents=2", "logger=none"],
                         cwd=REPO, capture_output=True, text=True, timeout=300, env=ENV)

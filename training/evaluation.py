@@ -1,0 +1,44 @@
+"""Evaluate a saved checkpoint with an eval suite: shared by eval.py and train.py's final evaluation."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from training.checkpoint import load_checkpoint_model, load_checkpoint_tokenizer, resolve_checkpoint
+
+SUITES = ("ppl_by_position",)
+
+
+def evaluate_checkpoint(checkpoint, eval_cfg, *, device: torch.device, dtype: torch.dtype = torch.float32,
+                        data_cfg=None, wandb_run=None) -> dict:
+    """Run eval_cfg.suite on a checkpoint (or a run directory's newest one); write JSON + PNG; return the result.
+
+    The tokenizer comes from the checkpoint, the held-out documents from data_cfg or else from the checkpoint's
+    own training config. Reports go to eval_cfg.out_dir or <run dir>/eval/<suite>_T<seq_len>/."""
+    from data import iter_heldout_documents
+    from eval_suites import ppl_by_position
+
+    if eval_cfg.suite not in SUITES:
+        raise ValueError(f"eval={eval_cfg.suite!r} is not a known suite; choose one of {', '.join(SUITES)}")
+    ckpt = resolve_checkpoint(checkpoint)
+    train_cfg = OmegaConf.load(ckpt / "config.yaml")
+    tokenizer = load_checkpoint_tokenizer(ckpt)
+    model = load_checkpoint_model(ckpt, dtype=dtype).to(device).eval()
+    data = OmegaConf.to_container(data_cfg if data_cfg is not None else train_cfg.data, resolve=True)
+    seq_len = int(eval_cfg.seq_len)
+    docs = list(iter_heldout_documents(data, tokenizer, min_tokens=seq_len + 1, max_docs=int(eval_cfg.num_documents)))
+    result = ppl_by_position.evaluate(model, docs, seq_len=seq_len, batch_size=int(eval_cfg.batch_size),
+                                      device=device, train_len=int(train_cfg.trainer.seq_len),
+                                      smooth_window=eval_cfg.get("smooth_window"))
+    result["checkpoint"] = str(ckpt)
+    out_dir = Path(eval_cfg.out_dir) if eval_cfg.get("out_dir") else (
+        ckpt.parent.parent / "eval" / f"{eval_cfg.suite}_T{seq_len}")
+    is_main = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+    if is_main:
+        json_path, png_path = ppl_by_position.write_report(result, out_dir, title=f"{train_cfg.name} ({ckpt.name})")
+        result["json_path"], result["png_path"] = str(json_path), str(png_path)
+        if wandb_run is not None:
+            ppl_by_position.log_to_wandb(result, wandb_run)
+    return result
