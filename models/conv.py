@@ -34,7 +34,7 @@ class ShortConv(nn.Module):
         state: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        b, t, c = x.shape
+        b, _, c = x.shape
         k = self.kernel_size
         if c != self.channels:
             raise ValueError(f"ShortConv expected {self.channels} channels, got x of shape {tuple(x.shape)}")

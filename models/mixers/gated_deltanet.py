@@ -1,9 +1,9 @@
 """Gated DeltaNet mixer (SPEC §5 gated_deltanet shell, operator kernels.delta_rule)."""
 
 import math
+from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kernels.delta_rule import delta_rule, delta_rule_step
@@ -50,8 +50,8 @@ class GatedDeltaNetMixer(nn.Module):
     the state at every boundary.
     """
 
-    DEFAULTS = dict(head_dim=256, num_heads=None, expand_v=2, conv_size=4, a_init_range=(1.0, 16.0), dt_min=1e-3,
-                    dt_max=1e-1, backend=None)
+    DEFAULTS: ClassVar[dict] = {"head_dim": 256, "num_heads": None, "expand_v": 2, "conv_size": 4,
+                                "a_init_range": (1.0, 16.0), "dt_min": 1e-3, "dt_max": 1e-1, "backend": None}
 
     def __init__(self, config, layer_idx: int):
         super().__init__()

@@ -1,5 +1,7 @@
 """Mamba-2 mixer (SPEC §5 mamba2 shell, operator kernels.linear_attn: the SSD recurrence)."""
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -35,8 +37,9 @@ class Mamba2Mixer(nn.Module):
     ([B, H, N, P] fp32). Packed documents (cu_seqlens, B == 1) restart the conv and the state at every boundary.
     """
 
-    DEFAULTS = dict(head_dim=64, state_size=128, expand=2, n_groups=1, conv_size=4, conv_bias=True,
-                    a_init_range=(1.0, 16.0), dt_min=1e-3, dt_max=1e-1, backend=None)
+    DEFAULTS: ClassVar[dict] = {"head_dim": 64, "state_size": 128, "expand": 2, "n_groups": 1, "conv_size": 4,
+                                "conv_bias": True, "a_init_range": (1.0, 16.0), "dt_min": 1e-3, "dt_max": 1e-1,
+                                "backend": None}
 
     def __init__(self, config, layer_idx: int):
         super().__init__()
