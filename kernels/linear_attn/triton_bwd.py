@@ -1,7 +1,7 @@
 """Triton backward of chunked linear attention, and the autograd.Function tying forward and backward.
 
-With gc/gl as in triton_fwd, S_in the state entering a chunk (recomputed by the forward state kernel, not
-saved) and dS_out the gradient of the state leaving it:
+With gc/gl as in triton_fwd, S_in the state entering a chunk (saved by the forward, in the inputs' dtype) and
+dS_out the gradient of the state leaving it:
   dS_in    = exp(gl) dS_out + scale * (q * exp(gc))^T do            (reverse pass over each document's chunks;
                                                                       dS_out of the last chunk = d final state,
                                                                       dS_in of the first = d initial_state)
@@ -25,9 +25,9 @@ from .triton_fwd import (
     _pow2,
     _seq_bounds,
     chunk_fwd,
-    chunk_states,
     dot_precision,
     state_blocks,
+    tuned,
 )
 
 FUSED_MAX_DIM = 128  # larger head dims take the two-kernel backward (K- and V-blocked)
@@ -166,6 +166,9 @@ def _chunk_dv_bwd(q, k, g, do, dhs, dv, table, scale, T, NT,
     tl.store(dv + (o_t[:, None] * H + i_h) * V + o_v[None, :], acc.to(dv.dtype.element_ty), mask=m_tv)
 
 
+@tuned([triton.Config({}, num_warps=8, num_stages=1), triton.Config({}, num_warps=4, num_stages=1),
+        triton.Config({}, num_warps=8, num_stages=2), triton.Config({}, num_warps=4, num_stages=2)],
+       key=["K", "V"])
 @triton.jit(do_not_specialize=["T", "NT"])
 def _chunk_bwd_fused(q, k, v, g, do, hs, dhs, dq, dk, dv, dgp, table, scale, T, NT,
                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
@@ -247,11 +250,10 @@ def _segment_reverse_cumsum(x: torch.Tensor, lay: Layout) -> torch.Tensor:
     return (csum[:, last] - csum + xt).t().to(torch.float32)
 
 
-def chunk_bwd(q, k, v, g, do, dht, ht, scale, h0, lay: Layout, need_dh0: bool):
-    """Gradients (dq, dk, dv, dg or None, dh0 or None) on the packed layout."""
+def chunk_bwd(q, k, v, g, do, dht, ht, hs, scale, h0, lay: Layout, need_dh0: bool):
+    """Gradients (dq, dk, dv, dg or None, dh0 or None) on the packed layout; hs are the forward's chunk states."""
     dk_, dv_ = q.shape[-1], v.shape[-1]
     h = lay.heads
-    hs, _ = chunk_states(k, v, g, h0, lay, store_final=False)
     dhs = torch.empty_like(hs)
     dh0 = torch.empty(lay.n, h, dk_, dv_, device=q.device, dtype=torch.float32) if need_dh0 else None
     bk, bv = state_blocks(dk_, dv_, lay.n * h)
@@ -271,7 +273,7 @@ def chunk_bwd(q, k, v, g, do, dht, ht, scale, h0, lay: Layout, need_dh0: bool):
         _chunk_bwd_fused[(lay.rows, h)](q, k, v, gate, do, hs, dhs, dq, dk, dv, dgp if dgp is not None else q,
                                         lay.table, scale, lay.seqlen, lay.nt, H=h, K=dk_, V=dv_, BT=BT,
                                         BK=_pow2(dk_), BV=_pow2(dv_), HAS_G=g is not None, IS_VARLEN=lay.varlen,
-                                        PREC=prec, num_warps=8, num_stages=1)
+                                        PREC=prec)
     else:
         bk = _pow2(dk_)
         nk = triton.cdiv(dk_, bk)
@@ -309,19 +311,21 @@ class LinearAttnFunction(torch.autograd.Function):
         qf, kf, vf = (x.reshape(b * t, h, x.shape[-1]).contiguous() for x in (q, k, v))
         gf = None if g is None else g.reshape(b * t, h).contiguous().float()
         h0f = None if h0 is None else h0.contiguous().float()
-        o, ht = chunk_fwd(qf, kf, vf, gf, scale, h0f, lay, output_final_state)
-        ctx.save_for_backward(qf, kf, vf, gf, h0f, ht)
+        o, ht, hs = chunk_fwd(qf, kf, vf, gf, scale, h0f, lay, output_final_state)
+        # The chunk states (K*V/64 values per token and head, in the inputs' dtype) are kept for the backward:
+        # recomputing them is a sequential pass that costs as much as the rest of the backward at long T.
+        ctx.save_for_backward(qf, kf, vf, gf, h0f, ht, hs)
         ctx.lay, ctx.scale, ctx.shape = lay, scale, (b, t, h, dk, dv)
         ctx.h0_dtype = None if h0 is None else h0.dtype
         return o.reshape(b, t, h, dv), ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        qf, kf, vf, gf, h0f, ht = ctx.saved_tensors
+        qf, kf, vf, gf, h0f, ht, hs = ctx.saved_tensors
         b, t, h, dk, dv = ctx.shape
         do = do.reshape(b * t, h, dv).contiguous().to(vf.dtype)
         dht = None if dht is None else dht.contiguous().float()
-        dq, dk_, dv_, dg, dh0 = chunk_bwd(qf, kf, vf, gf, do, dht, ht, ctx.scale, h0f, ctx.lay,
+        dq, dk_, dv_, dg, dh0 = chunk_bwd(qf, kf, vf, gf, do, dht, ht, hs, ctx.scale, h0f, ctx.lay,
                                           need_dh0=h0f is not None)
         dq, dk_ = dq.reshape(b, t, h, dk), dk_.reshape(b, t, h, dk)
         dv_ = dv_.reshape(b, t, h, dv)
