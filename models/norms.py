@@ -1,6 +1,7 @@
 """Normalization layers."""
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -18,8 +19,54 @@ class RMSNorm(nn.Module):
         return (y * self.weight.float()).to(x.dtype)
 
 
+class _GatedRMSNormFn(torch.autograd.Function):
+    """GatedRMSNorm's math with a hand-written backward that keeps only x, gate (in their dtype) and the
+    per-group rstd: autograd through the fp32 formula would keep about five fp32 copies of x per layer."""
+
+    @staticmethod
+    def forward(ctx, x, gate, weight, eps, norm_before_gate, group_size):
+        acc = torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 for double-precision checks
+        xf, gf = x.to(acc), gate.to(acc)
+        u = xf if norm_before_gate else xf * F.silu(gf)
+        grouped = u.unflatten(-1, (-1, group_size))
+        rstd = torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + eps)
+        y = (grouped * rstd).flatten(-2) * weight.to(acc)
+        if norm_before_gate:
+            y = y * F.silu(gf)
+        ctx.save_for_backward(x, gate, weight, rstd)
+        ctx.norm_before_gate, ctx.group_size = norm_before_gate, group_size
+        return y.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, gate, weight, rstd = ctx.saved_tensors
+        gs = ctx.group_size
+        acc = rstd.dtype
+        xf, gf, dyf, w = x.to(acc), gate.to(acc), dy.to(acc), weight.to(acc)
+        sig = torch.sigmoid(gf)
+        silu = gf * sig
+        dsilu = sig * (1 + gf * (1 - sig))
+        u = xf if ctx.norm_before_gate else xf * silu
+        normed = (u.unflatten(-1, (-1, gs)) * rstd).flatten(-2)
+        if ctx.norm_before_gate:
+            dgate = dyf * normed * w * dsilu
+            dyf = dyf * silu
+        # y = w * u * rstd  =>  du = rstd * a - u * rstd^3 * mean(a * u) per group, with a = dy * w
+        dweight = (dyf * normed).reshape(-1, w.shape[0]).sum(0)
+        a = (dyf * w).unflatten(-1, (-1, gs))
+        ug = u.unflatten(-1, (-1, gs))
+        du = (rstd * a - ug * rstd.pow(3) * (a * ug).mean(-1, keepdim=True)).flatten(-2)
+        if ctx.norm_before_gate:
+            dx = du
+        else:
+            dx = du * silu
+            dgate = du * xf * dsilu
+        return dx.to(x.dtype), dgate.to(gate.dtype), dweight.to(weight.dtype), None, None, None
+
+
 class GatedRMSNorm(RMSNorm):
-    """RMSNorm with a SiLU output gate, over the last dim of x (size dim), in fp32, returned in x's dtype.
+    """RMSNorm with a SiLU output gate, over the last dim of x (size dim), in fp32 (fp64 for fp64 inputs),
+    returned in x's dtype.
 
     norm_before_gate=False (Mamba-2): y = RMSNorm(x * SiLU(gate)).
     norm_before_gate=True (Gated DeltaNet): y = RMSNorm(x) * SiLU(gate).
@@ -36,12 +83,6 @@ class GatedRMSNorm(RMSNorm):
         self.group_size = group_size
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        xf, gf = x.float(), gate.float()
-        if not self.norm_before_gate:
-            xf = xf * torch.nn.functional.silu(gf)
-        grouped = xf.unflatten(-1, (-1, self.group_size))
-        y = (grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + self.eps)).flatten(-2)
-        y = y * self.weight.float()
-        if self.norm_before_gate:
-            y = y * torch.nn.functional.silu(gf)
-        return y.to(x.dtype)
+        if gate.shape != x.shape:
+            raise ValueError(f"GatedRMSNorm: gate must have x's shape {tuple(x.shape)}, got {tuple(gate.shape)}")
+        return _GatedRMSNormFn.apply(x, gate, self.weight, self.eps, self.norm_before_gate, self.group_size)
