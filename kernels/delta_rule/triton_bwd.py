@@ -114,10 +114,10 @@ def _grads_qk_kernel(
     q_ptr, k_ptr, gamma_ptr, u_ptr, h_ptr, dh_ptr, do_ptr, du_ptr, table_ptr,
     dq_ptr, dk_ptr, dw_ptr, dgam_ptr, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+    C: tl.constexpr, KB: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):
     """dq; the parts of dk and dgamma from the output (S and P terms) and the state write (Kbar^T U, e^{gamma_C}
-    S); dW = -dU S^T for the second kernel."""
+    S); dW = -dU S^T for the second kernel. K is walked in blocks of KB so that only [C, KB] tiles stay live."""
     pid_c = tl.program_id(0)
     pid_h = tl.program_id(1)
     start = tl.load(table_ptr + pid_c * 3).to(tl.int64)
@@ -127,62 +127,75 @@ def _grads_qk_kernel(
     rows = tl.arange(0, C)
     tok = start + rows
     rmask = tok < end
-    offs_k = tl.arange(0, BK)
-    kmask = offs_k < K
-    mk = rmask[:, None] & kmask[None, :]
-    kptrs = (tok[:, None] * H + pid_h) * K + offs_k[None, :]
     b_gamma = tl.load(gamma_ptr + tok * H + pid_h, mask=rmask, other=0.0)
     last = end - start - 1
     g_last = tl.load(gamma_ptr + (end - 1) * H + pid_h)
     dt = q_ptr.dtype.element_ty
-
-    b_dqs = tl.zeros([C, BK], dtype=tl.float32)
-    b_dp = tl.zeros([C, C], dtype=tl.float32)
-    b_kb = tl.zeros([C, BK], dtype=tl.float32)
-    b_dw = tl.zeros([C, BK], dtype=tl.float32)
-    b_dgl = tl.zeros([BK], dtype=tl.float32)
     h_base = pid_c.to(tl.int64) * H * K * V + pid_h * K * V
+
+    b_dp = tl.zeros([C, C], dtype=tl.float32)
     for v0 in range(0, V, BV):
         offs_v = v0 + tl.arange(0, BV)
-        vmask = offs_v < V
-        m2 = rmask[:, None] & vmask[None, :]
+        m2 = rmask[:, None] & (offs_v < V)[None, :]
         vptrs = (tok[:, None] * H + pid_h) * V + offs_v[None, :]
         b_do = tl.load(do_ptr + vptrs, mask=m2, other=0.0)
         b_u = tl.load(u_ptr + vptrs, mask=m2, other=0.0)
-        b_du = tl.load(du_ptr + vptrs, mask=m2, other=0.0).to(dt)
-        smask = kmask[:, None] & vmask[None, :]
-        s_off = h_base + offs_k[:, None] * V + offs_v[None, :]
-        b_h = tl.load(h_ptr + s_off, mask=smask, other=0.0)
-        b_dh = tl.load(dh_ptr + s_off, mask=smask, other=0.0)
-        b_dqs += tl.dot(b_do, tl.trans(b_h), input_precision=PREC)
         b_dp += tl.dot(b_do, tl.trans(b_u), input_precision=PREC)
-        b_kb += tl.dot(b_u, tl.trans(b_dh), input_precision=PREC)
-        b_dw -= tl.dot(b_du, tl.trans(b_h), input_precision=PREC)
-        b_dgl += tl.sum(b_dh.to(tl.float32) * b_h.to(tl.float32), 1)
-    tl.store(dw_ptr + kptrs, b_dw, mask=mk)
-
-    b_q = tl.load(q_ptr + kptrs, mask=mk, other=0.0)
-    b_k = tl.load(k_ptr + kptrs, mask=mk, other=0.0)
+    b_qk = tl.zeros([C, C], dtype=tl.float32)
+    for k0 in range(0, K, KB):
+        offs_k = k0 + tl.arange(0, KB)
+        mk = rmask[:, None] & (offs_k < K)[None, :]
+        kptrs = (tok[:, None] * H + pid_h) * K + offs_k[None, :]
+        b_qk += tl.dot(tl.load(q_ptr + kptrs, mask=mk, other=0.0), tl.trans(tl.load(k_ptr + kptrs, mask=mk, other=0.0)),
+                       input_precision=PREC)
     incl = rows[:, None] >= rows[None, :]
     decay = tl.exp(tl.where(incl, b_gamma[:, None] - b_gamma[None, :], float("-inf")))
     e_gamma = tl.exp(b_gamma)
+    e_end = tl.where(rmask, tl.exp(g_last - b_gamma), 0.0)
     # Intra-chunk output term P = scale Q K^T * Gamma * M.
-    b_p = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * decay * scale
-    b_e = b_dp * b_p
+    b_e = b_dp * b_qk * decay * scale
     b_dgam = tl.sum(b_e, 1) - tl.sum(b_e, 0)
     b_dpm = (b_dp * decay * scale).to(dt)
-    b_dq = b_dqs * (e_gamma * scale)[:, None] + tl.dot(b_dpm, b_k, input_precision=PREC)
-    b_dk = tl.dot(tl.trans(b_dpm), b_q, input_precision=PREC)
-    b_dgam += e_gamma * scale * tl.sum(b_q.to(tl.float32) * b_dqs, 1)
-    # State write Kbar^T U with Kbar = diag(e^{gamma_C - gamma}) K, and the carried e^{gamma_C} S.
-    e_end = tl.where(rmask, tl.exp(g_last - b_gamma), 0.0)
-    b_dk += b_kb * e_end[:, None]
-    b_term = e_end * tl.sum(b_k.to(tl.float32) * b_kb, 1)
-    d_glast = tl.exp(g_last) * tl.sum(b_dgl, 0) + tl.sum(b_term, 0)
-    b_dgam -= b_term
-    b_dgam += tl.where(rows == last, d_glast, 0.0)
-    tl.store(dq_ptr + kptrs, b_dq.to(dq_ptr.dtype.element_ty), mask=mk)
-    tl.store(dk_ptr + kptrs, b_dk, mask=mk)
+    b_glast = tl.zeros([C], dtype=tl.float32)
+
+    for k0 in range(0, K, KB):
+        offs_k = k0 + tl.arange(0, KB)
+        kmask = offs_k < K
+        mk = rmask[:, None] & kmask[None, :]
+        kptrs = (tok[:, None] * H + pid_h) * K + offs_k[None, :]
+        b_dqs = tl.zeros([C, KB], dtype=tl.float32)
+        b_kb = tl.zeros([C, KB], dtype=tl.float32)
+        b_dw = tl.zeros([C, KB], dtype=tl.float32)
+        b_dgl = tl.zeros([KB], dtype=tl.float32)
+        for v0 in range(0, V, BV):
+            offs_v = v0 + tl.arange(0, BV)
+            vmask = offs_v < V
+            m2 = rmask[:, None] & vmask[None, :]
+            vptrs = (tok[:, None] * H + pid_h) * V + offs_v[None, :]
+            b_do = tl.load(do_ptr + vptrs, mask=m2, other=0.0)
+            b_u = tl.load(u_ptr + vptrs, mask=m2, other=0.0)
+            b_du = tl.load(du_ptr + vptrs, mask=m2, other=0.0).to(dt)
+            smask = kmask[:, None] & vmask[None, :]
+            s_off = h_base + offs_k[:, None] * V + offs_v[None, :]
+            b_h = tl.load(h_ptr + s_off, mask=smask, other=0.0)
+            b_dh = tl.load(dh_ptr + s_off, mask=smask, other=0.0)
+            b_dqs += tl.dot(b_do, tl.trans(b_h), input_precision=PREC)
+            b_kb += tl.dot(b_u, tl.trans(b_dh), input_precision=PREC)
+            b_dw -= tl.dot(b_du, tl.trans(b_h), input_precision=PREC)
+            b_dgl += tl.sum(b_dh.to(tl.float32) * b_h.to(tl.float32), 1)
+        tl.store(dw_ptr + kptrs, b_dw, mask=mk)
+        b_q = tl.load(q_ptr + kptrs, mask=mk, other=0.0)
+        b_k = tl.load(k_ptr + kptrs, mask=mk, other=0.0)
+        b_dq = b_dqs * (e_gamma * scale)[:, None] + tl.dot(b_dpm, b_k, input_precision=PREC)
+        tl.store(dq_ptr + kptrs, b_dq.to(dq_ptr.dtype.element_ty), mask=mk)
+        # State write Kbar^T U with Kbar = diag(e^{gamma_C - gamma}) K, and the carried e^{gamma_C} S.
+        b_dk = tl.dot(tl.trans(b_dpm), b_q, input_precision=PREC) + b_kb * e_end[:, None]
+        tl.store(dk_ptr + kptrs, b_dk, mask=mk)
+        b_dgam += e_gamma * scale * tl.sum(b_q.to(tl.float32) * b_dqs, 1)
+        b_term = e_end * tl.sum(b_k.to(tl.float32) * b_kb, 1)
+        b_dgam -= b_term
+        b_glast += tl.exp(g_last) * tl.sum(b_dgl, 0) + tl.sum(b_term, 0)
+    b_dgam += tl.where(rows == last, b_glast, 0.0)
     tl.store(dgam_ptr + tok * H + pid_h, b_dgam, mask=rmask)
 
 
@@ -191,12 +204,13 @@ def _grads_wy_kernel(
     k_ptr, v_ptr, beta_ptr, gamma_ptr, tinv_ptr, w_ptr, ut_ptr, du_ptr, dw_ptr, dk_part_ptr, dgam_ptr, table_ptr,
     dk_ptr, dv_ptr, dbeta_ptr, dg_ptr,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    C: tl.constexpr, KB: tl.constexpr, BV: tl.constexpr,
     HAS_G: tl.constexpr, PREC: tl.constexpr,
 ):
     """Through the UT transform: dv, dbeta, the rest of dk and dgamma; then dg = reverse cumsum of dgamma.
 
-    dA = -T^T (dW X^T + dU Y^T) T^T = -(dX W^T + dY U~^T), since X^T T^T = W^T and Y^T T^T = U~^T.
+    dA = -T^T (dW X^T + dU Y^T) T^T = -(dX W^T + dY U~^T), since X^T T^T = W^T and Y^T T^T = U~^T. K is walked in
+    blocks of KB (twice: dA needs every block before dk can be formed).
     """
     pid_c = tl.program_id(0)
     pid_h = tl.program_id(1)
@@ -207,10 +221,6 @@ def _grads_wy_kernel(
     rows = tl.arange(0, C)
     tok = start + rows
     rmask = tok < end
-    offs_k = tl.arange(0, BK)
-    kmask = offs_k < K
-    mk = rmask[:, None] & kmask[None, :]
-    kptrs = (tok[:, None] * H + pid_h) * K + offs_k[None, :]
     b_beta = tl.load(beta_ptr + tok * H + pid_h, mask=rmask, other=0.0).to(tl.float32)
     b_gamma = tl.load(gamma_ptr + tok * H + pid_h, mask=rmask, other=0.0)
     b_tt = tl.trans(tl.load(tinv_ptr + (tok[:, None] * H + pid_h) * C + rows[None, :], mask=rmask[:, None],
@@ -229,31 +239,41 @@ def _grads_wy_kernel(
         tl.store(dv_ptr + vptrs, (b_dy * b_beta[:, None]).to(dv_ptr.dtype.element_ty), mask=m2)
         b_dbeta += tl.sum(b_dy * b_v, 1)
         b_da -= tl.dot(b_dy, tl.trans(b_ut), input_precision=PREC)
-
-    b_dw = tl.load(dw_ptr + kptrs, mask=mk, other=0.0)
-    b_dx = tl.dot(b_tt, b_dw, input_precision=PREC)
-    b_w = tl.load(w_ptr + kptrs, mask=mk, other=0.0).to(tl.float32)
-    b_da -= tl.dot(b_dx, tl.trans(b_w), input_precision=PREC)
-    b_k = tl.load(k_ptr + kptrs, mask=mk, other=0.0).to(tl.float32)
+    b_kk = tl.zeros([C, C], dtype=tl.float32)
+    for k0 in range(0, K, KB):
+        offs_k = k0 + tl.arange(0, KB)
+        mk = rmask[:, None] & (offs_k < K)[None, :]
+        kptrs = (tok[:, None] * H + pid_h) * K + offs_k[None, :]
+        b_dx = tl.dot(b_tt, tl.load(dw_ptr + kptrs, mask=mk, other=0.0), input_precision=PREC)
+        b_w = tl.load(w_ptr + kptrs, mask=mk, other=0.0).to(tl.float32)
+        b_da -= tl.dot(b_dx, tl.trans(b_w), input_precision=PREC)
+        b_k = tl.load(k_ptr + kptrs, mask=mk, other=0.0)
+        b_kk += tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
     e_gamma = tl.exp(b_gamma)
-    # X = diag(beta e^gamma) K.
-    b_xw = b_beta * e_gamma
-    b_dk = tl.load(dk_part_ptr + kptrs, mask=mk, other=0.0) + b_dx * b_xw[:, None]
-    b_tmp = e_gamma * tl.sum(b_dx * b_k, 1)
-    b_dbeta += b_tmp
-    b_dgam = tl.load(dgam_ptr + tok * H + pid_h, mask=rmask, other=0.0) + b_beta * b_tmp
     # A = diag(beta) (K K^T * Gamma) on the strictly lower part.
     strict = rows[:, None] > rows[None, :]
     dstrict = tl.exp(tl.where(strict, b_gamma[:, None] - b_gamma[None, :], float("-inf")))
-    b_kkd = tl.dot(b_k, tl.trans(b_k), input_precision=PREC) * dstrict
+    b_kkd = b_kk * dstrict
     b_da = tl.where(strict, b_da, 0.0)
     b_ga = b_da * b_beta[:, None] * dstrict
-    b_dk += tl.dot(b_ga, b_k, input_precision=PREC) + tl.dot(tl.trans(b_ga), b_k, input_precision=PREC)
     b_dbeta += tl.sum(b_da * b_kkd, 1)
     b_d = b_da * b_kkd * b_beta[:, None]
-    b_dgam += tl.sum(b_d, 1) - tl.sum(b_d, 0)
+    b_dgam = tl.load(dgam_ptr + tok * H + pid_h, mask=rmask, other=0.0) + tl.sum(b_d, 1) - tl.sum(b_d, 0)
+    # X = diag(beta e^gamma) K.
+    b_xw = b_beta * e_gamma
+    for k0 in range(0, K, KB):
+        offs_k = k0 + tl.arange(0, KB)
+        mk = rmask[:, None] & (offs_k < K)[None, :]
+        kptrs = (tok[:, None] * H + pid_h) * K + offs_k[None, :]
+        b_dx = tl.dot(b_tt, tl.load(dw_ptr + kptrs, mask=mk, other=0.0), input_precision=PREC)
+        b_k = tl.load(k_ptr + kptrs, mask=mk, other=0.0).to(tl.float32)
+        b_dk = tl.load(dk_part_ptr + kptrs, mask=mk, other=0.0) + b_dx * b_xw[:, None]
+        b_dk += tl.dot(b_ga, b_k, input_precision=PREC) + tl.dot(tl.trans(b_ga), b_k, input_precision=PREC)
+        tl.store(dk_ptr + kptrs, b_dk.to(dk_ptr.dtype.element_ty), mask=mk)
+        b_tmp = e_gamma * tl.sum(b_dx * b_k, 1)
+        b_dbeta += b_tmp
+        b_dgam += b_beta * b_tmp
 
-    tl.store(dk_ptr + kptrs, b_dk.to(dk_ptr.dtype.element_ty), mask=mk)
     tl.store(dbeta_ptr + tok * H + pid_h, b_dbeta, mask=rmask)
     if HAS_G:
         b_dgam = tl.where(rmask, b_dgam, 0.0)
@@ -291,7 +311,7 @@ def delta_rule_bwd(q, k, v, beta, g, scale, initial_state, bounds, table, choff,
     dgam = torch.empty(total, h, device=dev, dtype=torch.float32)
     _grads_qk_kernel[(rows, h)](
         q, k, gamma, u, hs, dh, do, du, table, dq, dk_part, dw, dgam, scale,
-        H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=min(bv, 32), PREC=prec, num_warps=NUM_WARPS["grads_qk"],
+        H=h, K=dk, V=dv, C=CHUNK, KB=min(bk, 64), BV=min(bv, 32), PREC=prec, num_warps=NUM_WARPS["grads_qk"],
         num_stages=NUM_STAGES["grads_qk"],
     )
     dkk = torch.empty_like(k)
@@ -301,7 +321,8 @@ def delta_rule_bwd(q, k, v, beta, g, scale, initial_state, bounds, table, choff,
     _grads_wy_kernel[(rows, h)](
         k, v, beta, gamma, tinv, w, ut, du, dw, dk_part, dgam, table, dkk, dvv, dbeta,
         dg if dg is not None else dbeta,
-        H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, HAS_G=g is not None, PREC=prec, num_warps=NUM_WARPS["grads_wy"],
+        H=h, K=dk, V=dv, C=CHUNK, KB=min(bk, 64), BV=bv, HAS_G=g is not None, PREC=prec,
+        num_warps=NUM_WARPS["grads_wy"],
         num_stages=NUM_STAGES["grads_wy"],
     )
     return dq, dkk, dvv, dbeta, dg, dh0

@@ -76,7 +76,7 @@ def _prepare_kernel(
     k_ptr, v_ptr, beta_ptr, g_ptr, table_ptr,
     gamma_ptr, tinv_ptr, w_ptr, ut_ptr,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    C: tl.constexpr, KB: tl.constexpr, BV: tl.constexpr,
     HAS_G: tl.constexpr, PREC: tl.constexpr,
 ):
     pid_c = tl.program_id(0)
@@ -88,11 +88,6 @@ def _prepare_kernel(
     rows = tl.arange(0, C)
     tok = start + rows
     rmask = tok < end
-    offs_k = tl.arange(0, BK)
-    kmask = offs_k < K
-
-    b_k = tl.load(k_ptr + (tok[:, None] * H + pid_h) * K + offs_k[None, :], mask=rmask[:, None] & kmask[None, :],
-                  other=0.0)
     b_beta = tl.load(beta_ptr + tok * H + pid_h, mask=rmask, other=0.0).to(tl.float32)
     if HAS_G:
         b_g = tl.load(g_ptr + tok * H + pid_h, mask=rmask, other=0.0).to(tl.float32)
@@ -103,7 +98,13 @@ def _prepare_kernel(
 
     strict = rows[:, None] > rows[None, :]
     diff = tl.where(strict, b_gamma[:, None] - b_gamma[None, :], float("-inf"))
-    b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
+    # K is walked in blocks of KB so that no [C, K] fp32 tile stays live.
+    b_kk = tl.zeros([C, C], dtype=tl.float32)
+    for k0 in range(0, K, KB):
+        offs_k = k0 + tl.arange(0, KB)
+        b_k = tl.load(k_ptr + (tok[:, None] * H + pid_h) * K + offs_k[None, :],
+                      mask=rmask[:, None] & (offs_k < K)[None, :], other=0.0)
+        b_kk += tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
     b_a = tl.where(strict, b_beta[:, None] * b_kk * tl.exp(diff), 0.0)
     # T = (I + A)^{-1} by blocks of 16: the diagonal blocks by forward substitution, then
     # T_ij = -T_ii sum_{j<=m<i} A_im T_mj. Blocks go through the tinv buffer (this program's own rows) because
@@ -144,10 +145,14 @@ def _prepare_kernel(
     tl.debug_barrier()
     b_t = tl.load(t_base, mask=rmask[:, None], other=0.0)
 
-    b_kw = (b_k.to(tl.float32) * (b_beta * tl.exp(b_gamma))[:, None])
-    b_w = tl.dot(b_t, b_kw, input_precision=PREC)
-    tl.store(w_ptr + (tok[:, None] * H + pid_h) * K + offs_k[None, :], b_w.to(w_ptr.dtype.element_ty),
-             mask=rmask[:, None] & kmask[None, :])
+    b_xw = b_beta * tl.exp(b_gamma)
+    for k0 in range(0, K, KB):
+        offs_k = k0 + tl.arange(0, KB)
+        mk = rmask[:, None] & (offs_k < K)[None, :]
+        kptrs = (tok[:, None] * H + pid_h) * K + offs_k[None, :]
+        b_x = tl.load(k_ptr + kptrs, mask=mk, other=0.0).to(tl.float32) * b_xw[:, None]
+        b_w = tl.dot(b_t, b_x, input_precision=PREC)
+        tl.store(w_ptr + kptrs, b_w.to(w_ptr.dtype.element_ty), mask=mk)
     for v0 in range(0, V, BV):
         offs_v = v0 + tl.arange(0, BV)
         vmask = offs_v < V
@@ -280,7 +285,7 @@ def delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, b
     ut = torch.empty(total, h, dv, device=dev, dtype=q.dtype)
     _prepare_kernel[(rows, h)](
         k, v, beta, g if g is not None else beta, table, gamma, tinv, w, ut,
-        H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, HAS_G=g is not None, PREC=prec, num_warps=NUM_WARPS["prepare"],
+        H=h, K=dk, V=dv, C=CHUNK, KB=min(bk, 64), BV=bv, HAS_G=g is not None, PREC=prec, num_warps=NUM_WARPS["prepare"],
     )
     hs = torch.empty(rows, h, dk, dv, device=dev, dtype=q.dtype)
     u = torch.empty(total, h, dv, device=dev, dtype=q.dtype)
