@@ -23,9 +23,13 @@ def default_num_heads(hidden_size: int, head_dim: int) -> int:
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """x / sqrt(sum(x^2) + eps) over the last dim, in fp32, returned in x's dtype."""
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
+    """x / sqrt(sum(x^2) + eps) over the last dim, in fp32, returned in x's dtype.
+
+    vector_norm with an fp32 result and the mixed-dtype product keep only x and the per-row norm for the backward
+    (no fp32 copy of x).
+    """
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.promote_types(x.dtype, torch.float32))
+    return (x * torch.rsqrt(norm.square() + eps)).to(x.dtype)
 
 
 @register_mixer("gated_deltanet")

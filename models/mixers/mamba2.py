@@ -91,7 +91,7 @@ class Mamba2Mixer(nn.Module):
         bm = bm.reshape(b, t, self.n_groups, n).repeat_interleave(per_group, dim=2)
         cm = cm.reshape(b, t, self.n_groups, n).repeat_interleave(per_group, dim=2)
         dt, g = log_decay(self.A_log, dt, self.dt_bias)
-        v = (x.float() * dt.unsqueeze(-1)).to(x.dtype)
+        v = (x * dt.unsqueeze(-1)).to(x.dtype)  # fp32 product (dt is fp32) without keeping an fp32 copy of x
         state = slot.get("recurrent_state") if slot is not None else None
         if slot is not None and t == 1:
             if state is None:
