@@ -27,7 +27,6 @@ from .triton_fwd import (
     chunk_fwd,
     dot_precision,
     state_blocks,
-    tuned,
 )
 
 FUSED_MAX_DIM = 128  # larger head dims take the two-kernel backward (K- and V-blocked)
@@ -166,9 +165,6 @@ def _chunk_dv_bwd(q, k, g, do, dhs, dv, table, scale, T, NT,
     tl.store(dv + (o_t[:, None] * H + i_h) * V + o_v[None, :], acc.to(dv.dtype.element_ty), mask=m_tv)
 
 
-@tuned([triton.Config({}, num_warps=8, num_stages=1), triton.Config({}, num_warps=4, num_stages=1),
-        triton.Config({}, num_warps=8, num_stages=2), triton.Config({}, num_warps=4, num_stages=2)],
-       key=["K", "V"])
 @triton.jit(do_not_specialize=["T", "NT"])
 def _chunk_bwd_fused(q, k, v, g, do, hs, dhs, dq, dk, dv, dgp, table, scale, T, NT,
                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
@@ -273,7 +269,7 @@ def chunk_bwd(q, k, v, g, do, dht, ht, hs, scale, h0, lay: Layout, need_dh0: boo
         _chunk_bwd_fused[(lay.rows, h)](q, k, v, gate, do, hs, dhs, dq, dk, dv, dgp if dgp is not None else q,
                                         lay.table, scale, lay.seqlen, lay.nt, H=h, K=dk_, V=dv_, BT=BT,
                                         BK=_pow2(dk_), BV=_pow2(dv_), HAS_G=g is not None, IS_VARLEN=lay.varlen,
-                                        PREC=prec)
+                                        PREC=prec, num_warps=8, num_stages=1)
     else:
         bk = _pow2(dk_)
         nk = triton.cdiv(dk_, bk)

@@ -11,8 +11,6 @@ come from a device-side table (kernels.common.varlen) or, without cu_seqlens, fr
 token counts are not specialised on (`do_not_specialize`), so a new T never recompiles.
 """
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -20,13 +18,6 @@ import triton.language as tl
 from kernels.common.varlen import chunk_table
 
 BT = 64
-# The interpreter would run every autotune candidate; it takes the first.
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def tuned(configs: list, key: list[str]):
-    """triton.autotune keyed on head dims only (never on T or the batch), one config under the interpreter."""
-    return triton.autotune(configs[:1] if INTERPRET else configs, key=key)
 
 
 @triton.jit
@@ -93,9 +84,6 @@ def _chunk_states_fwd(k, v, g, h0, hs, ht, bounds, offsets, T, NT,
         tl.store(ht + i_nh.to(tl.int64) * K * V + kv_off, state, mask=m_kv)
 
 
-@tuned([triton.Config({"BV": 64}, num_warps=4, num_stages=2), triton.Config({"BV": 64}, num_warps=8, num_stages=2),
-        triton.Config({"BV": 128}, num_warps=8, num_stages=2), triton.Config({"BV": 64}, num_warps=4, num_stages=3)],
-       key=["K", "V"])
 @triton.jit(do_not_specialize=["T", "NT"])
 def _chunk_out_fwd(q, k, v, g, hs, o, table, scale, T, NT,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
@@ -190,11 +178,9 @@ def chunk_fwd(q, k, v, g, scale, h0, lay: Layout, store_final: bool):
     dk, dv = q.shape[-1], v.shape[-1]
     hs, ht = chunk_states(k, v, g, h0, lay, store_final)
     o = torch.empty_like(v)
-
-    def grid(meta):
-        return (triton.cdiv(dv, meta["BV"]), lay.rows, lay.heads)
-
+    bk, bv = _pow2(dk), _pow2(dv, hi=64)
+    grid = (triton.cdiv(dv, bv), lay.rows, lay.heads)
     _chunk_out_fwd[grid](q, k, v, g if g is not None else q, hs, o, lay.table, scale, lay.seqlen, lay.nt,
-                         H=lay.heads, K=dk, V=dv, BT=BT, BK=_pow2(dk), HAS_G=g is not None,
-                         IS_VARLEN=lay.varlen, PREC=dot_precision(k))
+                         H=lay.heads, K=dk, V=dv, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
+                         IS_VARLEN=lay.varlen, PREC=dot_precision(k), num_warps=4, num_stages=2)
     return o, ht, hs
