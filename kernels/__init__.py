@@ -3,8 +3,8 @@
 Each family exposes one public function that validates its inputs and picks a backend.
 """
 
-from kernels.softmax_attn import softmax_attn
 from kernels.delta_rule import delta_rule
 from kernels.linear_attn import linear_attn
+from kernels.softmax_attn import softmax_attn
 
-__all__ = ["softmax_attn", "delta_rule", "linear_attn"]
+__all__ = ["delta_rule", "linear_attn", "softmax_attn"]
