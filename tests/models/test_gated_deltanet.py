@@ -316,3 +316,25 @@ def test_train_py_runs_gated_deltanet(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert '"step": 4' in (run_dir / "summary.json").read_text()
     assert "gated_deltanet" in (run_dir / "checkpoints" / "step_00000004" / "model" / "config.json").read_text()
+
+
+@pytest.mark.parametrize("size", ["tiny", "125m", "340m", "760m", "1.3b"])
+def test_size_presets_build_with_the_analytic_parameter_count(size):
+    import yaml
+
+    conf = REPO / "conf" / "model"
+    cfg = {**yaml.safe_load((conf / "gated_deltanet.yaml").read_text()),
+           **yaml.safe_load((conf / "size" / f"{size}.yaml").read_text()), "vocab_size": 1000}
+    config = build_config(cfg)
+    with torch.device("meta"):
+        model = HiloForCausalLM(config)
+    c = config.hidden_size
+    h = {128: 1, 768: 2, 1024: 3, 1536: 5, 2048: 6}[c]
+    k, v = 256, 512
+    mixer = (c * h * (2 * k + 2 * v + 2)    # q, k, v, g, a, b projections
+             + 4 * h * (2 * k + v)          # the three convs (no bias)
+             + 2 * h + v + h * v * c)       # A_log, dt_bias, per-head norm weight, o_proj
+    block = mixer + 3 * c * config.intermediate_size + 2 * c
+    expected = config.num_layers * block + 2 * 1000 * c + c
+    assert sum(p.numel() for p in model.parameters()) == expected
+    assert model.model.layers[0].mixer.num_heads == h

@@ -289,3 +289,23 @@ def test_train_py_runs_mamba2(tmp_path):
     summary = (run_dir / "summary.json").read_text()
     assert '"step": 4' in summary
     assert "mamba2" in (run_dir / "checkpoints" / "step_00000004" / "model" / "config.json").read_text()
+
+
+@pytest.mark.parametrize("size", ["tiny", "125m", "340m", "760m", "1.3b"])
+def test_size_presets_build_with_the_analytic_parameter_count(size):
+    import yaml
+
+    conf = REPO / "conf" / "model"
+    cfg = {**yaml.safe_load((conf / "mamba2.yaml").read_text()),
+           **yaml.safe_load((conf / "size" / f"{size}.yaml").read_text()), "vocab_size": 1000}
+    config = build_config(cfg)
+    with torch.device("meta"):
+        model = HiloForCausalLM(config)
+    c, inner, n = config.hidden_size, 2 * config.hidden_size, 128
+    h, conv_dim = inner // 64, inner + 2 * n
+    mixer = (c * (inner + conv_dim + h) + conv_dim * 4 + conv_dim  # in_proj, conv weight and bias
+             + 3 * h + inner + inner * c)                           # A_log, dt_bias, D, gated norm, out_proj
+    block = mixer + 3 * c * config.intermediate_size + 2 * c
+    expected = config.num_layers * block + 2 * 1000 * c + c
+    assert sum(p.numel() for p in model.parameters()) == expected
+    assert model.model.layers[0].mixer.num_heads == h
