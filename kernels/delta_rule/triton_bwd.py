@@ -281,8 +281,9 @@ def _grads_wy_kernel(
         tl.store(dg_ptr + tok * H + pid_h, b_dg, mask=rmask)
 
 
-def delta_rule_bwd(q, k, v, beta, g, scale, initial_state, bounds, table, choff, saved, do, dht):
-    """Gradients (dq, dk, dv, dbeta fp32, dg fp32 or None, dh0 fp32 or None) on the packed [L, H, *] layout."""
+def delta_rule_bwd(q, k, v, beta, g, scale, want_dh0, bounds, table, choff, saved, do, dht):
+    """Gradients (dq, dk, dv, dbeta fp32, dg fp32 or None, dh0 fp32 or None unless want_dh0) on the packed
+    [L, H, *] layout."""
     gamma, tinv, w, ut, u, hs = saved
     total, h, dk = q.shape
     dv = v.shape[-1]
@@ -297,7 +298,7 @@ def delta_rule_bwd(q, k, v, beta, g, scale, initial_state, bounds, table, choff,
         num_warps=NUM_WARPS["intra"],
     )
     dh = torch.empty(rows, h, dk, dv, device=dev, dtype=q.dtype)
-    dh0 = torch.empty(n, h, dk, dv, device=dev, dtype=torch.float32) if initial_state is not None else None
+    dh0 = torch.empty(n, h, dk, dv, device=dev, dtype=torch.float32) if want_dh0 else None
     sbv = state_block_v(dv, n * h, dev, "state_bwd")
     _state_bwd_kernel[(triton.cdiv(dv, sbv), h, n)](
         q, k, gamma, w, do, du, bounds, choff, dht if dht is not None else gamma,
@@ -345,7 +346,8 @@ class DeltaRuleFunction(torch.autograd.Function):
     def backward(ctx, do, dht):
         q, k, v, beta, g, initial_state, bounds, table, choff, *saved = ctx.saved_tensors
         dq, dk, dv, dbeta, dg, dh0 = delta_rule_bwd(
-            q, k, v, beta, g, ctx.scale, initial_state, bounds, table, choff, saved, do.contiguous(),
+            q, k, v, beta, g, ctx.scale, initial_state is not None and ctx.needs_input_grad[5], bounds, table,
+            choff, saved, do.contiguous(),
             None if dht is None else dht.contiguous().float(),
         )
         return (dq, dk, dv, dbeta.to(beta.dtype), None if dg is None else dg.to(g.dtype), dh0, None, None, None,
