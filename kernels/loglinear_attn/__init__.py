@@ -1,0 +1,92 @@
+"""Log-linear attention (SPEC §2 `loglinear_attn`, §4): linear attention whose causal mask is a Fenwick hierarchy.
+
+    o_t = scale * sum_{s <= t} lambda_t[l(t, s)] exp(G_t - G_s) (q_t . k_s) v_s,   l(t, s) = bit_length(t XOR s)
+
+with G_t = sum_{r <= t} g_r and t, s positions counted from 0 in each document (or from initial_state.tokens).
+With every lambda equal to 1 it is kernels.linear_attn.
+
+Backends: "torch" (kernels.loglinear_attn.chunk: chunks of 64 aligned to absolute positions, one dense masked block
+per chunk for levels 0..6 and one carried state per higher level; exact, differentiable by autograd; the default)
+and "naive" (the binary-carry recurrence token by token: the oracle). There is no Triton backend yet: "triton"
+raises. `loglinear_attn_quadratic` (naive.py) is the O(T^2) definition, used by the tests.
+"""
+
+import torch
+
+from kernels.common.validate import check_recurrent_inputs
+
+from .chunk import loglinear_chunk, prepare_linear
+from .naive import loglinear_attn_naive, loglinear_attn_quadratic
+from .state import LogLinearState, check_loglinear_inputs, num_levels
+from .step import loglinear_attn_step
+
+BACKENDS = ("torch", "naive")
+
+__all__ = ["BACKENDS", "LogLinearState", "loglinear_attn", "loglinear_attn_quadratic", "loglinear_attn_step",
+           "num_levels", "resolve_loglinear_backend"]
+
+
+def resolve_loglinear_backend(op: str, backend: str | None) -> str:
+    """None -> "torch"; "torch" and "naive" as given; anything else (incl. "triton", not built yet) raises."""
+    if backend is None:
+        return "torch"
+    if backend not in BACKENDS:
+        raise ValueError(f"{op}: backend {backend!r} is not available; expected one of {BACKENDS} or None "
+                         "(no Triton kernels for the log-linear operators yet)")
+    return backend
+
+
+def loglinear_attn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    level_scales: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: LogLinearState | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, LogLinearState | None]:
+    """Log-linear attention; returns (o [B, T, H, V] in q's dtype, LogLinearState or None).
+
+    q, k [B, T, H, K], v [B, T, H, V] (fp32/fp16/bf16, one dtype); g [B, T, H] fp32 natural-log decays (<= 0) or
+    None; level_scales [B, T, H, L] (lambda_t[l]), L >= bit_length(last position) + 1 for every sequence (a
+    ValueError says how many are needed); scale multiplies q (default K ** -0.5).
+    initial_state: LogLinearState(levels [N, H, L, K, V] fp32, tokens [N] int64), the per-level states of N
+    sequences that already consumed `tokens` tokens (see kernels.loglinear_attn.state); the new tokens then sit at
+    positions tokens, tokens + 1, ... . The final state has the same structure (tokens + this call's lengths) and
+    equals the recurrent form's state, so forward(a + b) == forward(b, initial_state=forward(a).final).
+    cu_seqlens [N+1] packs N documents in B == 1; positions restart at 0 (or at tokens[n]) in each.
+    Gradients flow to q, k, v, g, level_scales and initial_state.levels.
+    """
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"loglinear_attn: q must be a torch.Tensor, got {type(q).__name__}")
+    backend = resolve_loglinear_backend("loglinear_attn", backend)
+    n = check_recurrent_inputs("loglinear_attn", q, k, v, g=g, cu_seqlens=cu_seqlens, backend=backend)
+    starts = check_loglinear_inputs("loglinear_attn", q, v, level_scales, initial_state, n, cu_seqlens)
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    scale = float(scale)
+    if backend == "naive":
+        o, levels = loglinear_attn_naive(q, k, v, g, level_scales, scale, initial_state, output_final_state,
+                                         cu_seqlens, starts)
+    else:
+        o, levels = loglinear_chunk(q, k, v, None, g, level_scales, scale, initial_state, output_final_state,
+                                    cu_seqlens, starts, prepare_linear, q.dtype)
+    return o, final_state(levels, q, cu_seqlens, starts) if output_final_state else None
+
+
+def final_state(levels: torch.Tensor, q: torch.Tensor, cu_seqlens: torch.Tensor | None,
+                starts: list[int]) -> LogLinearState:
+    """Wrap final levels with each sequence's token count (start + length)."""
+    b, t = q.shape[:2]
+    if cu_seqlens is None:
+        lengths = torch.full((b,), t, dtype=torch.int64)
+    else:
+        cu = cu_seqlens.detach().to("cpu", torch.int64)
+        lengths = cu[1:] - cu[:-1]
+    tokens = (torch.tensor(starts, dtype=torch.int64) + lengths).to(q.device)
+    out = levels.to(torch.float32) if levels.dtype != torch.float64 else levels
+    return LogLinearState(out, tokens)
