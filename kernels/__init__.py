@@ -8,4 +8,4 @@ from kernels.linear_attn import linear_attn
 from kernels.loglinear_attn import loglinear_attn
 from kernels.softmax_attn import softmax_attn
 
-__all__ = ["delta_rule", "linear_attn", "softmax_attn"]
+__all__ = ["delta_rule", "linear_attn", "loglinear_attn", "softmax_attn"]
