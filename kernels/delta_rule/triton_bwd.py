@@ -22,7 +22,16 @@ import triton.language as tl
 
 from kernels.common.varlen import chunk_table, sequence_bounds
 
-from .triton_fwd import CHUNK, NUM_STAGES, NUM_WARPS, block_sizes, delta_rule_fwd, dot_precision, state_block_v
+from .triton_fwd import (
+    CHUNK,
+    NUM_STAGES,
+    NUM_WARPS,
+    block_sizes,
+    delta_rule_fwd,
+    dot_precision,
+    state_block_v,
+    state_stages,
+)
 
 
 @triton.jit
@@ -304,7 +313,7 @@ def delta_rule_bwd(q, k, v, beta, g, scale, want_dh0, bounds, table, choff, save
         q, k, gamma, w, do, du, bounds, choff, dht if dht is not None else gamma,
         dh, dh0 if dh0 is not None else gamma, scale,
         H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=sbv, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
-        PREC=prec, num_warps=NUM_WARPS["state_bwd"],
+        PREC=prec, num_warps=NUM_WARPS["state_bwd"], num_stages=state_stages(bk),
     )
     dq = torch.empty_like(q)
     dk_part = torch.empty(total, h, dk, device=dev, dtype=torch.float32)

@@ -262,6 +262,12 @@ def state_block_v(dv: int, pairs: int, device: torch.device, which: str) -> int:
     return bv
 
 
+def state_stages(bk: int) -> int:
+    """Software-pipelining depth of the state passes: Triton's default 3 up to K = 128; at K = 256 three copies of
+    the per-chunk [C, K] tiles would overflow the 227 KB of shared memory, so the loads are not pipelined."""
+    return 3 if bk <= 128 else 1
+
+
 def block_sizes(dk: int, dv: int):
     bk = max(16, triton.next_power_of_2(dk))
     bv = min(64, max(16, triton.next_power_of_2(dv)))
@@ -295,7 +301,7 @@ def delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, b
         k, gamma, w, ut, bounds, choff, initial_state if initial_state is not None else gamma,
         hs, u, final if final is not None else gamma,
         H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=sbv, HAS_H0=initial_state is not None,
-        STORE_HT=output_final_state, PREC=prec, num_warps=NUM_WARPS["state"],
+        STORE_HT=output_final_state, PREC=prec, num_warps=NUM_WARPS["state"], num_stages=state_stages(bk),
     )
     o = torch.empty(total, h, dv, device=dev, dtype=v.dtype)
     _output_kernel[(triton.cdiv(dv, bv), rows, h)](
