@@ -77,7 +77,7 @@ def evaluate_loss(model, rows: torch.Tensor, batch_size: int, accelerator) -> fl
     total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
     for i in range(0, len(mine), batch_size):
         batch = mine[i:i + batch_size].to(accelerator.device)
-        out = model(input_ids=batch, labels=batch)
+        out = model(input_ids=batch, labels=batch, use_cache=False)
         n = batch.shape[0] * (batch.shape[1] - 1)
         total[0] += out.loss.double() * n
         total[1] += n

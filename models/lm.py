@@ -86,7 +86,8 @@ class HiloModel(HiloPreTrainedModel):
         cache: HiloCache | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
-        """Run the stack. cache (alias past_key_values) is a HiloCache; with use_cache and no cache, one is created.
+        """Run the stack. cache (alias past_key_values) is a HiloCache; with use_cache and no cache, one is created
+        (use_cache defaults to config.use_cache in eval mode and to False in training mode).
 
         position_ids default to cache length + arange(T), or restart per document when cu_seqlens is given.
         attention_mask may only be all ones (no padding): pack documents with cu_seqlens instead.
@@ -104,7 +105,8 @@ class HiloModel(HiloPreTrainedModel):
         if attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError("hilo models take no padding (attention_mask has zeros): pack documents with "
                              "cu_seqlens (B == 1) or run unpadded rows")
-        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache is None:  # training forwards never build a decoding cache unless asked to
+            use_cache = self.config.use_cache and not self.training
         if cu_seqlens is not None:
             if b != 1:
                 raise ValueError(f"cu_seqlens needs packed inputs with batch size 1, got {b}")

@@ -227,3 +227,15 @@ def test_config_is_registered_with_auto_classes():
     cfg = AutoConfig.for_model("hilo", hidden_size=64, num_layers=2, num_heads=2)
     assert isinstance(cfg, HiloConfig) and cfg.num_hidden_layers == 2 and cfg.num_attention_heads == 2
     assert "attention" in models.MIXERS
+
+
+def test_training_forward_builds_no_cache():
+    import models
+
+    model = models.build_model({"vocab_size": 64, "hidden_size": 32, "num_layers": 2, "num_heads": 2})
+    ids = torch.randint(0, 64, (2, 8))
+    model.train()
+    assert model(input_ids=ids).past_key_values is None
+    model.eval()
+    assert model(input_ids=ids).past_key_values is not None  # HF default for inference: a cache to continue from
+    assert model(input_ids=ids, use_cache=False).past_key_values is None
