@@ -22,7 +22,7 @@ from .step import loglinear_attn_step
 
 BACKENDS = ("torch", "naive")
 
-__all__ = ["BACKENDS", "LogLinearState", "loglinear_attn", "loglinear_attn_quadratic", "loglinear_attn_step",
+__all__ = ["BACKENDS", "LogLinearState", "final_state", "loglinear_attn", "loglinear_attn_quadratic", "loglinear_attn_step",
            "num_levels", "resolve_loglinear_backend"]
 
 

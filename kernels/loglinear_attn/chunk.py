@@ -51,7 +51,7 @@ def _carry(z, trans):
     """Apply a chunk transition to the slot states z [b, h, S, K, V]: scalar [b, h] or matrix [b, h, K, K]."""
     if trans.ndim == 2:
         return z * trans[:, :, None, None, None]
-    return torch.einsum("bhij,bhsjv->bhsiv", trans, z)
+    return trans[:, :, None] @ z
 
 
 def chunk_levels(q, k, v, g, beta, lam, p0, prior, want_final, prepare):
@@ -104,7 +104,8 @@ def chunk_levels(q, k, v, g, beta, lam, p0, prior, want_final, prepare):
         inter = []
         for c in range(nc):
             z = z * keep[c][None, None, :, None, None]
-            inter.append(torch.einsum("bhis,bhik,bhskv->bhiv", weights[:, :, c], q_eff[:, :, c], z))
+            reads_c = q_eff[:, :, c, None] @ z  # [b, h, S, C, V]
+            inter.append((weights[:, :, c].transpose(-1, -2)[..., None] * reads_c).sum(2))
             z = _carry(z, trans[:, :, c]) + writes[c][None, None, :, None, None] * local[:, :, c, None]
         o = o + torch.stack(inter, 2)
     o = o.reshape(b, h, nc * CHUNK, dv)[:, :, front: front + t]
@@ -147,12 +148,13 @@ def loglinear_chunk(q, k, v, beta, g, level_scales, scale, initial_state, output
                             prior_rows, output_final_state, prepare)
 
     if cu_seqlens is None and len(set(starts)) == 1:
-        o, final = run(slice(None), 0, t, starts[0], prior)
+        o, final = run(slice(None), 0, t, starts[0], prior if starts[0] > 0 else None)
         o = o.transpose(1, 2)
     else:
         outs, finals = [], []
         for n, (row, s, e) in enumerate(segs):
-            o_n, f_n = run(slice(row, row + 1), s, e, starts[n], None if prior is None else prior[n: n + 1])
+            prior_n = None if prior is None or starts[n] == 0 else prior[n: n + 1]
+            o_n, f_n = run(slice(row, row + 1), s, e, starts[n], prior_n)
             outs.append(o_n)
             finals.append(f_n)
         if cu_seqlens is None:

@@ -17,6 +17,13 @@ import torch
 from .state import level_of, prior_level, segments
 
 
+def _read(lam, q, state):
+    """sum_l lam[l] q^T S^(l) for one token: lam [H, L], q [H, K], state [H, L, K, V] -> [H, V]."""
+    h, nl, dk, dv = state.shape
+    lq = (lam[:, :, None] * q[:, None, :]).reshape(h, 1, nl * dk)
+    return torch.bmm(lq, state.reshape(h, nl * dk, dv))[:, 0]
+
+
 def _acc(x):
     return torch.promote_types(x.dtype, torch.float32)
 
@@ -44,7 +51,7 @@ def loglinear_attn_naive(q, k, v, g, level_scales, scale, initial_state, output_
     gf = None if g is None else g.to(acc)
     o_parts, finals = [], []
     for n, (row, s, e) in enumerate(segments(b, t, cu_seqlens)):
-        state = (q.new_zeros(h, nl, dk, dv, dtype=acc) if initial_state is None
+        state = (q.new_zeros(h, nl, dk, dv, dtype=acc) if initial_state is None or starts[n] == 0
                  else initial_state.levels[n].to(acc))
         outs = []
         for i in range(s, e):
@@ -58,7 +65,7 @@ def loglinear_attn_naive(q, k, v, g, level_scales, scale, initial_state, output_
                 state = state * gf[row, i].exp()[:, None, None, None]
             write = kf[row, i][:, :, None] * vf[row, i][:, None, :]
             state = torch.cat([state[:, :1] + write[:, None], state[:, 1:]], 1)
-            outs.append(scale * torch.einsum("hl,hk,hlkv->hv", lf[row, i], qf[row, i], state))
+            outs.append(scale * _read(lf[row, i], qf[row, i], state))
         o_parts.append(torch.stack(outs, 0) if outs else vf.new_zeros(0, h, dv))
         finals.append(state)
     return _pack(o_parts, finals, b, t, h, dv, cu_seqlens, q.dtype, acc, output_final_state)
@@ -75,7 +82,7 @@ def loglinear_attn_quadratic(q, k, v, g, level_scales, scale, initial_state, out
     o_parts, finals = [], []
     for n, (row, s, e) in enumerate(segments(b, t, cu_seqlens)):
         p0 = starts[n]
-        prior = None if initial_state is None else initial_state.levels[n].to(acc)
+        prior = None if initial_state is None or p0 == 0 else initial_state.levels[n].to(acc)
         ln = e - s
         qf, kf, vf, lf = (x[row, s:e].to(acc) for x in (q, k, v, level_scales))
         big_g = torch.zeros(ln, h, dtype=acc, device=dev) if g is None else g[row, s:e].to(acc).cumsum(0)
@@ -95,7 +102,7 @@ def loglinear_attn_quadratic(q, k, v, g, level_scales, scale, initial_state, out
             final = torch.einsum("sl,sh,shk,shv->hlkv", onehot, to_end, kf, vf)
         else:
             final = q.new_zeros(h, nl, dk, dv, dtype=acc)
-        if prior is not None and p0 > 0:
+        if prior is not None:
             idx = prior_level(pos, p0, nl)  # [t, L]
             lam_p = torch.gather(lf, 2, idx[:, None, :].expand(ln, h, nl))  # [t, h, L]
             o = o + scale * torch.einsum("thl,th,thk,hlkv->thv", lam_p, big_g.exp(), qf, prior)
@@ -105,8 +112,6 @@ def loglinear_attn_quadratic(q, k, v, g, level_scales, scale, initial_state, out
                 final = final + torch.einsum("lm,h,hlkv->hmkv", move, big_g[-1].exp(), prior)
             else:
                 final = final + prior
-        elif prior is not None:
-            final = final + prior
         o_parts.append(o)
         finals.append(final)
     return _pack(o_parts, finals, b, t, h, dv, cu_seqlens, q.dtype, acc, output_final_state)

@@ -9,7 +9,7 @@ State (`LogLinearState`): after a document has consumed `tokens` = n >= 1 tokens
     levels[l] = sum_{s <= p, l(p, s) = l} P_{p<-s} k_s v_s^T        (delta rule: beta_s k_s v_s^T)
 with P_{p<-s} the transition from s to p (exp(G_p - G_s) for linear attention, the product of
 exp(g_r)(I - beta_r k_r k_r^T) for the delta rule). These are exactly the states of SPEC's binary-carry recurrence
-after step p. For n == 0 the levels must be zero. Continuing from such a state, query t >= n sees prior level l
+after step p. For n == 0 the levels must be zero and are not read (they get no gradient). Continuing from such a state, query t >= n sees prior level l
 through level max(l, bit_length(t XOR (n - 1))), which is what every backend computes.
 """
 
@@ -65,8 +65,8 @@ def level_of(t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 
 def prior_level(t: torch.Tensor, tokens: int, num: int) -> torch.Tensor:
     """[len(t), num] index of the level through which query t >= tokens sees prior level l < num of a state that
-    consumed `tokens` tokens: max(l, bit_length(t XOR (tokens - 1)))."""
-    d = level_of(t, torch.full_like(t, tokens - 1)) if tokens > 0 else torch.zeros_like(t)
+    consumed `tokens` >= 1 tokens: max(l, bit_length(t XOR (tokens - 1)))."""
+    d = level_of(t, torch.full_like(t, tokens - 1))
     lv = torch.arange(num, device=t.device, dtype=torch.int64)
     return torch.maximum(lv[None, :], d[:, None])
 

@@ -29,5 +29,7 @@ def loglinear_attn_step(q, k, v, g, level_scales, state, scale=None):
         s = s * g.to(dt).exp()[:, :, None, None, None]
     write = k.to(dt)[:, :, :, None] * v.to(dt)[:, :, None, :]
     s = torch.cat([s[:, :, :1] + write[:, :, None], s[:, :, 1:]], 2)
-    o = scale * torch.einsum("bhl,bhk,bhlkv->bhv", level_scales[..., :nl].to(dt), q.to(dt), s)
+    b, h, _, dk, dv = s.shape
+    lq = level_scales[..., :nl].to(dt)[..., None] * q.to(dt)[:, :, None, :]  # [B, H, L, K]
+    o = scale * (lq.reshape(b, h, 1, nl * dk) @ s.reshape(b, h, nl * dk, dv))[:, :, 0]
     return o.to(q.dtype), LogLinearState(s, state.tokens + 1)

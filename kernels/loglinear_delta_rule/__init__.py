@@ -1,0 +1,65 @@
+"""Log-linear Gated DeltaNet (SPEC §2 `loglinear_delta_rule`, §4): the delta rule under a Fenwick level mask.
+
+    o_t = scale * sum_{s <= t} lambda_t[l(t, s)] q_t^T P_{t<-s} beta_s k_s v_s^T,
+    P_{t<-s} = prod_{r = s+1..t} exp(g_r) (I - beta_r k_r k_r^T),   l(t, s) = bit_length(t XOR s)
+
+with t, s positions counted from 0 in each document (or from initial_state.tokens). With every lambda equal to 1 it
+is kernels.delta_rule. The state is kernels.loglinear_attn.LogLinearState (per-level K x V states + token count).
+
+Backends: "torch" (chunked: WY/UT per chunk, one dense masked block for levels 0..6 and one carried state per higher
+level, all moved by the chunk's Householder product; exact, differentiable; the default) and "naive" (the
+binary-carry recurrence token by token: the oracle). No Triton backend yet: "triton" raises.
+`loglinear_delta_rule_quadratic` (naive.py) is the O(T^2) definition used by the tests.
+"""
+
+import torch
+
+from kernels.common.validate import check_recurrent_inputs
+from kernels.loglinear_attn import LogLinearState, final_state, resolve_loglinear_backend
+from kernels.loglinear_attn.state import check_loglinear_inputs
+
+from .chunk import loglinear_delta_rule_chunk
+from .naive import loglinear_delta_rule_naive, loglinear_delta_rule_quadratic
+from .step import loglinear_delta_rule_step
+
+__all__ = ["loglinear_delta_rule", "loglinear_delta_rule_quadratic", "loglinear_delta_rule_step"]
+
+
+def loglinear_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor | None,
+    level_scales: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: LogLinearState | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, LogLinearState | None]:
+    """Log-linear gated delta rule; returns (o [B, T, H, V] in v's dtype, LogLinearState or None).
+
+    q, k [B, T, H, K], v [B, T, H, V] (one dtype: fp32/fp16/bf16); beta [B, T, H]; g [B, T, H] fp32 log decays
+    (<= 0) or None; level_scales [B, T, H, L] with L >= bit_length(last position) + 1 per sequence; scale
+    multiplies q (default K ** -0.5). initial_state / final state: LogLinearState(levels [N, H, L, K, V] fp32,
+    tokens [N] int64), exactly the recurrent form's per-level states after `tokens` tokens (see
+    kernels.loglinear_attn.state), so forward(a + b) == forward(b, initial_state=forward(a).final).
+    cu_seqlens [N+1] packs N documents in B == 1 (positions restart in each). Gradients flow to q, k, v, beta, g,
+    level_scales and initial_state.levels.
+    """
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"loglinear_delta_rule: q must be a torch.Tensor, got {type(q).__name__}")
+    if not isinstance(beta, torch.Tensor):
+        raise TypeError(f"loglinear_delta_rule: beta must be a torch.Tensor [B, T, H], got {type(beta).__name__}")
+    backend = resolve_loglinear_backend("loglinear_delta_rule", backend)
+    n = check_recurrent_inputs("loglinear_delta_rule", q, k, v, g=g, beta=beta, cu_seqlens=cu_seqlens,
+                               backend=backend)
+    starts = check_loglinear_inputs("loglinear_delta_rule", q, v, level_scales, initial_state, n, cu_seqlens)
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    scale = float(scale)
+    fn = loglinear_delta_rule_naive if backend == "naive" else loglinear_delta_rule_chunk
+    o, levels = fn(q, k, v, beta, g, level_scales, scale, initial_state, output_final_state, cu_seqlens, starts)
+    return o, final_state(levels, q, cu_seqlens, starts) if output_final_state else None
