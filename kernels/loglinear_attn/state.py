@@ -54,8 +54,12 @@ def num_levels(length: int) -> int:
 def bit_length(x: torch.Tensor) -> torch.Tensor:
     """Elementwise bit_length of a non-negative integer tensor (exact, no floating point)."""
     x = x.to(torch.int64)
-    bits = torch.arange(63, device=x.device, dtype=torch.int64)
-    return ((x[..., None] >> bits) != 0).sum(-1)
+    out = torch.zeros_like(x)
+    for shift in (32, 16, 8, 4, 2, 1):  # binary search on the highest set bit
+        high = (x >> shift) != 0
+        out = out + high * shift
+        x = torch.where(high, x >> shift, x)
+    return out + (x != 0)
 
 
 def level_of(t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:

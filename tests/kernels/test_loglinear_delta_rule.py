@@ -1,0 +1,189 @@
+"""loglinear_delta_rule: the O(T^2) definition (float64) vs the binary-carry recurrence vs the chunked WY path for
+outputs, final per-level states and every gradient (q, k, v, beta, g, level_scales, initial levels); varlen with
+short and empty documents; continuing from a final state; lambda == 1 is delta_rule; the decode step equals the
+forward with a state of bit_length(t) + 1 levels; input errors."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import delta_rule, loglinear_delta_rule
+from kernels.common import error_ratio
+from kernels.loglinear_attn import LogLinearState, num_levels
+from kernels.loglinear_delta_rule import loglinear_delta_rule_quadratic, loglinear_delta_rule_step
+
+TOL = 1e-4
+SCALE = 0.3
+H, DK, DV = 2, 12, 10
+NAMES = ("q", "k", "v", "beta", "g", "lam")
+
+
+def make(b, t, seed, decay="mid", nl=None, unit_k=True):
+    gen = torch.Generator().manual_seed(seed)
+    x = {name: torch.randn(b, t, H, d, generator=gen, dtype=torch.float64)
+         for name, d in (("q", DK), ("k", DK), ("v", DV))}
+    if unit_k:
+        x["k"] = F.normalize(x["k"], dim=-1)
+    else:
+        x["k"] = x["k"] * 0.3
+    x["beta"] = torch.rand(b, t, H, generator=gen, dtype=torch.float64)
+    rate = {"strong": 3.0, "mid": 0.5, "weak": 0.02, "zero": 0.0}[decay]
+    x["g"] = -torch.rand(b, t, H, generator=gen, dtype=torch.float64) * rate
+    x["lam"] = torch.rand(b, t, H, nl or num_levels(t), generator=gen, dtype=torch.float64) + 0.25
+    return x
+
+
+def prior_state(tokens, nl, seed):
+    """A random LogLinearState (zero levels where tokens == 0)."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.tensor(tokens, dtype=torch.int64)
+    levels = torch.randn(len(tokens), H, nl, DK, DV, generator=gen, dtype=torch.float64)
+    return LogLinearState(levels * (tokens > 0)[:, None, None, None, None], tokens)
+
+
+def run(backend, x, cu=None, init=None, dtype=torch.float32, seed=1):
+    """Forward with `backend` ("quadratic", "naive", "torch") and the gradients of sum(o * do) + sum(levels * dl)
+    with respect to q, k, v, beta, g, level_scales (and the initial levels)."""
+    leaves = [x[n].detach().to(dtype).requires_grad_() for n in NAMES]
+    prior = None
+    if init is not None:
+        prior = LogLinearState(init.levels.detach().to(dtype).requires_grad_(), init.tokens)
+        leaves.append(prior.levels)
+    if backend == "quadratic":
+        n = leaves[0].shape[0] if cu is None else len(cu) - 1
+        starts = [0] * n if init is None else init.tokens.tolist()
+        o, levels = loglinear_delta_rule_quadratic(*leaves[:6], SCALE, prior, True, cu, starts)
+    else:
+        o, state = loglinear_delta_rule(*leaves[:6], scale=SCALE, initial_state=prior, output_final_state=True,
+                                        cu_seqlens=cu, backend=backend)
+        levels = state.levels
+    gen = torch.Generator().manual_seed(seed)
+    do = torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o)
+    dl = torch.randn(levels.shape, generator=gen, dtype=torch.float64).to(levels)
+    grads = torch.autograd.grad((o * do).sum() + (levels * dl).sum(), leaves, allow_unused=True)
+    return o, levels, [torch.zeros_like(x) if d is None else d for x, d in zip(leaves, grads)]
+
+
+def assert_close(got, ref, what):
+    names = ["o", "final levels", "dq", "dk", "dv", "dbeta", "dg", "dlevel_scales", "dinitial levels"]
+    for name, a, b in zip(names, [got[0], got[1], *got[2]], [ref[0], ref[1], *ref[2]]):
+        err = error_ratio(a, b)
+        assert err <= TOL, f"{what} {name}: error ratio {err}"
+
+
+# T = 130 crosses 128 (chunk level 2), 300 reaches chunk level 3; 64 and 128 are powers of two. The recurrent
+# form's gradients are checked where it is cheap (its backward is T sequential steps).
+@pytest.mark.parametrize("t,decay,unit_k,recurrent_grads", [(1, "mid", True, True), (63, "weak", True, True),
+                                                            (64, "zero", True, False),
+                                                            (75, "strong", False, True),
+                                                            (128, "mid", True, False), (130, "mid", False, False),
+                                                            (300, "mid", True, False)])
+def test_forms_agree(t, decay, unit_k, recurrent_grads):
+    x = make(2, t, seed=t, decay=decay, unit_k=unit_k)
+    ref = run("quadratic", x, dtype=torch.float64)
+    assert_close(run("torch", x), ref, f"chunk T={t}")
+    if recurrent_grads:
+        assert_close(run("naive", x), ref, f"recurrent T={t}")
+    else:
+        o, st = loglinear_delta_rule(*(x[n].float() for n in NAMES), scale=SCALE, output_final_state=True,
+                                     backend="naive")
+        assert error_ratio(o, ref[0]) <= TOL and error_ratio(st.levels, ref[1]) <= TOL
+
+
+def test_varlen_short_documents_and_initial_state():
+    lengths = [1, 15, 0, 75, 1, 130]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    x = make(1, int(cu[-1]), seed=7, nl=num_levels(130 + 130))
+    init = prior_state([0, 5, 3, 64, 100, 130], nl=x["lam"].shape[-1], seed=8)
+    for prior in (None, init):
+        ref = run("quadratic", x, cu=cu, init=prior, dtype=torch.float64)
+        assert_close(run("torch", x, cu=cu, init=prior), ref, f"chunk varlen prior={prior is not None}")
+    o, st = loglinear_delta_rule(*(x[n].float() for n in NAMES), scale=SCALE,
+                                 initial_state=LogLinearState(init.levels.float(), init.tokens),
+                                 output_final_state=True, cu_seqlens=cu, backend="naive")
+    assert error_ratio(o, ref[0]) <= TOL and error_ratio(st.levels, ref[1]) <= TOL, "recurrent varlen with prior"
+    o_all, _, _ = run("torch", x, cu=cu)
+    o_one, _, _ = run("torch", {n: x[n][:, 16:91] for n in x})
+    assert error_ratio(o_all[:, 16:91], o_one) <= TOL
+
+
+def test_batch_rows_at_different_positions():
+    x = make(3, 70, seed=3, nl=9)
+    init = prior_state([0, 37, 129], nl=9, seed=4)
+    ref = run("quadratic", x, init=init, dtype=torch.float64)
+    assert_close(run("torch", x, init=init), ref, "chunk rows with their own start")
+
+
+@pytest.mark.parametrize("split", [45, 64, 130, 131])
+def test_continuation_from_final_state(split):
+    x = {n: val.float() for n, val in make(2, 200, seed=11).items()}
+    o, full = loglinear_delta_rule(*(x[n] for n in NAMES), output_final_state=True)
+    _, mid = loglinear_delta_rule(*(x[n][:, :split] for n in NAMES), output_final_state=True)
+    assert mid.tokens.tolist() == [split, split]
+    o2, end = loglinear_delta_rule(*(x[n][:, split:] for n in NAMES), initial_state=mid, output_final_state=True)
+    assert error_ratio(o2, o[:, split:]) <= TOL
+    assert error_ratio(end.levels, full.levels) <= TOL
+    assert end.tokens.tolist() == [200, 200]
+
+
+@pytest.mark.parametrize("backend", ["torch", "naive"])
+def test_unit_level_scales_is_delta_rule(backend):
+    lengths = [1, 15, 130, 64]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    x = {n: val.float() for n, val in make(1, int(cu[-1]), seed=5, nl=num_levels(200 + 64)).items()}
+    ones = torch.ones_like(x["lam"])
+    init = prior_state([0, 9, 40, 200], nl=ones.shape[-1], seed=6)
+    init = LogLinearState(init.levels.float(), init.tokens)
+    args = [x[n] for n in NAMES[:5]]
+    o, st = loglinear_delta_rule(*args, ones, initial_state=init, output_final_state=True, cu_seqlens=cu,
+                                 backend=backend)
+    ob, sb = delta_rule(*args, initial_state=init.levels.sum(2), output_final_state=True, cu_seqlens=cu,
+                        backend=backend)
+    assert error_ratio(o, ob) <= TOL
+    assert error_ratio(st.levels.sum(2), sb) <= TOL
+    o3, _ = loglinear_delta_rule(*args, x["lam"], cu_seqlens=cu, backend=backend)
+    assert error_ratio(o3, ob) > 1e-2
+
+
+def test_decode_step_equals_forward_and_state_grows_logarithmically():
+    t = 75
+    x = {n: val.float() for n, val in make(2, t, seed=13, nl=12).items()}
+    prefix = make(1, 37, seed=14, nl=12)
+    _, st1 = loglinear_delta_rule(*(prefix[n].float() for n in NAMES), output_final_state=True)
+    init = LogLinearState(torch.cat([torch.zeros_like(st1.levels), st1.levels], 0), torch.tensor([0, 37]))
+    o_ref, final_ref = loglinear_delta_rule(*(x[n] for n in NAMES), initial_state=init, output_final_state=True)
+    alone = LogLinearState.empty(1, H, DK, DV)
+    both = LogLinearState(init.levels[:, :, : num_levels(37)], init.tokens)
+    for i in range(t):
+        alone = alone.grow(num_levels(i + 1))
+        both = both.grow(num_levels(int(both.tokens.max()) + 1))
+        assert alone.levels.shape[2] == i.bit_length() + 1 and both.levels.shape[2] == (37 + i).bit_length() + 1
+        step = [x[n][:, i] for n in NAMES]
+        o, both = loglinear_delta_rule_step(*step, both)
+        o0, alone = loglinear_delta_rule_step(*(z[:1] for z in step), alone)
+        assert error_ratio(o, o_ref[:, i]) <= TOL, f"step {i}"
+        assert error_ratio(o0, o_ref[:1, i]) <= TOL, f"step {i} alone"
+        occupied = (alone.levels[0].abs().amax(dim=(0, 2, 3)) > 0).tolist()
+        assert occupied == [True] + [bool(i >> (lv - 1) & 1) for lv in range(1, len(occupied))]
+    assert both.tokens.tolist() == [t, 37 + t] and alone.tokens.tolist() == [t]
+    assert both.levels.shape[2] == num_levels(37 + t) < 12
+    assert error_ratio(both.levels, final_ref.levels[:, :, : both.levels.shape[2]]) <= TOL
+    assert final_ref.levels[:, :, both.levels.shape[2]:].abs().max() == 0
+
+
+def test_input_errors():
+    x = {n: val.float() for n, val in make(1, 75, seed=2).items()}
+    args = [x[n] for n in NAMES[:5]]
+    with pytest.raises(ValueError, match="needs L >= bit_length"):
+        loglinear_delta_rule(*args, x["lam"][..., :6])
+    with pytest.raises(ValueError, match="level_scales must have shape"):
+        loglinear_delta_rule(*args, x["lam"][:, :10])
+    with pytest.raises(ValueError, match="not available"):
+        loglinear_delta_rule(*args, x["lam"], backend="triton")
+    with pytest.raises(ValueError, match="beta must have shape"):
+        loglinear_delta_rule(x["q"], x["k"], x["v"], x["beta"][:, :10], x["g"], x["lam"])
+    late = LogLinearState(torch.zeros(1, H, 8, DK, DV), torch.tensor([100]))
+    with pytest.raises(ValueError, match="position 174"):
+        loglinear_delta_rule(*args, x["lam"], initial_state=late)
+    with pytest.raises(ValueError, match="state.levels must be"):
+        loglinear_delta_rule_step(*(x[n][:, 0] for n in NAMES), LogLinearState.empty(1, H, DK, DV + 1))
