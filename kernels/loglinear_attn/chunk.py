@@ -131,8 +131,7 @@ def loglinear_chunk(q, k, v, beta, g, level_scales, scale, initial_state, output
                     prepare, out_dtype):
     """Run `chunk_levels` over every sequence ([B, T, H, D] inputs, rows or cu_seqlens documents). Rows that share
     a start position run as one batch. Returns (o [B, T, H, V] in out_dtype, final levels [N, H, L, K, V] or None)."""
-    b, t, h, dk = q.shape
-    dv = v.shape[-1]
+    b, t, h, _ = q.shape
     acc = torch.promote_types(q.dtype, torch.float32)
     qf = (q.to(acc) * scale).transpose(1, 2)
     kf, vf = (x.to(acc).transpose(1, 2) for x in (k, v))

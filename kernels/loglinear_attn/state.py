@@ -13,6 +13,7 @@ after step p. For n == 0 the levels must be zero and are not read (they get no g
 through level max(l, bit_length(t XOR (n - 1))), which is what every backend computes.
 """
 
+import itertools
 from typing import NamedTuple
 
 import torch
@@ -80,7 +81,7 @@ def segments(b: int, t: int, cu_seqlens: torch.Tensor | None) -> list[tuple[int,
     if cu_seqlens is None:
         return [(i, 0, t) for i in range(b)]
     bounds = [int(x) for x in cu_seqlens.tolist()]
-    return [(0, s, e) for s, e in zip(bounds[:-1], bounds[1:])]
+    return [(0, s, e) for s, e in itertools.pairwise(bounds)]
 
 
 def check_loglinear_inputs(op: str, q: torch.Tensor, v: torch.Tensor, level_scales, initial_state, n: int,
