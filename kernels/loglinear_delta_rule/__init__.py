@@ -22,7 +22,7 @@ from .chunk import loglinear_delta_rule_chunk
 from .naive import loglinear_delta_rule_naive, loglinear_delta_rule_quadratic
 from .step import loglinear_delta_rule_step
 
-__all__ = ["loglinear_delta_rule", "loglinear_delta_rule_quadratic", "loglinear_delta_rule_step"]
+__all__ = ["LogLinearState", "loglinear_delta_rule", "loglinear_delta_rule_quadratic", "loglinear_delta_rule_step"]
 
 
 def loglinear_delta_rule(
