@@ -142,8 +142,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
     with accelerator.main_process_first():  # rank 0 trains/caches the tokenizer, the others then load it
         tokenizer = load_tokenizer(OmegaConf.to_container(cfg.tokenizer, resolve=True))
     model = models.build_model(_model_kwargs(cfg.model, tokenizer.vocab_size, tokenizer))
-    if tr.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+    if tr.gradient_checkpointing:  # transformers 5 renamed the method; call whichever this version has
+        (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     n_params = sum(p.numel() for p in model.parameters())
     flops_per_token = model.num_flops_per_token(int(tr.seq_len))
 

@@ -97,3 +97,13 @@ def test_loss_falls_and_varlen_packing_trains(tmp_path):
     vals = [r["val/loss"] for r in rows if "val/loss" in r]
     assert vals[-1] < vals[0] - 1.0, vals
     assert summary["val_loss"] == vals[-1]
+
+
+def test_gradient_checkpointing_changes_memory_not_results(tmp_path):
+    plain = run_train(small_cfg("trainer.max_steps=3", "trainer.save_every=0"), tmp_path / "plain")
+    ckpt = run_train(small_cfg("trainer.max_steps=3", "trainer.save_every=0", "trainer.gradient_checkpointing=true"),
+                     tmp_path / "ckpt")
+    assert plain["val_loss"] == ckpt["val_loss"]
+    a = _weights(tmp_path / "plain" / "checkpoints" / "step_00000003")
+    b = _weights(tmp_path / "ckpt" / "checkpoints" / "step_00000003")
+    assert all(torch.equal(a[k], b[k]) for k in a)
