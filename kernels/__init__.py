@@ -4,9 +4,11 @@ Each family exposes one public function that validates its inputs and picks a ba
 """
 
 from kernels.delta_rule import delta_rule
+from kernels.hla import ahla, hla2, hla3
 from kernels.linear_attn import linear_attn
 from kernels.loglinear_attn import loglinear_attn
 from kernels.loglinear_delta_rule import loglinear_delta_rule
 from kernels.softmax_attn import softmax_attn
 
-__all__ = ["delta_rule", "linear_attn", "loglinear_attn", "loglinear_delta_rule", "softmax_attn"]
+__all__ = ["ahla", "delta_rule", "hla2", "hla3", "linear_attn", "loglinear_attn", "loglinear_delta_rule",
+           "softmax_attn"]

@@ -1,0 +1,85 @@
+"""Higher-order linear attention (SPEC §3): masked second-order HLA (`hla2`), asymmetric HLA (`ahla`) and masked
+third-order HLA (`hla3`), per head, with q multiplied by `scale` (it enters every pass, so hla2 and ahla scale
+as scale^2 and hla3 as scale^3), b_t = prod_{r <= t} exp(g_r) within a document:
+
+    hla2 "d1"  o_t = sum_{i <= j <= t} (b_t/b_i)(b_j/b_i) (q_t.k_i)(k_i.q_j) v_j     (decay mask on A = q k^T)
+    hla2 "d2"  o_t = sum_{i <= j <= t} (b_t/b_i)(b_t/b_j) (q_t.k_i)(k_i.q_j) v_j     ("decay every summary")
+    ahla       o_t = sum_{j <= i <= t} (b_t/b_j) (q_t.k_i)(q_i.k_j) v_j
+    hla3       o_t = sum_{i, l <= j <= t} (b_t/b_i)(b_j/b_i)(b_j/b_l) (q_t.k_i)(k_i.q_j)(q_j.k_l) v_l
+
+(kernels.hla.naive gives the masked-matrix forms). Backends: "torch" (the exact composition of linear_attn
+passes of kernels.hla.compose over linear_attn's chunked PyTorch path; the default off CUDA), "triton" (the same
+composition over linear_attn's Triton kernels, exact, forward and backward; the default on CUDA; a fused
+one-pass second-order kernel does not exist yet) and "naive" (the token recurrences of kernels.hla.naive: the
+oracle). States: kernels.hla.state (HLA2State, AHLAState, HLA3State). Decode: hla2_step, ahla_step, hla3_step.
+"""
+
+import torch
+
+from kernels.common.validate import check_recurrent_inputs, resolve_backend
+
+from .compose import hla_compose
+from .naive import hla2_chunked, hla_masked, hla_recurrent
+from .state import AHLAState, HLA2State, HLA3State, check_state, decay_powers
+from .step import ahla_step, hla2_step, hla3_step, hla_step
+
+__all__ = ["AHLAState", "HLA2State", "HLA3State", "ahla", "ahla_step", "hla2", "hla2_chunked", "hla2_step", "hla3",
+           "hla3_step", "hla_masked", "hla_step"]
+
+
+def _hla(op, q, k, v, g, decay, normalize, eps, scale, initial_state, output_final_state, cu_seqlens, backend):
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"{op}: q must be a torch.Tensor, got {type(q).__name__}")
+    backend = resolve_backend(op, backend, q.device)
+    n = check_recurrent_inputs(op, q, k, v, g=g, cu_seqlens=cu_seqlens, backend=backend)
+    decay_powers(op, decay)
+    if not eps > 0:
+        raise ValueError(f"{op}: eps must be > 0, got {eps}")
+    dvs = v.shape[-1] + (1 if normalize else 0)
+    if normalize and dvs > 256:
+        raise ValueError(f"{op}: normalize=True needs V <= 255 (the denominator is an extra value column)")
+    if initial_state is not None:
+        check_state(op, initial_state, n, q.shape[2], q.shape[3], dvs, q.device, normalize)
+    args = (op, q, k, v, g, decay, normalize, float(eps), float(scale), initial_state, output_final_state,
+            cu_seqlens)
+    if backend == "naive":
+        return hla_recurrent(*args)
+    return hla_compose(*args, backend)
+
+
+def hla2(q, k, v, g=None, *, decay="d1", normalize=False, eps=1e-6, scale=1.0, initial_state=None,
+         output_final_state=False, cu_seqlens=None, backend=None):
+    """Masked second-order HLA; returns (o [B, T, H, V] in q's dtype, HLA2State or None).
+
+    q, k [B, T, H, K], v [B, T, H, V] (fp32/fp16/bf16, one dtype; float64 off "triton"); g [B, T, H] fp32 log
+    decays (<= 0) or None for no decay; decay "d1" (default: the mask sits on A = q k^T; passes
+    LA(Q, LA(Q, K, K; 2g), V; g)) or "d2" (LA(Q, LA(Q, K, K; g), V; 2g)). normalize=True returns
+    numerator / (sign(den) max(|den|, eps)) with den the operator on a value of ones (meaningful with
+    non-negative feature maps only). initial_state / final state: HLA2State(S [N, H, K, K], F [N, H, K, V]) fp32
+    (F has V + 1 columns with normalize=True, the last the denominator's); N = B, or len(cu_seqlens) - 1 for
+    documents packed in B == 1 (nothing crosses a boundary). Gradients flow to q, k, v, g and initial_state.
+    """
+    return _hla("hla2", q, k, v, g, decay, normalize, eps, scale, initial_state, output_final_state, cu_seqlens,
+                backend)
+
+
+def ahla(q, k, v, g=None, *, decay="d1", normalize=False, eps=1e-6, scale=1.0, initial_state=None,
+         output_final_state=False, cu_seqlens=None, backend=None):
+    """Asymmetric HLA, the masked Q (K^T Q)(K^T V); returns (o [B, T, H, V], AHLAState or None).
+
+    Passes LA(Q, K, LA(Q, K, V; g); g). Arguments as for hla2 (decay "d1" only). State
+    AHLAState(P [N, H, K, V], E [N, H, K, V]) fp32 (V + 1 columns each with normalize=True).
+    """
+    return _hla("ahla", q, k, v, g, decay, normalize, eps, scale, initial_state, output_final_state, cu_seqlens,
+                backend)
+
+
+def hla3(q, k, v, g=None, *, decay="d1", normalize=False, eps=1e-6, scale=1.0, initial_state=None,
+         output_final_state=False, cu_seqlens=None, backend=None):
+    """Masked third-order HLA [((W W^T) * L) W * L] V, W = D * (Q K^T); returns (o [B, T, H, V], HLA3State or None).
+
+    Passes LA(Q, LA(Q, K, K; 2g), LA(Q, K, V; g); g). Arguments as for hla2 (decay "d1" only). State
+    HLA3State(S [N, H, K, K], P [N, H, K, V], F [N, H, K, V]) fp32 (P, F: V + 1 columns with normalize=True).
+    """
+    return _hla("hla3", q, k, v, g, decay, normalize, eps, scale, initial_state, output_final_state, cu_seqlens,
+                backend)

@@ -1,0 +1,59 @@
+"""The HLA family as exact compositions of linear attention passes (SPEC §3's table).
+
+With LA(Q, K, V; p g) = kernels.linear_attn at scale 1 and decay exp(p g), and Q already multiplied by `scale`:
+
+    hla2 "d1"   K~ = LA(Q, K, K; 2g),  o = LA(Q, K~, V; g)
+    hla2 "d2"   K~ = LA(Q, K, K; g),   o = LA(Q, K~, V; 2g)
+    ahla        V~ = LA(Q, K, V; g),   o = LA(Q, K, V~; g)
+    hla3        K~ = LA(Q, K, K; 2g),  V~ = LA(Q, K, V; g),  o = LA(Q, K~, V~; g)
+
+(no decay: every pass undecayed). The LA(Q, K, K) passes use the keys as values (V dim = K dim). Each pass
+carries its own state; together they are the op's state (kernels.hla.state). With normalize=True a column of
+ones is appended to V: every pass is linear in its values, so the last output column is the same operator on
+ones, the denominator, and o = numerator / signed_clamp(denominator). cu_seqlens goes to every pass unchanged.
+Passes run in float32 (float64 for float64 inputs) so the intermediates K~, V~, which grow with t, keep full
+precision; o is returned in q's dtype. Gradients are autograd through the passes of the chosen linear_attn
+backend ("torch": chunked PyTorch; "triton": linear_attn's Triton kernels, forward and backward).
+"""
+
+import torch
+
+from kernels.linear_attn import linear_attn
+
+from .state import STATE_TYPES, decay_powers, split_normalized, with_ones
+
+
+def _pass(q, k, v, g, power, state, output_final_state, cu_seqlens, backend):
+    gp = None if g is None else (g if power == 1 else power * g)
+    return linear_attn(q, k, v, gp, scale=1.0, initial_state=state, output_final_state=output_final_state,
+                       cu_seqlens=cu_seqlens, backend=backend)
+
+
+def hla_compose(op, q, k, v, g, decay, normalize, eps, scale, initial_state, output_final_state, cu_seqlens,
+                backend):
+    """op ("hla2", "ahla", "hla3") through linear_attn passes; returns (o [B, T, H, V] in q's dtype, op's
+    state or None). backend is linear_attn's ("torch" or "triton")."""
+    p_in, p_out = decay_powers(op, decay)
+    dt = torch.promote_types(q.dtype, torch.float32)
+    qs = q.to(dt) * scale
+    kk = k.to(dt)
+    vv = with_ones(v.to(dt)) if normalize else v.to(dt)
+    gg = None if g is None else g.to(dt)
+    st = (None,) * len(STATE_TYPES[op]._fields) if initial_state is None else initial_state
+    args = (output_final_state, cu_seqlens, backend)
+    if op == "hla2":
+        kt, s = _pass(qs, kk, kk, gg, p_in, st[0], *args)
+        o, f = _pass(qs, kt, vv, gg, p_out, st[1], *args)
+        finals = (s, f)
+    elif op == "ahla":
+        vt, p = _pass(qs, kk, vv, gg, 1, st[0], *args)
+        o, e = _pass(qs, kk, vt, gg, 1, st[1], *args)
+        finals = (p, e)
+    else:
+        kt, s = _pass(qs, kk, kk, gg, 2, st[0], *args)
+        vt, p = _pass(qs, kk, vv, gg, 1, st[1], *args)
+        o, f = _pass(qs, kt, vt, gg, 1, st[2], *args)
+        finals = (s, p, f)
+    if normalize:
+        o = split_normalized(o, eps)
+    return o.to(q.dtype), (STATE_TYPES[op](*finals) if output_final_state else None)
