@@ -22,6 +22,11 @@ def default_num_heads(hidden_size: int, head_dim: int) -> int:
     return max(1, math.floor(0.75 * hidden_size / head_dim + 0.5))
 
 
+def value_blocks(dv: int) -> list[tuple[int, int]]:
+    """(lo, hi) column ranges of at most MAX_OPERATOR_DIM covering a value head of dv columns."""
+    return [(lo, min(lo + MAX_OPERATOR_DIM, dv)) for lo in range(0, dv, MAX_OPERATOR_DIM)]
+
+
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """x / sqrt(sum(x^2) + eps) over the last dim, in fp32, returned in x's dtype.
 
@@ -54,12 +59,13 @@ class GatedDeltaNetMixer(nn.Module):
     the state at every boundary.
     """
 
+    NAME: ClassVar[str] = "gated_deltanet"
     DEFAULTS: ClassVar[dict] = {"head_dim": 256, "num_heads": None, "expand_v": 2, "conv_size": 4,
                                 "a_init_range": (1.0, 16.0), "dt_min": 1e-3, "dt_max": 1e-1, "backend": None}
 
     def __init__(self, config, layer_idx: int):
         super().__init__()
-        opts = mixer_options("gated_deltanet", config.mixer_kwargs, self.DEFAULTS)
+        opts = mixer_options(self.NAME, config.mixer_kwargs, self.DEFAULTS)
         self.layer_idx = layer_idx
         c = config.hidden_size
         self.head_dim = int(opts["head_dim"])
@@ -99,7 +105,6 @@ class GatedDeltaNetMixer(nn.Module):
         b, t, _ = hidden.shape
         h, dk, dv = self.num_heads, self.head_dim, self.head_v_dim
         slot = cache[self.layer_idx] if cache is not None else None
-        state = slot.get("recurrent_state") if slot is not None else None
         q, conv_q = self.q_conv(self.q_proj(hidden), slot.get("conv_q") if slot else None, cu_seqlens)
         k, conv_k = self.k_conv(self.k_proj(hidden), slot.get("conv_k") if slot else None, cu_seqlens)
         v, conv_v = self.v_conv(self.v_proj(hidden), slot.get("conv_v") if slot else None, cu_seqlens)
@@ -108,11 +113,21 @@ class GatedDeltaNetMixer(nn.Module):
         v = v.view(b, t, h, dv)
         beta = torch.sigmoid(self.b_proj(hidden).float())
         _, g = log_decay(self.A_log, self.a_proj(hidden), self.dt_bias)
-        o, state = self._operator(q, k, v, beta, g, state, slot is not None, cu_seqlens)
+        o = self._mix(q, k, v, beta, g, hidden, cache, cu_seqlens)
         if slot is not None:
-            slot.update(conv_q=conv_q, conv_k=conv_k, conv_v=conv_v, recurrent_state=state)
+            slot.update(conv_q=conv_q, conv_k=conv_k, conv_v=conv_v)
         o = self.norm(o, self.g_proj(hidden).view(b, t, h, dv))
         return self.o_proj(o.reshape(b, t, h * dv))
+
+    def _mix(self, q, k, v, beta, g, hidden, cache, cu_seqlens):
+        """The operator ([B, T, H, V]); with a cache it continues the slot's "recurrent_state" and stores the new
+        one. hidden (the layer input) is unused here: subclasses derive extra per-token operator inputs from it."""
+        slot = cache[self.layer_idx] if cache is not None else None
+        state = slot.get("recurrent_state") if slot is not None else None
+        o, state = self._operator(q, k, v, beta, g, state, slot is not None, cu_seqlens)
+        if slot is not None:
+            slot["recurrent_state"] = state
+        return o
 
     def _operator(self, q, k, v, beta, g, state, output_final_state, cu_seqlens):
         """delta_rule over value blocks of at most MAX_OPERATOR_DIM columns (exact: the update
@@ -124,8 +139,7 @@ class GatedDeltaNetMixer(nn.Module):
         if state is None and t == 1 and output_final_state:
             state = q.new_zeros(b, self.num_heads, self.head_dim, self.head_v_dim, dtype=torch.float32)
         outs, finals = [], []
-        for lo in range(0, self.head_v_dim, MAX_OPERATOR_DIM):
-            hi = min(lo + MAX_OPERATOR_DIM, self.head_v_dim)
+        for lo, hi in value_blocks(self.head_v_dim):
             s0 = None if state is None else state[..., lo:hi]
             if t == 1 and s0 is not None and cu_seqlens is None:
                 o, s1 = delta_rule_step(q[:, 0], k[:, 0], v[:, 0, :, lo:hi], beta[:, 0], g[:, 0], s0)

@@ -37,13 +37,16 @@ class Mamba2Mixer(nn.Module):
     ([B, H, N, P] fp32). Packed documents (cu_seqlens, B == 1) restart the conv and the state at every boundary.
     """
 
+    NAME: ClassVar[str] = "mamba2"
     DEFAULTS: ClassVar[dict] = {"head_dim": 64, "state_size": 128, "expand": 2, "n_groups": 1, "conv_size": 4,
                                 "conv_bias": True, "a_init_range": (1.0, 16.0), "dt_min": 1e-3, "dt_max": 1e-1,
                                 "backend": None}
 
-    def __init__(self, config, layer_idx: int):
+    def __init__(self, config, layer_idx: int, num_levels: int = 0):
+        """num_levels > 0 appends a per-token level projection dl (num_heads * num_levels outputs) to in_proj,
+        which forward hands to _mix (the log-linear subclass's lambda); the plain mixer has none."""
         super().__init__()
-        opts = mixer_options("mamba2", config.mixer_kwargs, self.DEFAULTS)
+        opts = mixer_options(self.NAME, config.mixer_kwargs, self.DEFAULTS)
         self.layer_idx = layer_idx
         c = config.hidden_size
         self.head_dim = int(opts["head_dim"])
@@ -62,7 +65,8 @@ class Mamba2Mixer(nn.Module):
         self.backend = opts["backend"]
         h, gn = self.num_heads, self.n_groups * self.state_size
         self.conv_dim = self.d_inner + 2 * gn
-        self.in_proj = nn.Linear(c, self.d_inner + self.conv_dim + h, bias=False)
+        self.in_proj_sizes = [self.d_inner, self.conv_dim, h, h * num_levels]
+        self.in_proj = nn.Linear(c, sum(self.in_proj_sizes), bias=False)
         self.conv = ShortConv(self.conv_dim, opts["conv_size"], bias=bool(opts["conv_bias"]))
         a_min, a_max = opts["a_init_range"]
         self.A_log = a_log_init(h, a_min, a_max)
@@ -83,7 +87,7 @@ class Mamba2Mixer(nn.Module):
         b, t, _ = hidden.shape
         h, p, n, gn = self.num_heads, self.head_dim, self.state_size, self.n_groups * self.state_size
         slot = cache[self.layer_idx] if cache is not None else None
-        z, xbc, dt = self.in_proj(hidden).split([self.d_inner, self.conv_dim, h], dim=-1)
+        z, xbc, dt, dl = self.in_proj(hidden).split(self.in_proj_sizes, dim=-1)
         xbc, conv_state = self.conv(xbc, slot.get("conv_state") if slot else None, cu_seqlens)
         x, bm, cm = xbc.split([self.d_inner, gn, gn], dim=-1)
         x = x.reshape(b, t, h, p)
@@ -92,20 +96,31 @@ class Mamba2Mixer(nn.Module):
         cm = cm.reshape(b, t, self.n_groups, n).repeat_interleave(per_group, dim=2)
         dt, g = log_decay(self.A_log, dt, self.dt_bias)
         v = (x * dt.unsqueeze(-1)).to(x.dtype)  # fp32 product (dt is fp32) without keeping an fp32 copy of x
+        y = self._mix(cm, bm, v, g, dl, cache, cu_seqlens)
+        if slot is not None:
+            slot["conv_state"] = conv_state
+        y = y + x * self.D.unsqueeze(-1).to(x.dtype)
+        y = self.norm(y.reshape(b, t, self.d_inner), z)
+        return self.out_proj(y)
+
+    def _mix(self, cm, bm, v, g, dl, cache, cu_seqlens):
+        """The scan y = linear_attn(q=C, k=B, v, g, scale=1) ([B, T, H, P]); with a cache it continues the slot's
+        "recurrent_state" and stores the new one (a single token takes the recurrent step). dl is the in_proj's
+        level projection ([B, T, 0] here)."""
+        b, t, h, p = v.shape
+        slot = cache[self.layer_idx] if cache is not None else None
         state = slot.get("recurrent_state") if slot is not None else None
         if slot is not None and t == 1:
             if state is None:
-                state = x.new_zeros(b, h, n, p, dtype=torch.float32)
+                state = v.new_zeros(b, h, self.state_size, p, dtype=torch.float32)
             y, state = linear_attn_step(cm[:, 0], bm[:, 0], v[:, 0], g[:, 0], state, scale=1.0)
             y = y.unsqueeze(1)
         else:
             y, state = linear_attn(cm, bm, v, g, scale=1.0, initial_state=state, output_final_state=slot is not None,
                                    cu_seqlens=cu_seqlens, backend=self.backend)
         if slot is not None:
-            slot.update(conv_state=conv_state, recurrent_state=state)
-        y = y + x * self.D.unsqueeze(-1).to(x.dtype)
-        y = self.norm(y.reshape(b, t, self.d_inner), z)
-        return self.out_proj(y)
+            slot["recurrent_state"] = state
+        return y
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token of the chunked SSD scan (chunk C = min(64, seq_len)) and the conv (the
