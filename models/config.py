@@ -7,7 +7,7 @@ from transformers import PretrainedConfig
 # Keys a user (or a Hydra model config) may set; build_model rejects anything else.
 CONFIG_KEYS = (
     "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
-    "mixer", "attn_layers", "mixer_kwargs", "attn_backend", "rope_theta", "max_position_embeddings",
+    "mixer", "operator", "attn_layers", "mixer_kwargs", "attn_backend", "rope_theta", "max_position_embeddings",
     "norm_eps", "initializer_range", "tie_word_embeddings", "use_cache", "bos_token_id", "eos_token_id",
     "pad_token_id",
 )
@@ -18,13 +18,22 @@ def default_intermediate_size(hidden_size: int) -> int:
     return 256 * math.ceil(hidden_size * 8 / 3 / 256)
 
 
+# Per shell (config.mixer) that takes config.operator: operator -> registered mixer that runs it there. The first
+# entry is the shell's own operator (what operator=None means).
+SHELL_OPERATORS: dict[str, dict[str, str]] = {
+    "attention": {"softmax_attn": "attention", "hla2": "hla", "ahla": "hla", "hla3": "hla"},
+}
+
+
 class HiloConfig(PretrainedConfig):
     """Architecture of a hilo language model.
 
-    Every layer is the same Block (pre-norm mixer + SwiGLU MLP); layer i uses the "attention" mixer when
-    i is in attn_layers and config.mixer otherwise. mixer_kwargs is passed through to config.mixer's class
-    (each mixer validates its own options). attn_backend is the softmax_attn backend of attention layers
-    (None: flash when importable on CUDA, else sdpa). head_dim None -> hidden_size / num_heads;
+    Every layer is the same Block (pre-norm mixer + SwiGLU MLP); layer i uses the "attention" mixer (softmax)
+    when i is in attn_layers and config.main_mixer otherwise: config.mixer (the shell), or, when operator is
+    given, the mixer that runs that operator in the shell (SHELL_OPERATORS: the transformer shell "attention"
+    takes softmax_attn, hla2, ahla, hla3; operator None is the shell's own). mixer_kwargs is passed through to
+    config.main_mixer's class (each mixer validates its own options). attn_backend is the softmax_attn backend
+    of attention layers (None: flash when importable on CUDA, else sdpa). head_dim None -> hidden_size / num_heads;
     num_kv_heads None -> num_heads; intermediate_size None -> default_intermediate_size(hidden_size).
     """
 
@@ -46,6 +55,7 @@ class HiloConfig(PretrainedConfig):
         head_dim: int | None = None,
         intermediate_size: int | None = None,
         mixer: str = "attention",
+        operator: str | None = None,
         attn_layers: list[int] | None = None,
         mixer_kwargs: dict | None = None,
         attn_backend: str | None = None,
@@ -71,6 +81,13 @@ class HiloConfig(PretrainedConfig):
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
         if intermediate_size is None:
             intermediate_size = default_intermediate_size(hidden_size)
+        if operator is not None and operator not in SHELL_OPERATORS.get(mixer, {}):
+            if mixer in SHELL_OPERATORS:
+                valid = list(SHELL_OPERATORS[mixer])
+                raise ValueError(f"unknown operator {operator!r} for mixer {mixer!r}; valid operators: {valid} "
+                                 f"(or null for {valid[0]})")
+            raise ValueError(f"mixer {mixer!r} takes no operator (got {operator!r}); mixers with operators: "
+                             f"{sorted(SHELL_OPERATORS)}")
         attn_layers = sorted(int(i) for i in (attn_layers or []))
         bad = [i for i in attn_layers if not 0 <= i < num_layers]
         if bad:
@@ -83,6 +100,7 @@ class HiloConfig(PretrainedConfig):
         self.head_dim = head_dim
         self.intermediate_size = intermediate_size
         self.mixer = mixer
+        self.operator = operator
         self.attn_layers = attn_layers
         self.mixer_kwargs = dict(mixer_kwargs or {})
         self.attn_backend = attn_backend
@@ -99,6 +117,13 @@ class HiloConfig(PretrainedConfig):
             **kwargs,
         )
 
+    @property
+    def main_mixer(self) -> str:
+        """Registered name of the mixer of the layers outside attn_layers (config.mixer running config.operator)."""
+        if self.operator is None:
+            return self.mixer
+        return SHELL_OPERATORS[self.mixer][self.operator]
+
     def layer_mixer(self, layer_idx: int) -> str:
         """Registered name of the mixer used by layer layer_idx."""
-        return "attention" if layer_idx in self.attn_layers else self.mixer
+        return "attention" if layer_idx in self.attn_layers else self.main_mixer

@@ -18,7 +18,7 @@ class AttentionMixer(nn.Module):
 
     def __init__(self, config, layer_idx: int):
         super().__init__()
-        if config.layer_mixer(layer_idx) == "attention" and config.mixer == "attention" and config.mixer_kwargs:
+        if config.main_mixer == "attention" and config.mixer_kwargs:
             raise ValueError(f"the attention mixer takes no mixer_kwargs, got {sorted(config.mixer_kwargs)}; "
                              f"use attn_backend / num_kv_heads / rope_theta")
         self.layer_idx = layer_idx

@@ -1,0 +1,164 @@
+"""Higher-order linear attention mixer: the transformer shell with operator hla2, ahla or hla3 (SPEC §3, §5)."""
+
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels import ahla, hla2, hla3
+from kernels.hla import AHLAState, HLA2State, HLA3State, hla_step
+from models.conv import ShortConv
+from models.gates import a_log_init, dt_bias_init, log_decay
+from models.mixers.gated_deltanet import l2_normalize
+from models.norms import GatedRMSNorm
+from models.registry import mixer_options, register_mixer
+from models.rope import apply_rope, rope_cos_sin
+
+OPERATORS = {"hla2": hla2, "ahla": ahla, "hla3": hla3}
+STATES = {"hla2": HLA2State, "ahla": AHLAState, "hla3": HLA3State}
+# Chunk length of linear_attn's chunked algorithm, which every pass of the compositions runs (flops_per_token).
+PASS_CHUNK = 64
+
+
+@register_mixer("hla")
+class HLAMixer(nn.Module):
+    """HLA as a drop-in for softmax attention (config.mixer "attention" with config.operator hla2, ahla or hla3).
+
+    q = q_proj x, k = k_proj x, v = v_proj x (num_heads query heads, num_kv_heads key/value heads of head_dim,
+    shared by num_heads / num_kv_heads query heads as in GQA), each optionally through a causal depthwise short
+    conv (SiLU); RoPE (theta = config.rope_theta) on q and k; with normalize, the feature map elu + 1 on q and k
+    (after RoPE, so they stay non-negative); q and k L2-normalised per head; optionally a per-head
+    data-dependent log decay g = -exp(A_log) * softplus(a_proj x + dt_bias) (fp32, as in the recurrent shells);
+    o = operator(q, k, v, g) with scale 1.0 (kernels.hla2 / ahla / hla3: SPEC §3's masked operators);
+    per-head RMSNorm(o) * SiLU(g_proj x); o_proj.
+
+    Options (config.mixer_kwargs, all optional):
+      decay             per-head data-dependent decay (False: the undecayed operator).
+      decay_convention  hla2's decay placement: "d1" (the mask on A = q k^T) or "d2" ("decay every summary");
+                        ahla and hla3 have "d1" only. Only meaningful with decay: True.
+      normalize         divide by the operator applied to a value of ones (signed clamp), with elu + 1 features.
+      conv_size         None: no short conv; an int: the kernel size of the short convs on q, k and v.
+      a_init_range, dt_min, dt_max   decay init: exp(A_log) ~ U[1, 16]; softplus(dt_bias) log-uniform in
+                        [1e-3, 1e-1].
+      backend           the operator's backend: None (triton on CUDA, torch otherwise), "triton", "torch", "naive".
+
+    forward(hidden [B, T, C], position_ids [B, T], cu_seqlens [N+1] or None, cache HiloCache or None) -> [B, T, C].
+    The cache slot holds the operator's recurrent state field by field (kernels.hla.state: "S", "F" for hla2;
+    "P", "E" for ahla; "S", "P", "F" for hla3; fp32, batch rows first) and, with short convs, "conv_q", "conv_k",
+    "conv_v" ([B, channels, conv_size - 1]). A single new token with a cache takes the operator's recurrent step
+    (kernels.hla.step); longer inputs continue the state through the chunked operator. Packed documents
+    (cu_seqlens, B == 1) restart the convs and the state at every boundary; positions restart with them.
+    """
+
+    NAME: ClassVar[str] = "hla"
+    DEFAULTS: ClassVar[dict] = {"decay": False, "decay_convention": "d1", "normalize": False, "conv_size": None,
+                                "a_init_range": (1.0, 16.0), "dt_min": 1e-3, "dt_max": 1e-1, "backend": None}
+
+    def __init__(self, config, layer_idx: int):
+        super().__init__()
+        if config.operator not in OPERATORS:
+            raise ValueError(f"the hla mixer runs operator {sorted(OPERATORS)} in the transformer shell; set "
+                             f"mixer=attention and operator=hla2|ahla|hla3, got operator={config.operator!r}")
+        opts = mixer_options(self.NAME, config.mixer_kwargs, self.DEFAULTS)
+        self.layer_idx = layer_idx
+        self.operator = config.operator
+        self.decay = bool(opts["decay"])
+        self.decay_convention = opts["decay_convention"]
+        if self.decay_convention not in ("d1", "d2"):
+            raise ValueError(f"hla mixer: decay_convention must be 'd1' or 'd2', got {self.decay_convention!r}")
+        if self.decay_convention == "d2" and not (self.decay and self.operator == "hla2"):
+            raise ValueError(f"hla mixer: decay_convention 'd2' exists for operator hla2 with decay: true only, got "
+                             f"operator {self.operator!r} with decay: {self.decay}")
+        self.normalize = bool(opts["normalize"])
+        self.backend = opts["backend"]
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.rope_theta = config.rope_theta
+        c, h, hkv, d = config.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim
+        self.q_proj = nn.Linear(c, h * d, bias=False)
+        self.k_proj = nn.Linear(c, hkv * d, bias=False)
+        self.v_proj = nn.Linear(c, hkv * d, bias=False)
+        self.g_proj = nn.Linear(c, h * d, bias=False)
+        self.conv_size = opts["conv_size"]
+        if self.conv_size is not None:
+            self.q_conv = ShortConv(h * d, int(self.conv_size))
+            self.k_conv = ShortConv(hkv * d, int(self.conv_size))
+            self.v_conv = ShortConv(hkv * d, int(self.conv_size))
+        if self.decay:
+            a_min, a_max = opts["a_init_range"]
+            self.a_proj = nn.Linear(c, h, bias=False)
+            self.A_log = a_log_init(h, a_min, a_max)
+            self.dt_bias = dt_bias_init(h, opts["dt_min"], opts["dt_max"])
+        self.norm = GatedRMSNorm(d, config.norm_eps, norm_before_gate=True)
+        self.o_proj = nn.Linear(h * d, c, bias=False)
+        self.o_proj._is_residual_proj = True
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor | None = None,
+        cache=None,
+    ) -> torch.Tensor:
+        b, t, _ = hidden.shape
+        h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        slot = cache[self.layer_idx] if cache is not None else None
+        q, k, v = self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)
+        if self.conv_size is not None:
+            q, conv_q = self.q_conv(q, slot.get("conv_q") if slot is not None else None, cu_seqlens)
+            k, conv_k = self.k_conv(k, slot.get("conv_k") if slot is not None else None, cu_seqlens)
+            v, conv_v = self.v_conv(v, slot.get("conv_v") if slot is not None else None, cu_seqlens)
+            if slot is not None:
+                slot.update(conv_q=conv_q, conv_k=conv_k, conv_v=conv_v)
+        q, k, v = q.view(b, t, h, d), k.view(b, t, hkv, d), v.view(b, t, hkv, d)
+        cos, sin = rope_cos_sin(position_ids, d, self.rope_theta)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.normalize:
+            q, k = F.elu(q) + 1, F.elu(k) + 1
+        q, k = l2_normalize(q), l2_normalize(k)
+        if hkv != h:
+            k, v = k.repeat_interleave(h // hkv, dim=2), v.repeat_interleave(h // hkv, dim=2)
+        g = log_decay(self.A_log, self.a_proj(hidden), self.dt_bias)[1] if self.decay else None
+        o = self._operator(q, k, v, g, slot, cu_seqlens)
+        o = self.norm(o, self.g_proj(hidden).view(b, t, h, d))
+        return self.o_proj(o.reshape(b, t, h * d))
+
+    def _operator(self, q, k, v, g, slot, cu_seqlens):
+        """The operator on q, k, v [B, T, H, D] and g [B, T, H] or None; with a cache slot, continue its state and
+        store the new one."""
+        fields = STATES[self.operator]._fields
+        kwargs = {"decay": self.decay_convention, "normalize": self.normalize, "scale": 1.0}
+        if slot is None:
+            return OPERATORS[self.operator](q, k, v, g, cu_seqlens=cu_seqlens, backend=self.backend, **kwargs)[0]
+        state = STATES[self.operator](*(slot[f] for f in fields)) if fields[0] in slot else None
+        if q.shape[1] == 1:
+            o, state = hla_step(self.operator, q[:, 0], k[:, 0], v[:, 0], None if g is None else g[:, 0], state,
+                                **kwargs)
+            o = o.unsqueeze(1)
+        else:
+            o, state = OPERATORS[self.operator](q, k, v, g, initial_state=state, output_final_state=True,
+                                                backend=self.backend, **kwargs)
+        slot.update(zip(fields, state, strict=True))
+        return o
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token of the operator's linear_attn passes (chunk C = min(64, seq_len)) and the short
+        convs (projections count as 6 x their params in the model's total).
+
+        Each pass LA(Q, K, W) with K key columns and W value columns costs, forward, per head and token, what the
+        chunked linear_attn costs (as in the Mamba-2 mixer): 2C(K + W) + 4KW. With Vs = V (+ 1 with normalize,
+        the denominator column) and K = V = head_dim: hla2 runs LA(Q, K, K) (W = K) and LA(Q, K~, V) (W = Vs);
+        ahla LA(Q, K, V) and LA(Q, K, V~) (W = Vs twice); hla3 LA(Q, K, K), LA(Q, K, V) and LA(Q, K~, V~). The
+        backward is counted as twice the forward (3x in all).
+        """
+        c = min(PASS_CHUNK, seq_len)
+        dk = self.head_dim
+        vs = self.head_dim + (1 if self.normalize else 0)
+        widths = {"hla2": (dk, vs), "ahla": (vs, vs), "hla3": (dk, vs, vs)}[self.operator]
+        forward = sum(2 * c * (dk + w) + 4 * dk * w for w in widths)
+        conv = 0.0
+        if self.conv_size is not None:
+            conv = self.q_conv.flops_per_token() + self.k_conv.flops_per_token() + self.v_conv.flops_per_token()
+        return float(3 * self.num_heads * forward + conv)
