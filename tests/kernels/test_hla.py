@@ -1,0 +1,404 @@
+"""HLA family (SPEC §3): index-sum definition == masked matrices == token recurrence ("naive") == linear_attn
+composition ("torch", and "triton" under the interpreter) == one-pass chunked hla2 == exclusive associative scan;
+gradients against autograd of the masked matrices; varlen, continuation, normalization, decode steps; and the
+paper's wrong formulas kept as references that must differ from the masked operators."""
+
+import os
+
+import pytest
+import torch
+
+from kernels import ahla, hla2, hla3
+from kernels.common import error_ratio
+from kernels.hla import AHLAState, HLA2State, HLA3State, hla2_chunked, hla_masked, hla_step
+from kernels.hla.scan import Summary, combine, hla2_scan
+from kernels.hla.state import signed_clamp, state_shapes
+
+OPS = {"hla2": hla2, "ahla": ahla, "hla3": hla3}
+CASES = [("hla2", "d1"), ("hla2", "d2"), ("ahla", "d1"), ("hla3", "d1")]
+F64 = 1e-10
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
+
+
+def make(b, t, h, dk, dv, decay, seed=0, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (0.5 * torch.randn(b, t, h, dk, generator=gen, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(b, t, h, dv, generator=gen, dtype=torch.float64)
+    g = {"strong": -2.0 * torch.rand(b, t, h, generator=gen, dtype=torch.float64),
+         "weak": -0.05 * torch.rand(b, t, h, generator=gen, dtype=torch.float64), None: None}[decay]
+    wide = torch.float64 if dtype == torch.float64 else torch.float32
+    return q.to(dtype), k.to(dtype), v.to(dtype), None if g is None else g.to(wide)
+
+
+def random_state(op, n, h, dk, dvs, seed, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed)
+    cls = {"hla2": HLA2State, "ahla": AHLAState, "hla3": HLA3State}[op]
+    return cls(*(0.3 * torch.randn(s, generator=gen, dtype=torch.float64).to(dtype)
+                 for s in state_shapes(op, n, h, dk, dvs).values()))
+
+
+def reference(op, decay, q, k, v, g, scale=1.0, normalize=False, eps=1e-6):
+    """The masked-matrix operator, normalized here independently of kernels.hla.state when asked."""
+    num = hla_masked(op, q, k, v, g, decay=decay, scale=scale)
+    if not normalize:
+        return num
+    den = hla_masked(op, q, k, torch.ones_like(v[..., :1]), g, decay=decay, scale=scale)
+    return num / (torch.sign(den) + (den == 0)) / torch.maximum(den.abs(), torch.full_like(den, eps))
+
+
+def index_definition(op, decay, q, k, v, g):
+    """SPEC §3's index sums, term by term with explicit weights (tiny T only)."""
+    qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))  # [B, H, T, D]
+    t = q.shape[1]
+    a = qh @ kh.transpose(-1, -2)  # a[t, i] = q_t . k_i
+    b = torch.ones(q.shape[0], q.shape[2], t, dtype=q.dtype) if g is None else g.cumsum(1).exp().transpose(1, 2)
+    r = torch.arange(t)
+    le = (r[:, None] <= r[None, :]).to(q.dtype)  # le[x, y] = [x <= y]
+    if op == "hla3":  # indices (t, j, i, l): i <= j, l <= j, j <= t
+        w = (b[..., :, None, None, None] * b[..., None, :, None, None] ** 2
+             / (b[..., None, None, :, None] * b[..., None, None, :, None] * b[..., None, None, None, :]))
+        mask = le.T[:, :, None, None] * le.T[None, :, :, None] * le.T[None, :, None, :]
+        return torch.einsum("bhtjil,bhti,bhji,bhjl,bhlv->bthv", w * mask, a, a, a, vh)
+    bt, bj, bi = b[..., :, None, None], b[..., None, :, None], b[..., None, None, :]
+    if op == "ahla":  # indices (t, i, j): j <= i <= t, weight b_t / b_j (the last index, named bi here)
+        w = bt / bi
+        mask = le.T[:, :, None] * le.T[None, :, :]
+        return torch.einsum("bhtij,bhti,bhij,bhjv->bthv", w * mask, a, a, vh)
+    w = (bt / bi) * (bj / bi) if decay == "d1" else (bt / bi) * (bt / bj)  # indices (t, j, i): i <= j <= t
+    mask = le.T[:, :, None] * le.T[None, :, :]
+    return torch.einsum("bhtji,bhti,bhji,bhjv->bthv", w * mask, a, a, vh)
+
+
+@pytest.mark.parametrize("op,decay", CASES)
+@pytest.mark.parametrize("gate", [None, "strong"])
+def test_masked_matrices_match_index_sums(op, decay, gate):
+    q, k, v, g = make(2, 6, 2, 3, 2, gate, seed=1)
+    assert error_ratio(hla_masked(op, q, k, v, g, decay=decay), index_definition(op, decay, q, k, v, g)) < F64
+
+
+@pytest.mark.parametrize("op,decay", CASES)
+@pytest.mark.parametrize("gate", [None, "strong", "weak"])
+def test_all_forms_agree_float64(op, decay, gate):
+    """naive recurrence == composition == masked (and for hla2: chunked one pass == exclusive scan)."""
+    q, k, v, g = make(2, 37, 2, 5, 3, gate, seed=2)
+    ref = hla_masked(op, q, k, v, g, decay=decay, scale=0.8)
+    for backend in ("naive", "torch"):
+        o, _ = OPS[op](q, k, v, g, decay=decay, scale=0.8, backend=backend)
+        assert error_ratio(o, ref) < F64, backend
+    if op == "hla2":
+        o, _ = hla2_chunked(q, k, v, g, decay=decay, scale=0.8, chunk=8)
+        assert error_ratio(o, ref) < F64
+        if decay == "d2" or g is None:  # the scan's decayed form is "decay every summary"
+            o, _ = hla2_scan(q, k, v, g, scale=0.8, chunk=8)
+            assert error_ratio(o, ref) < F64
+
+
+def test_decay_conventions_differ_and_zero_gate_is_no_decay():
+    q, k, v, g = make(1, 20, 1, 4, 3, "strong", seed=3)
+    d1, _ = hla2(q, k, v, g, decay="d1")
+    d2, _ = hla2(q, k, v, g, decay="d2")
+    assert error_ratio(d1, d2) > 0.1
+    for op, decay in CASES:
+        zero, _ = OPS[op](q, k, v, torch.zeros_like(g), decay=decay)
+        none, _ = OPS[op](q, k, v, None, decay=decay)
+        assert error_ratio(zero, none) < F64
+
+
+def test_scan_and_chunked_across_chunk_sizes():
+    """Chunk sizes that do and do not divide T, down to single tokens (the scan then is Blelloch over tokens)."""
+    q, k, v, g = make(1, 23, 2, 4, 3, "strong", seed=4)
+    ref2 = hla_masked("hla2", q, k, v, g, decay="d2")
+    ref1 = hla_masked("hla2", q, k, v, g, decay="d1")
+    ones = hla_masked("hla2", q, k, torch.ones_like(v[..., :1]), g, decay="d2")[..., 0]
+    for chunk in (1, 5, 23, 32):
+        o, den = hla2_scan(q, k, v, g, chunk=chunk)
+        assert error_ratio(o, ref2) < F64 and error_ratio(den, ones) < F64, chunk
+        o, _ = hla2_chunked(q, k, v, g, chunk=chunk)
+        assert error_ratio(o, ref1) < F64, chunk
+
+
+def test_chunked_state_continuation():
+    q, k, v, g = make(2, 30, 2, 4, 3, "weak", seed=5)
+    h0 = random_state("hla2", 2, 2, 4, 3, seed=6)
+    ref, ref_state = hla2(q, k, v, g, initial_state=h0, output_final_state=True, backend="naive")
+    o, state = hla2_chunked(q, k, v, g, chunk=7, initial_state=h0, output_final_state=True)
+    assert error_ratio(o, ref) < F64
+    for a, b in zip(state, ref_state, strict=True):
+        assert error_ratio(a, b) < F64
+
+
+@pytest.mark.parametrize("op,decay", CASES)
+def test_composition_grads_match_masked_autograd(op, decay):
+    q, k, v, g = make(1, 19, 2, 4, 3, "strong", seed=7)
+    gen = torch.Generator().manual_seed(8)
+    do = torch.randn(1, 19, 2, 3, generator=gen, dtype=torch.float64)
+
+    def grads(fn):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, g)]
+        return torch.autograd.grad((fn(*leaves) * do).sum(), leaves)
+
+    got = grads(lambda *x: OPS[op](*x, decay=decay, scale=0.9, backend="torch")[0])
+    ref = grads(lambda *x: hla_masked(op, *x, decay=decay, scale=0.9))
+    for name, a, b in zip("qkvg", got, ref, strict=True):
+        assert error_ratio(a, b) < 1e-9, name
+
+
+@pytest.mark.parametrize("op,decay", CASES)
+def test_state_grads_match_recurrence_autograd(op, decay):
+    """Gradients of o and the final state w.r.t. every input and initial_state: composition vs token recurrence."""
+    q, k, v, g = make(2, 11, 2, 3, 2, "weak", seed=9)
+    h0 = random_state(op, 2, 2, 3, 2, seed=10)
+    gen = torch.Generator().manual_seed(11)
+    do = torch.randn(2, 11, 2, 2, generator=gen, dtype=torch.float64)
+    dst = [torch.randn(x.shape, generator=gen, dtype=torch.float64) for x in h0]
+
+    def run(backend):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, g, *h0)]
+        state = type(h0)(*leaves[4:])
+        o, fin = OPS[op](*leaves[:4], decay=decay, initial_state=state, output_final_state=True, backend=backend)
+        loss = (o * do).sum() + sum((f * d).sum() for f, d in zip(fin, dst, strict=True))
+        return [o, *fin], torch.autograd.grad(loss, leaves)
+
+    (out_t, grad_t), (out_n, grad_n) = run("torch"), run("naive")
+    for a, b in zip(out_t + list(grad_t), out_n + list(grad_n), strict=True):
+        assert error_ratio(a, b) < 1e-9
+
+
+@pytest.mark.parametrize("op,decay", CASES)
+def test_varlen_matches_per_document(op, decay):
+    lens = [1, 15, 7, 17]
+    cu = torch.tensor([0, 1, 16, 23, 40])
+    q, k, v, g = make(1, 40, 2, 4, 3, "weak", seed=12)
+    h0 = random_state(op, 4, 2, 4, 3, seed=13)
+    ref_o, ref_states = [], []
+    for n, (s, e) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
+        assert e - s == lens[n]
+        sl = slice(s, e)
+        o, st = OPS[op](q[:, sl], k[:, sl], v[:, sl], g[:, sl], decay=decay, backend="naive",
+                        initial_state=type(h0)(*(x[n:n + 1] for x in h0)), output_final_state=True)
+        plain = hla_masked(op, q[:, sl], k[:, sl], v[:, sl], g[:, sl], decay=decay)
+        zero_start, _ = OPS[op](q[:, sl], k[:, sl], v[:, sl], g[:, sl], decay=decay, backend="torch")
+        assert error_ratio(zero_start, plain) < F64
+        ref_o.append(o)
+        ref_states.append(st)
+    ref_o = torch.cat(ref_o, 1)
+    for backend in ("torch", "naive"):
+        o, st = OPS[op](q, k, v, g, decay=decay, cu_seqlens=cu, initial_state=h0, output_final_state=True,
+                        backend=backend)
+        assert error_ratio(o, ref_o) < F64, backend
+        for i, field in enumerate(st):
+            assert error_ratio(field, torch.cat([r[i] for r in ref_states], 0)) < F64, backend
+        plain, _ = OPS[op](q, k, v, g, decay=decay, cu_seqlens=cu, backend=backend)
+        per_doc = torch.cat([hla_masked(op, q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], decay=decay)
+                             for s, e in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)], 1)
+        assert error_ratio(plain, per_doc) < F64, backend
+
+
+@pytest.mark.parametrize("op,decay", CASES)
+@pytest.mark.parametrize("normalize", [False, True])
+def test_continuation(op, decay, normalize):
+    """forward(a + b) == forward(b, initial_state=forward(a).final_state), outputs against the masked form."""
+    q, k, v, g = make(2, 29, 2, 4, 3, "weak", seed=14)
+    if normalize:
+        q, k = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
+    kw = {"decay": decay, "normalize": normalize, "scale": 0.7, "backend": "torch"}
+    full, full_state = OPS[op](q, k, v, g, output_final_state=True, **kw)
+    a, state_a = OPS[op](q[:, :12], k[:, :12], v[:, :12], g[:, :12], output_final_state=True, **kw)
+    b, state_b = OPS[op](q[:, 12:], k[:, 12:], v[:, 12:], g[:, 12:], initial_state=state_a,
+                         output_final_state=True, **kw)
+    ref = reference(op, decay, q, k, v, g, scale=0.7, normalize=normalize)
+    assert error_ratio(full, ref) < F64
+    assert error_ratio(torch.cat([a, b], 1), ref) < F64
+    _, naive_state = OPS[op](q, k, v, g, output_final_state=True, **{**kw, "backend": "naive"})
+    for x, y, z in zip(state_b, full_state, naive_state, strict=True):
+        assert x.shape[-1] in (4, 3 + normalize)
+        assert error_ratio(x, y) < F64 and error_ratio(x, z) < F64
+
+
+def test_signed_clamp():
+    x = torch.tensor([-1e-9, 0.0, 1e-9, -2.0, 3.0], dtype=torch.float64)
+    assert torch.equal(signed_clamp(x, 1e-6), torch.tensor([-1e-6, 1e-6, 1e-6, -2.0, 3.0], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("op,decay", CASES)
+def test_normalize_with_signed_clamp(op, decay):
+    """Gaussian q, k give denominators of both signs: the sign is kept (dividing by |den| would fail), tiny ones
+    are clamped to +-eps, and a zero query gives 0, not NaN."""
+    q, k, v, g = make(1, 33, 2, 4, 3, "weak", seed=15)
+    q[0, 5] = 0.0
+    den = hla_masked(op, q, k, torch.ones_like(v[..., :1]), g, decay=decay)
+    assert (den < 0).any() and (den > 0).any()
+    eps = float(den.abs().flatten().kthvalue(4).values) * 1.5  # a few denominators fall below eps
+    for backend in ("torch", "naive"):
+        o, _ = OPS[op](q, k, v, g, decay=decay, normalize=True, eps=eps, backend=backend)
+        assert torch.isfinite(o).all() and (o[0, 5] == 0).all()
+        assert error_ratio(o, reference(op, decay, q, k, v, g, normalize=True, eps=eps)) < F64, backend
+        num = hla_masked(op, q, k, v, g, decay=decay)
+        assert error_ratio(o, num / den.abs().clamp(min=eps)) > 0.1
+
+
+@pytest.mark.parametrize("op,decay", CASES)
+@pytest.mark.parametrize("normalize", [False, True])
+def test_decode_steps_match_forward(op, decay, normalize):
+    q, k, v, g = make(2, 17, 2, 4, 3, "weak", seed=16)
+    if normalize:
+        q, k = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
+    kw = {"decay": decay, "normalize": normalize, "scale": 0.6}
+    _, full_state = OPS[op](q, k, v, g, output_final_state=True, **kw)
+    _, state = OPS[op](q[:, :6], k[:, :6], v[:, :6], g[:, :6], output_final_state=True, **kw)
+    outs = []
+    for t in range(6, 17):
+        o, state = hla_step(op, q[:, t], k[:, t], v[:, t], g[:, t], state, **kw)
+        outs.append(o)
+    ref = reference(op, decay, q, k, v, g, scale=0.6, normalize=normalize)
+    assert error_ratio(torch.stack(outs, 1), ref[:, 6:]) < F64
+    for a, b in zip(state, full_state, strict=True):
+        assert error_ratio(a, b) < F64
+    fresh, _ = hla_step(op, q[:, 0], k[:, 0], v[:, 0], g[:, 0], None, **kw)  # None: the empty state
+    assert error_ratio(fresh, ref[:, 0]) < F64
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("op,decay", CASES)
+def test_triton_backend_matches_float64(op, decay):
+    """fp32 through linear_attn's Triton kernels (interpreter on CPU): varlen, initial/final state, every grad."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    cu = torch.tensor([0, 3, 20], device=dev)
+    q, k, v, g = make(1, 20, 2, 8, 4, "weak", seed=17)
+    h0 = random_state(op, 2, 2, 8, 4, seed=18)
+    gen = torch.Generator().manual_seed(19)
+    do = torch.randn(1, 20, 2, 4, generator=gen, dtype=torch.float64)
+    dst = [torch.randn(x.shape, generator=gen, dtype=torch.float64) for x in h0]
+
+    def run(backend, dtype):
+        leaves = [x.to(device=dev, dtype=dtype).requires_grad_() for x in (q, k, v, g, *h0)]
+        o, fin = OPS[op](*leaves[:4], decay=decay, initial_state=type(h0)(*leaves[4:]), output_final_state=True,
+                         cu_seqlens=cu, backend=backend)
+        loss = (o * do.to(o)).sum() + sum((f * d.to(f)).sum() for f, d in zip(fin, dst, strict=True))
+        return [o, *fin], torch.autograd.grad(loss, leaves)
+
+    (out_t, grad_t), (out_r, grad_r) = run("triton", torch.float32), run("naive", torch.float64)
+    assert out_t[0].dtype == torch.float32 and all(f.dtype == torch.float32 for f in out_t[1:])
+    for a, b in zip(out_t + list(grad_t), out_r + list(grad_r), strict=True):
+        assert error_ratio(a, b) < 1e-4
+
+
+def test_low_precision_inputs():
+    """bf16 inputs: o in bf16, states fp32, close to the float64 definition (the passes run in fp32)."""
+    q, k, v, g = make(1, 24, 2, 8, 4, "weak", seed=20)
+    for op, decay in CASES:
+        o, st = OPS[op](q.bfloat16(), k.bfloat16(), v.bfloat16(), g.float(), decay=decay, output_final_state=True)
+        assert o.dtype == torch.bfloat16 and all(x.dtype == torch.float32 for x in st)
+        ref = hla_masked(op, q.bfloat16().double(), k.bfloat16().double(), v.bfloat16().double(), g, decay=decay)
+        assert error_ratio(o, ref) < 1e-2
+
+
+def test_errors():
+    q, k, v, _ = make(1, 5, 1, 4, 3, None)
+    with pytest.raises(ValueError, match="only decay='d1'"):
+        ahla(q, k, v, decay="d2")
+    with pytest.raises(ValueError, match="only decay='d1'"):
+        hla3(q, k, v, decay="d2")
+    with pytest.raises(ValueError, match="decay must be one of"):
+        hla2(q, k, v, decay="d3")
+    with pytest.raises(TypeError, match="HLA2State"):
+        hla2(q, k, v, initial_state=torch.zeros(1, 1, 4, 3))
+    with pytest.raises(ValueError, match="extra value column|adds one value column"):
+        hla2(q, k, v, normalize=True, initial_state=random_state("hla2", 1, 1, 4, 3, seed=0))
+    with pytest.raises(ValueError, match="eps must be > 0"):
+        hla2(q, k, v, normalize=True, eps=0.0)
+    with pytest.raises(ValueError, match="hla3: v must be"):
+        hla3(q, k, v[:, :4])
+
+
+# The paper's wrong formulas (SPEC §3, "errors hilo must not reproduce"), kept so nobody "fixes" ours towards them.
+
+def paper_third_order_streaming(q, k, v):
+    """The paper's third-order streaming identity as SPEC §3 characterises it: it starts from the prefix product
+    S^K S^Q P^KV (all triples i, j, l <= t) and removes, as each token t arrives, the triples where t is the key
+    index i with j, l < t (G^(1) += k_t k_t^T S^Q_{t-1} P_{t-1}) or the value index l with i, j < t
+    (G^(2) += S^K_{t-1} S^Q_{t-1} k_t v_t^T), but never the triples i = l = t > j: those whose largest index occurs
+    twice stay in. WRONG: it is not the masked W W^T W operator."""
+    b, t, h, dk = q.shape
+    sk = torch.zeros(b, h, dk, dk, dtype=q.dtype)
+    sq = torch.zeros_like(sk)
+    p = torch.zeros(b, h, dk, v.shape[-1], dtype=q.dtype)
+    g1, g2 = torch.zeros_like(p), torch.zeros_like(p)
+    outs = []
+    for i in range(t):
+        qt, kt, vt = q[:, i], k[:, i], v[:, i]
+        kk = kt[..., :, None] * kt[..., None, :]
+        g1 = g1 + kk @ sq @ p
+        g2 = g2 + sk @ sq @ (kt[..., :, None] * vt[..., None, :])
+        sk, sq, p = sk + kk, sq + qt[..., :, None] * qt[..., None, :], p + kt[..., :, None] * vt[..., None, :]
+        outs.append(torch.einsum("bhk,bhkv->bhv", qt, sk @ sq @ p - g1 - g2))
+    return torch.stack(outs, 1)
+
+
+def test_paper_third_order_identity_is_not_hla3():
+    q, k, v, _ = make(2, 21, 2, 4, 3, None, seed=21)
+    ours, _ = hla3(q, k, v)
+    paper = paper_third_order_streaming(q, k, v)
+    assert error_ratio(paper, ours) > 0.3
+    # ... and the difference is exactly the triples j < i = l <= t
+    a = torch.einsum("bthk,bshk->bhts", q, k)  # a[t, s] = q_t . k_s
+    t = q.shape[1]
+    r = torch.arange(t)
+    mask = ((r[None, :, None] < r[None, None, :]) & (r[None, None, :] <= r[:, None, None])).to(q.dtype)  # [t, j, i]
+    extra = torch.einsum("tji,bhti,bhji,bhji,bhiv->bthv", mask, a, a, a, v.transpose(1, 2))
+    assert error_ratio(paper - ours, extra) < F64
+
+
+def serial_paper_state(q, k, v, g, rule):
+    """The paper's streaming state (S^K, C^QV, G) token by token, o_t = q_t^T (S C - G), with a = exp(g_t):
+    "d2"    S = a S + k k^T,  C = a C + q v^T,  G = a^2 G + a k (k^T C_prev)   (SPEC's consistent rule)
+    "paper" S = a S + k k^T,  C = a C + q v^T,  G = a G + k (k^T C_prev)       (the paper's decayed rule: WRONG)"""
+    b, t, h, dk = q.shape
+    s = torch.zeros(b, h, dk, dk, dtype=q.dtype)
+    c = torch.zeros(b, h, dk, v.shape[-1], dtype=q.dtype)
+    big_g = torch.zeros_like(c)
+    outs = []
+    for i in range(t):
+        a = g[:, i].exp()[..., None, None]
+        qt, kt, vt = q[:, i], k[:, i], v[:, i]
+        kk = kt[..., :, None] * kt[..., None, :]
+        big_g = (a * a * big_g + a * kk @ c) if rule == "d2" else (a * big_g + kk @ c)
+        s, c = a * s + kk, a * c + qt[..., :, None] * vt[..., None, :]
+        outs.append(torch.einsum("bhk,bhkv->bhv", qt, s @ c - big_g))
+    return torch.stack(outs, 1)
+
+
+def test_paper_decayed_serial_rule_matches_no_masked_operator():
+    q, k, v, _ = make(2, 25, 2, 4, 3, None, seed=22)
+    g = torch.full(q.shape[:3], -0.3, dtype=torch.float64)  # the paper's constant gamma
+    d1, _ = hla2(q, k, v, g, decay="d1")
+    d2, _ = hla2(q, k, v, g, decay="d2")
+    assert error_ratio(serial_paper_state(q, k, v, g, "d2"), d2) < F64
+    undecayed, _ = hla2(q, k, v)
+    assert error_ratio(serial_paper_state(q, k, v, torch.zeros_like(g), "paper"), undecayed) < F64
+    paper = serial_paper_state(q, k, v, g, "paper")
+    assert error_ratio(paper, d1) > 0.05 and error_ratio(paper, d2) > 0.05
+
+
+def paper_decayed_combine(a, b):
+    """The paper's decayed scan operator: G_AB = rho_B G_A + G_B + S_B (rho_B C_A). WRONG: not associative."""
+    rm = b.rho[..., None, None]
+    return Summary(rm * a.S + b.S, rm * a.C + b.C, b.rho[..., None] * a.m + b.m, rm * a.G + b.G + b.S @ (rm * a.C),
+                   b.rho[..., None] * a.h + b.h + (b.S @ (b.rho[..., None] * a.m)[..., None])[..., 0],
+                   a.rho * b.rho)
+
+
+def test_decayed_scan_operator_associativity():
+    gen = torch.Generator().manual_seed(23)
+
+    def rand_summary():
+        shapes = ((2, 4, 4), (2, 4, 3), (2, 4), (2, 4, 3), (2, 4))
+        return Summary(*(torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes),
+                       torch.rand(2, generator=gen, dtype=torch.float64) * 0.9 + 0.05)
+
+    x, y, z = rand_summary(), rand_summary(), rand_summary()
+    for left, right in zip(combine(combine(x, y), z), combine(x, combine(y, z)), strict=True):
+        assert error_ratio(left, right) < F64
+    left = paper_decayed_combine(paper_decayed_combine(x, y), z)
+    right = paper_decayed_combine(x, paper_decayed_combine(y, z))
+    assert error_ratio(left.G, right.G) > 0.01
