@@ -24,10 +24,10 @@ from models.mixers.loglinear_gated_deltanet import LogLinearGatedDeltaNetMixer
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB = 89
-SMALL = dict(head_dim=16, num_heads=3, expand_v=2)
-WIDE = dict(head_dim=144, num_heads=1, expand_v=2)  # value heads of 288 > 256: run in column blocks
-TINY = dict(vocab_size=VOCAB, hidden_size=48, num_layers=2, num_heads=3, mixer="loglinear_gated_deltanet",
-            mixer_kwargs=SMALL, max_position_embeddings=16)
+SMALL = {"head_dim": 16, "num_heads": 3, "expand_v": 2}
+WIDE = {"head_dim": 144, "num_heads": 1, "expand_v": 2}  # value heads of 288 > 256: run in column blocks
+TINY = {"vocab_size": VOCAB, "hidden_size": 48, "num_layers": 2, "num_heads": 3, "mixer": "loglinear_gated_deltanet",
+            "mixer_kwargs": SMALL, "max_position_embeddings": 16}
 H, LEVELS = 3, 5
 
 
@@ -231,7 +231,7 @@ def test_hybrid_with_attention_layers_decodes_and_packs():
 def test_save_and_auto_load_round_trip(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    model = tiny(seed=6, mixer_kwargs=dict(head_dim=8, num_heads=2, expand_v=1, conv_size=3))
+    model = tiny(seed=6, mixer_kwargs={"head_dim": 8, "num_heads": 2, "expand_v": 1, "conv_size": 3})
     perturb(model, seed=7)
     model.save_pretrained(tmp_path)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
@@ -252,8 +252,8 @@ def test_training_steps_on_a_fixed_batch_lower_the_loss():
     from training.optim import build_optimizer
 
     model = tiny(seed=7).train()
-    optim_cfg = OmegaConf.create(dict(name="adamw", lr=3e-3, betas=[0.9, 0.95], eps=1e-8, weight_decay=0.1,
-                                      no_decay=["embed", "norm", "bias"], fused=False))
+    optim_cfg = OmegaConf.create({"name": "adamw", "lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1,
+                                      "no_decay": ["embed", "norm", "bias"], "fused": False})
     opt = build_optimizer(model, optim_cfg, on_cuda=False)
     x = tokens(4, 32, seed=9)
     losses = []

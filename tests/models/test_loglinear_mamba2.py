@@ -24,9 +24,9 @@ from models.mixers.mamba2 import Mamba2Mixer
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB = 89
-SMALL = dict(head_dim=16, state_size=12, expand=2, n_groups=1)
-TINY = dict(vocab_size=VOCAB, hidden_size=48, num_layers=2, num_heads=3, mixer="loglinear_mamba2",
-            mixer_kwargs=SMALL, max_position_embeddings=16)
+SMALL = {"head_dim": 16, "state_size": 12, "expand": 2, "n_groups": 1}
+TINY = {"vocab_size": VOCAB, "hidden_size": 48, "num_layers": 2, "num_heads": 3, "mixer": "loglinear_mamba2",
+            "mixer_kwargs": SMALL, "max_position_embeddings": 16}
 H, LEVELS = 6, 5  # 2 * 48 / 16 heads; bit_length(15) + 1 levels
 
 
@@ -248,8 +248,8 @@ def test_training_steps_on_a_fixed_batch_lower_the_loss():
     from training.optim import build_optimizer
 
     model = tiny(seed=7).train()
-    optim_cfg = OmegaConf.create(dict(name="adamw", lr=3e-3, betas=[0.9, 0.95], eps=1e-8, weight_decay=0.1,
-                                      no_decay=["embed", "norm", "bias"], fused=False))
+    optim_cfg = OmegaConf.create({"name": "adamw", "lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1,
+                                      "no_decay": ["embed", "norm", "bias"], "fused": False})
     opt = build_optimizer(model, optim_cfg, on_cuda=False)
     x = tokens(4, 32, seed=9)
     losses = []
