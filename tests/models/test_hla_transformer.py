@@ -98,19 +98,20 @@ def layer_definition(mixer: HLAMixer, x: torch.Tensor, position_ids: torch.Tenso
     return o.reshape(b, t, h * d) @ mixer.o_proj.weight.T
 
 
-@pytest.mark.parametrize("op, kwargs, num_kv_heads", [
-    ("hla2", {}, 2),
-    ("hla2", {"decay": True}, 1),
-    ("hla2", {"decay": True, "decay_convention": "d2"}, 2),
-    ("hla2", {"normalize": True}, 2),
-    ("ahla", {"decay": True, "normalize": True}, 1),
-    ("ahla", {}, 2),
-    ("hla3", {"decay": True}, 2),
-    ("hla3", {"normalize": True}, 1),
+@pytest.mark.parametrize("op, kwargs, heads", [  # heads: (num_heads, num_kv_heads)
+    ("hla2", {}, (2, 2)),
+    ("hla2", {"decay": True}, (4, 2)),
+    ("hla2", {"decay": True, "decay_convention": "d2"}, (2, 2)),
+    ("hla2", {"normalize": True}, (2, 1)),
+    ("ahla", {"decay": True, "normalize": True}, (4, 2)),
+    ("ahla", {}, (2, 2)),
+    ("hla3", {"decay": True}, (2, 2)),
+    ("hla3", {"normalize": True}, (4, 2)),
 ])
-def test_layer_equals_the_masked_definition(op, kwargs, num_kv_heads):
+def test_layer_equals_the_masked_definition(op, kwargs, heads):
     torch.manual_seed(0)
-    config = build_config({**SMALL, "operator": op, "num_kv_heads": num_kv_heads, "mixer_kwargs": kwargs})
+    config = build_config({**SMALL, "operator": op, "num_heads": heads[0], "num_kv_heads": heads[1],
+                           "mixer_kwargs": kwargs})
     mixer = HLAMixer(config, 0).double()
     with torch.no_grad():  # a non-trivial norm weight and decays strong enough to matter over 9 tokens (the
         # decay is computed in fp32 like every gate: hence the tolerance of the float64 comparison)
