@@ -9,7 +9,7 @@ CONFIG_KEYS = (
     "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
     "mixer", "operator", "attn_layers", "mixer_kwargs", "attn_backend", "rope_theta", "max_position_embeddings",
     "norm_eps", "initializer_range", "tie_word_embeddings", "use_cache", "bos_token_id", "eos_token_id",
-    "pad_token_id",
+    "pad_token_id", "mlp", "pre_conv",
 )
 
 
@@ -28,7 +28,9 @@ SHELL_OPERATORS: dict[str, dict[str, str]] = {
 class HiloConfig(PretrainedConfig):
     """Architecture of a hilo language model.
 
-    Every layer is the same Block (pre-norm mixer + SwiGLU MLP); layer i uses the "attention" mixer (softmax)
+    Every layer is the same Block (pre-norm mixer + SwiGLU MLP; mlp=False drops the MLP, pre_conv=K puts a
+    depthwise causal short conv of kernel size K between the mixer's norm and the mixer: the Based/Zoology MQAR
+    recipe, models.blocks.Block); layer i uses the "attention" mixer (softmax)
     when i is in attn_layers and config.main_mixer otherwise: config.mixer (the shell), or, when operator is
     given, the mixer that runs that operator in the shell (SHELL_OPERATORS: the transformer shell "attention"
     takes softmax_attn, hla2, ahla, hla3; operator None is the shell's own). mixer_kwargs is passed through to
@@ -68,6 +70,8 @@ class HiloConfig(PretrainedConfig):
         bos_token_id: int | None = None,
         eos_token_id: int | None = None,
         pad_token_id: int | None = None,
+        mlp: bool = True,
+        pre_conv: int | None = None,
         **kwargs,
     ):
         if num_kv_heads is None:
@@ -88,6 +92,11 @@ class HiloConfig(PretrainedConfig):
                                  f"(or null for {valid[0]})")
             raise ValueError(f"mixer {mixer!r} takes no operator (got {operator!r}); mixers with operators: "
                              f"{sorted(SHELL_OPERATORS)}")
+        if not isinstance(mlp, bool):
+            raise TypeError(f"mlp must be true or false, got {mlp!r}")
+        if pre_conv is not None and (isinstance(pre_conv, bool) or not isinstance(pre_conv, int) or pre_conv < 1):
+            raise ValueError(f"pre_conv must be null (no conv before the mixer) or a kernel size >= 1, "
+                             f"got {pre_conv!r}")
         attn_layers = sorted(int(i) for i in (attn_layers or []))
         bad = [i for i in attn_layers if not 0 <= i < num_layers]
         if bad:
@@ -109,6 +118,8 @@ class HiloConfig(PretrainedConfig):
         self.norm_eps = norm_eps
         self.initializer_range = initializer_range
         self.use_cache = use_cache
+        self.mlp = mlp
+        self.pre_conv = pre_conv
         super().__init__(
             tie_word_embeddings=tie_word_embeddings,
             bos_token_id=bos_token_id,

@@ -287,12 +287,12 @@ class HiloForCausalLM(HiloPreTrainedModel, GenerationMixin):
     def num_flops_per_token(self, seq_len: int) -> float:
         """Training (forward + backward) FLOPs per token at sequence length seq_len, for MFU.
 
-        6 * N + sum over layers of mixer.flops_per_token(seq_len), where N counts the weights of every
-        nn.Linear (q/k/v/o and mixer projections, the MLPs and the LM head, counted even when tied; the
-        embedding lookup and norms are not matmuls) and each mixer reports its own sequence-mixing cost: for
-        softmax attention 6 * num_heads * head_dim * seq_len (the causal 12 * H * D * seq_len / 2). Works on
-        meta-device models.
+        6 * N + sum over layers of Block.flops_per_token(seq_len), where N counts the weights of every nn.Linear
+        (q/k/v/o and mixer projections, the MLPs and the LM head, counted even when tied; the embedding lookup and
+        norms are not matmuls) and each mixer reports its own sequence-mixing cost (for softmax attention
+        6 * num_heads * head_dim * seq_len, the causal 12 * H * D * seq_len / 2), plus the pre-mixer conv's
+        6 * K * hidden_size when config.pre_conv = K. Works on meta-device models.
         """
         n_matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
-        mixing = sum(block.mixer.flops_per_token(seq_len) for block in self.model.layers)
+        mixing = sum(block.flops_per_token(seq_len) for block in self.model.layers)
         return float(6 * n_matmul + mixing)
