@@ -22,6 +22,9 @@ def default_intermediate_size(hidden_size: int) -> int:
 # entry is the shell's own operator (what operator=None means).
 SHELL_OPERATORS: dict[str, dict[str, str]] = {
     "attention": {"softmax_attn": "attention", "hla2": "hla", "ahla": "hla", "hla3": "hla"},
+    "mamba2": {"linear_attn": "mamba2", "hla2": "hla_mamba2", "ahla": "hla_mamba2", "hla3": "hla_mamba2"},
+    "gated_deltanet": {"delta_rule": "gated_deltanet", "hla2": "hla_gated_deltanet", "ahla": "hla_gated_deltanet",
+                       "hla3": "hla_gated_deltanet"},
 }
 
 
@@ -33,7 +36,8 @@ class HiloConfig(PretrainedConfig):
     recipe, models.blocks.Block); layer i uses the "attention" mixer (softmax)
     when i is in attn_layers and config.main_mixer otherwise: config.mixer (the shell), or, when operator is
     given, the mixer that runs that operator in the shell (SHELL_OPERATORS: the transformer shell "attention"
-    takes softmax_attn, hla2, ahla, hla3; operator None is the shell's own). mixer_kwargs is passed through to
+    takes softmax_attn, hla2, ahla, hla3; "mamba2" linear_attn, hla2, ahla, hla3; "gated_deltanet" delta_rule,
+    hla2, ahla, hla3; operator None is the shell's own). mixer_kwargs is passed through to
     config.main_mixer's class (each mixer validates its own options). attn_backend is the softmax_attn backend
     of attention layers (None: flash when importable on CUDA, else sdpa). head_dim None -> hidden_size / num_heads;
     num_kv_heads None -> num_heads; intermediate_size None -> default_intermediate_size(hidden_size).

@@ -60,6 +60,9 @@ class GatedDeltaNetMixer(nn.Module):
     """
 
     NAME: ClassVar[str] = "gated_deltanet"
+    # Whether the operator takes the delta rule's write strength beta (then b_proj exists); operators without it
+    # (the HLA family) leave it out, so no parameter goes untrained.
+    USES_BETA: ClassVar[bool] = True
     DEFAULTS: ClassVar[dict] = {"head_dim": 256, "num_heads": None, "expand_v": 2, "conv_size": 4,
                                 "a_init_range": (1.0, 16.0), "dt_min": 1e-3, "dt_max": 1e-1, "backend": None}
 
@@ -83,7 +86,8 @@ class GatedDeltaNetMixer(nn.Module):
         self.k_proj = nn.Linear(c, h * dk, bias=False)
         self.v_proj = nn.Linear(c, h * dv, bias=False)
         self.a_proj = nn.Linear(c, h, bias=False)
-        self.b_proj = nn.Linear(c, h, bias=False)
+        if self.USES_BETA:
+            self.b_proj = nn.Linear(c, h, bias=False)
         self.g_proj = nn.Linear(c, h * dv, bias=False)
         self.q_conv = ShortConv(h * dk, opts["conv_size"])
         self.k_conv = ShortConv(h * dk, opts["conv_size"])
@@ -111,7 +115,7 @@ class GatedDeltaNetMixer(nn.Module):
         q = l2_normalize(q.view(b, t, h, dk))
         k = l2_normalize(k.view(b, t, h, dk))
         v = v.view(b, t, h, dv)
-        beta = torch.sigmoid(self.b_proj(hidden).float())
+        beta = torch.sigmoid(self.b_proj(hidden).float()) if self.USES_BETA else None
         _, g = log_decay(self.A_log, self.a_proj(hidden), self.dt_bias)
         o = self._mix(q, k, v, beta, g, hidden, cache, cu_seqlens)
         if slot is not None:

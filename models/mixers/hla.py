@@ -21,6 +21,46 @@ STATES = {"hla2": HLA2State, "ahla": AHLAState, "hla3": HLA3State}
 PASS_CHUNK = 64
 
 
+def read_operator_state(operator: str, slot: dict | None):
+    """operator's state (kernels.hla.state) from the fields of a cache slot, or None when it holds none yet."""
+    fields = STATES[operator]._fields
+    if slot is None or fields[0] not in slot:
+        return None
+    return STATES[operator](*(slot[f] for f in fields))
+
+
+def write_operator_state(slot: dict, state) -> None:
+    """Store an HLA state in a cache slot, field by field under the state's names."""
+    slot.update(zip(state._fields, state, strict=True))
+
+
+def run_operator(operator, q, k, v, g, state, output_final_state, cu_seqlens, *, decay="d1", normalize=False,
+                 backend=None):
+    """operator (hla2, ahla, hla3) at scale 1 on q, k [B, T, H, K], v [B, T, H, V], g [B, T, H] fp32 or None,
+    continuing state (None: from zeros); returns (o [B, T, H, V], the final state or None).
+
+    A single token that continues a cached state (T == 1, output_final_state, no cu_seqlens) takes the recurrent
+    step kernels.hla.hla_step; anything else runs the chunked operator (cu_seqlens restarts it per document).
+    """
+    kwargs = {"decay": decay, "normalize": normalize, "scale": 1.0}
+    if output_final_state and q.shape[1] == 1 and cu_seqlens is None:
+        o, state = hla_step(operator, q[:, 0], k[:, 0], v[:, 0], None if g is None else g[:, 0], state, **kwargs)
+        return o.unsqueeze(1), state
+    return OPERATORS[operator](q, k, v, g, initial_state=state, output_final_state=output_final_state,
+                               cu_seqlens=cu_seqlens, backend=backend, **kwargs)
+
+
+def operator_pass_flops(operator: str, chunk: int, dk: int, dv: int) -> int:
+    """Forward FLOPs per head and token of operator's linear_attn passes over chunks of `chunk` tokens.
+
+    Each pass LA(Q, K, W) with K key columns and W value columns costs what the chunked linear_attn costs (as in
+    the Mamba-2 mixer): 2C(K + W) + 4KW. hla2 runs LA(Q, K, K) (W = K) and LA(Q, K~, V) (W = V); ahla LA(Q, K, V)
+    and LA(Q, K, V~) (W = V twice); hla3 LA(Q, K, K), LA(Q, K, V) and LA(Q, K~, V~).
+    """
+    widths = {"hla2": (dk, dv), "ahla": (dv, dv), "hla3": (dk, dv, dv)}[operator]
+    return sum(2 * chunk * (dk + w) + 4 * dk * w for w in widths)
+
+
 @register_mixer("hla")
 class HLAMixer(nn.Module):
     """HLA as a drop-in for softmax attention (config.mixer "attention" with config.operator hla2, ahla or hla3).
@@ -128,19 +168,11 @@ class HLAMixer(nn.Module):
     def _operator(self, q, k, v, g, slot, cu_seqlens):
         """The operator on q, k, v [B, T, H, D] and g [B, T, H] or None; with a cache slot, continue its state and
         store the new one."""
-        fields = STATES[self.operator]._fields
-        kwargs = {"decay": self.decay_convention, "normalize": self.normalize, "scale": 1.0}
-        if slot is None:
-            return OPERATORS[self.operator](q, k, v, g, cu_seqlens=cu_seqlens, backend=self.backend, **kwargs)[0]
-        state = STATES[self.operator](*(slot[f] for f in fields)) if fields[0] in slot else None
-        if q.shape[1] == 1:
-            o, state = hla_step(self.operator, q[:, 0], k[:, 0], v[:, 0], None if g is None else g[:, 0], state,
-                                **kwargs)
-            o = o.unsqueeze(1)
-        else:
-            o, state = OPERATORS[self.operator](q, k, v, g, initial_state=state, output_final_state=True,
-                                                backend=self.backend, **kwargs)
-        slot.update(zip(fields, state, strict=True))
+        state = read_operator_state(self.operator, slot)
+        o, state = run_operator(self.operator, q, k, v, g, state, slot is not None, cu_seqlens,
+                                decay=self.decay_convention, normalize=self.normalize, backend=self.backend)
+        if slot is not None:
+            write_operator_state(slot, state)
         return o
 
     def flops_per_token(self, seq_len: int) -> float:
@@ -149,15 +181,11 @@ class HLAMixer(nn.Module):
 
         Each pass LA(Q, K, W) with K key columns and W value columns costs, forward, per head and token, what the
         chunked linear_attn costs (as in the Mamba-2 mixer): 2C(K + W) + 4KW. With Vs = V (+ 1 with normalize,
-        the denominator column) and K = V = head_dim: hla2 runs LA(Q, K, K) (W = K) and LA(Q, K~, V) (W = Vs);
-        ahla LA(Q, K, V) and LA(Q, K, V~) (W = Vs twice); hla3 LA(Q, K, K), LA(Q, K, V) and LA(Q, K~, V~). The
-        backward is counted as twice the forward (3x in all).
+        the denominator column) and K = V = head_dim: operator_pass_flops(operator, C, K, Vs). The backward is
+        counted as twice the forward (3x in all).
         """
         c = min(PASS_CHUNK, seq_len)
-        dk = self.head_dim
-        vs = self.head_dim + (1 if self.normalize else 0)
-        widths = {"hla2": (dk, vs), "ahla": (vs, vs), "hla3": (dk, vs, vs)}[self.operator]
-        forward = sum(2 * c * (dk + w) + 4 * dk * w for w in widths)
+        forward = operator_pass_flops(self.operator, c, self.head_dim, self.head_dim + (1 if self.normalize else 0))
         conv = 0.0
         if self.conv_size is not None:
             conv = self.q_conv.flops_per_token() + self.k_conv.flops_per_token() + self.v_conv.flops_per_token()
