@@ -1,6 +1,7 @@
 """hilo evaluation entry point.
 
     python eval.py checkpoint=runs/<name> eval=ppl_by_position [eval.seq_len=4096 eval.num_documents=32]
+    python eval.py checkpoint=runs/<name> eval=ruler eval.lengths=[4096,8192,16384] [eval.num_samples=25]
 
 Loads the checkpoint's model (AutoModelForCausalLM after `import models`) and tokenizer, the held-out data of its
 training config (or `data=...`), runs the suite and writes JSON + PNG beside the checkpoint, and to the run's
@@ -45,8 +46,14 @@ def run(cfg: DictConfig) -> dict:
                                  dtype=dtypes[cfg.dtype], data_cfg=cfg.data, wandb_run=wandb_run)
     if wandb_run is not None:
         wandb_run.finish()
-    print(f"{cfg.eval.suite}: ppl {result['ppl']:.3f} over {result['num_documents']} documents of "
-          f"{cfg.eval.seq_len} tokens")
+    if cfg.eval.suite == "ruler":
+        from eval_suites import ruler
+
+        print(f"ruler: string_match_all (%), {cfg.eval.num_samples} samples per task and length")
+        print(ruler.format_table(result))
+    else:
+        print(f"{cfg.eval.suite}: ppl {result['ppl']:.3f} over {result['num_documents']} documents of "
+              f"{cfg.eval.seq_len} tokens")
     print(f"wrote {result['json_path']} and {result['png_path']}")
     return result
 

@@ -294,7 +294,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
 
         result = evaluate_checkpoint(final_path, cfg.eval, device=accelerator.device,
                                      dtype=torch.float32 if use_cpu else torch.bfloat16, wandb_run=logger.wandb_run)
-        summary["eval"] = {"ppl": result["ppl"], "json": result.get("json_path"), "png": result.get("png_path")}
+        summary["eval"] = {**{key: result[key] for key in ("ppl", "average") if key in result},  # ppl / ruler
+                           "json": result.get("json_path"), "png": result.get("png_path")}
     logger.finish(summary)
     if hasattr(loader, "close"):
         loader.close()

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from training.checkpoint import load_checkpoint_model, load_checkpoint_tokenizer, resolve_checkpoint
 
-SUITES = ("ppl_by_position",)
+SUITES = ("ppl_by_position", "ruler")
 
 
 def evaluate_checkpoint(checkpoint, eval_cfg, *, device: torch.device, dtype: torch.dtype = torch.float32,
@@ -26,6 +26,8 @@ def evaluate_checkpoint(checkpoint, eval_cfg, *, device: torch.device, dtype: to
     train_cfg = OmegaConf.load(ckpt / "config.yaml")
     tokenizer = load_checkpoint_tokenizer(ckpt)
     model = load_checkpoint_model(ckpt, dtype=dtype).to(device).eval()
+    if eval_cfg.suite == "ruler":
+        return _evaluate_ruler(ckpt, train_cfg, model, tokenizer, eval_cfg, device=device, wandb_run=wandb_run)
     data = OmegaConf.to_container(data_cfg if data_cfg is not None else train_cfg.data, resolve=True)
     seq_len = int(eval_cfg.seq_len)
     docs = list(iter_heldout_documents(data, tokenizer, min_tokens=seq_len + 1, max_docs=int(eval_cfg.num_documents)))
@@ -41,4 +43,27 @@ def evaluate_checkpoint(checkpoint, eval_cfg, *, device: torch.device, dtype: to
         result["json_path"], result["png_path"] = str(json_path), str(png_path)
         if wandb_run is not None:
             ppl_by_position.log_to_wandb(result, wandb_run)
+    return result
+
+
+def _evaluate_ruler(ckpt: Path, train_cfg, model, tokenizer, eval_cfg, *, device: torch.device, wandb_run) -> dict:
+    """RULER NIAH on a loaded checkpoint; reports go to eval_cfg.out_dir or <run dir>/eval/ruler_T<lengths>/."""
+    from eval_suites import ruler
+
+    lengths = [int(length) for length in eval_cfg.lengths]
+    haystack = eval_cfg.get("haystack")
+    result = ruler.evaluate(model, tokenizer, lengths=lengths, tasks=list(eval_cfg.tasks),
+                            num_samples=int(eval_cfg.num_samples),
+                            haystack=OmegaConf.to_container(haystack) if OmegaConf.is_config(haystack) else haystack,
+                            haystack_field=str(eval_cfg.get("haystack_field", "text")),
+                            max_new_tokens=int(eval_cfg.max_new_tokens), seed=int(eval_cfg.seed), device=device)
+    result["checkpoint"] = str(ckpt)
+    out_dir = Path(eval_cfg.out_dir) if eval_cfg.get("out_dir") else (
+        ckpt.parent.parent / "eval" / f"ruler_T{'-'.join(map(str, lengths))}")
+    is_main = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+    if is_main:
+        json_path, png_path = ruler.write_report(result, out_dir, title=f"RULER NIAH: {train_cfg.name} ({ckpt.name})")
+        result["json_path"], result["png_path"] = str(json_path), str(png_path)
+        if wandb_run is not None:
+            ruler.log_to_wandb(result, wandb_run)
     return result
