@@ -178,9 +178,11 @@ def test_layer_equals_the_definition(shell, op, kwargs):
 # ---- the models ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("shell, op", CASES)
-def test_decoding_step_by_step_equals_full_forward(shell, op):
-    kwargs = {"decay_convention": "d2"} if op == "hla2" and shell == "mamba2" else {}
+@pytest.mark.parametrize("shell, op, kwargs", [
+    *[(shell, op, {"decay_convention": "d2"} if (shell, op) == ("mamba2", "hla2") else {}) for shell, op in CASES],
+    ("gated_deltanet", "hla3", {"head_dim": 136, "num_heads": 1}),  # V = 272: the state of two value blocks
+])
+def test_decoding_step_by_step_equals_full_forward(shell, op, kwargs):
     model = small(shell, op, seed=2, mixer_kwargs=kwargs)
     x = tokens(2, 14, seed=3)
     with torch.no_grad():
@@ -192,10 +194,13 @@ def test_decoding_step_by_step_equals_full_forward(shell, op):
     torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-4, rtol=0)
     slot = cache[0]
     fields = {"hla2": ("S", "F"), "ahla": ("P", "E"), "hla3": ("S", "P", "F")}[op]
-    key, value = (12, 16) if shell == "mamba2" else (16, 32)  # (K, V) of the state: (N, P) or (head_dim, V)
+    if shell == "mamba2":  # (heads, K, V) of the state: (expand * hidden / P, N, P)
+        heads, key, value = 6, 12, 16
+    else:  # (heads, head_dim, expand_v * head_dim)
+        heads, key = kwargs.get("num_heads", 3), kwargs.get("head_dim", 16)
+        value = 2 * key
     for f in fields:
-        assert slot[f].dtype == torch.float32 and slot[f].shape == (2, 6 if shell == "mamba2" else 3, key,
-                                                                     key if f == "S" else value)
+        assert slot[f].dtype == torch.float32 and slot[f].shape == (2, heads, key, key if f == "S" else value)
     assert "recurrent_state" not in slot
     assert ("conv_state" in slot) == (shell == "mamba2") and ("conv_q" in slot) == (shell == "gated_deltanet")
 
@@ -295,8 +300,8 @@ def test_errors_are_clear():
         build_model({"vocab_size": VOCAB, "hidden_size": 48, "num_layers": 1, "num_heads": 3,
                      "mixer": "loglinear_mamba2", "operator": "hla2"})
     for shell in SHELL_KWARGS:
-        with pytest.raises(ValueError, match=f"decay_convention must be 'd1', or 'd2' for operator hla2; got 'd2' "
-                                             f"for operator 'ahla'"):
+        with pytest.raises(ValueError, match=f"hla_{shell}: decay_convention must be 'd1', or 'd2' for operator "
+                                             f"hla2; got 'd2' for operator 'ahla'"):
             small(shell, "ahla", mixer_kwargs={"decay_convention": "d2"})
         with pytest.raises(ValueError, match=f"unknown mixer_kwargs \\['decay'\\] for mixer 'hla_{shell}'"):
             small(shell, "hla2", mixer_kwargs={"decay": True})
