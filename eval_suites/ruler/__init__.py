@@ -12,8 +12,24 @@ keys and values), niah_multivalue (4 values for the asked key), niah_multiquery 
 haystacks and length fitting: ``niah``; scoring (string_match_all): ``scoring``; the run: ``suite``; the
 table, JSON/PNG and W&B: ``report``.
 """
-from .niah import (ANSWER_PREFIX, DEFAULT_HAYSTACK, DEPTHS, NEEDLE, NOISE, TASK_NAMES, TASKS, TEMPLATE, NiahTask,
-                   Sample, build_samples, load_haystack, load_words, make_sample, sample_seed, templates)
+from .niah import (
+    ANSWER_PREFIX,
+    DEFAULT_HAYSTACK,
+    DEPTHS,
+    NEEDLE,
+    NOISE,
+    TASK_NAMES,
+    TASKS,
+    TEMPLATE,
+    NiahTask,
+    Sample,
+    build_samples,
+    load_haystack,
+    load_words,
+    make_sample,
+    sample_seed,
+    templates,
+)
 from .report import format_table, log_to_wandb, write_report
 from .scoring import postprocess, string_match_all
 from .suite import evaluate, generate_answer, summarize

@@ -26,7 +26,7 @@ import re
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 NEEDLE = "One of the special magic {type_needle_v} for {key} is: {value}."
@@ -112,7 +112,7 @@ def get_task(name: str) -> NiahTask:
     return TASKS[name]
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_words(path: str | Path = WORDS_FILE) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(adjectives, nouns) of a word list file with ``[adjectives]`` and ``[nouns]`` sections."""
     sections: dict[str, list[str]] = {}
@@ -142,8 +142,8 @@ def load_haystack(paths: str | Sequence[str] | None = None, field: str = "text")
 
     patterns = [paths] if isinstance(paths, (str, Path)) else list(paths) if paths is not None else [DEFAULT_HAYSTACK]
     # A path that exists from the working directory means that file; others resolve against the repository root.
-    patterns = [str(Path(p).expanduser().resolve()) if "://" not in str(p) and Path(p).expanduser().exists() else str(p)
-                for p in patterns]
+    patterns = [str(Path(p).expanduser().resolve()) if "://" not in str(p) and Path(p).expanduser().exists()
+                else str(p) for p in patterns]
     texts = []
     for path in expand_paths(patterns):
         for item in iter_file_records(path, field):
