@@ -141,7 +141,9 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
 
     with accelerator.main_process_first():  # rank 0 trains/caches the tokenizer, the others then load it
         tokenizer = load_tokenizer(OmegaConf.to_container(cfg.tokenizer, resolve=True))
-    model = models.build_model(_model_kwargs(cfg.model, tokenizer.vocab_size, tokenizer))
+    # Synthetic data (MQAR) defines its own vocabulary; text data uses the tokenizer's.
+    vocab_size = int(cfg.data.get("vocab_size") or tokenizer.vocab_size)
+    model = models.build_model(_model_kwargs(cfg.model, vocab_size, tokenizer))
     if tr.gradient_checkpointing:  # transformers 5 renamed the method; call whichever this version has
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     n_params = sum(p.numel() for p in model.parameters())
@@ -150,7 +152,19 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
     loader = build_train_loader(data_cfg, tokenizer, seq_len=int(tr.seq_len), batch_size=int(tr.batch_size),
                                 rank=rank, world_size=world, seed=int(cfg.seed))
-    val_rows = _val_rows(data_cfg, tokenizer, int(tr.seq_len), int(tr.val_batches) * int(tr.batch_size))
+    if data_cfg.get("type") == "mqar":  # validation = accuracy on the fixed MQAR test sets (eval_suites.mqar)
+        from data.mqar import build_test_sets
+        from eval_suites import mqar
+
+        mqar_tests = build_test_sets(data_cfg)
+    else:
+        val_rows = _val_rows(data_cfg, tokenizer, int(tr.seq_len), int(tr.val_batches) * int(tr.batch_size))
+
+    def validate() -> dict:
+        """The validation metrics: val/loss, plus val/mqar_acc and val/mqar_acc/<slice> for MQAR data."""
+        if data_cfg.get("type") == "mqar":
+            return mqar.metrics(mqar.evaluate(model, mqar_tests, int(tr.batch_size), accelerator.device))
+        return {"val/loss": evaluate_loss(model, val_rows, int(tr.batch_size), accelerator)}
 
     optimizer = build_optimizer(model, cfg.optim, on_cuda=not use_cpu)
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -165,6 +179,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
         run_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     logger = MetricsLogger(run_dir, cfg, enabled=is_main, group=group, resume_id=state["wandb_id"], name=run_name)
+    if logger.wandb_run is not None and data_cfg.get("type") == "mqar":
+        logger.wandb_run.define_metric("val/mqar_acc", summary="max")  # the W&B summary is the best accuracy
     state["wandb_id"] = logger.wandb_id
     peak = peak_flops_per_device(tr.peak_tflops, accelerator.device)
     tokens_per_step = int(tr.batch_size) * int(tr.seq_len) * int(tr.grad_accum) * world
@@ -179,10 +195,17 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
         from tqdm.auto import tqdm
         progress = tqdm(total=max_steps, initial=state["step"], desc="train", dynamic_ncols=True)
 
-    if state["step"] == 0 and is_main:
-        logger.log({"val/loss": evaluate_loss(model, val_rows, int(tr.batch_size), accelerator)}, step=0)
-    elif state["step"] == 0:
-        evaluate_loss(model, val_rows, int(tr.batch_size), accelerator)
+    best = {"mqar_acc": None, "step": None}  # the best val/mqar_acc of this process's validations (MQAR data)
+
+    def record(val: dict, step: int) -> None:
+        logger.log(val, step=step)
+        acc = val.get("val/mqar_acc")
+        if acc is not None and (best["mqar_acc"] is None or acc > best["mqar_acc"]):
+            best.update(mqar_acc=acc, step=step)
+
+    stop_metric, stop_threshold = tr.get("early_stop_metric"), tr.get("early_stop_threshold")
+    if state["step"] == 0:
+        record(validate(), step=0)
 
     model.train()
     accum = int(tr.grad_accum)
@@ -191,8 +214,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
                 "t0": time.perf_counter(), "tokens": 0}
 
     window = new_window()
-    last_val = None
-    stopped_by_signal = False
+    last_val = last_val_step = None
+    stopped_by_signal = early_stopped = False
     with _StopRequested() as stop:
         while state["step"] < max_steps:
             step_loss = torch.zeros((), device=accelerator.device)
@@ -261,8 +284,14 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
                 window = new_window()
 
             if int(tr.val_every) and step % int(tr.val_every) == 0 and step != max_steps:
-                last_val = evaluate_loss(model, val_rows, int(tr.batch_size), accelerator)
-                logger.log({"val/loss": last_val}, step=step)
+                val = validate()
+                last_val, last_val_step = val["val/loss"], step
+                record(val, step)
+                if stop_metric:
+                    if stop_metric not in val:
+                        raise ValueError(f"trainer.early_stop_metric={stop_metric!r} is not a validation metric of "
+                                         f"this run; available: {sorted(val)}")
+                    early_stopped = val[stop_metric] >= float(stop_threshold)
 
             stop_now = stop.flag
             if world > 1:
@@ -273,15 +302,21 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
                 ckpt.save(model, optimizer, scheduler, loader, state, cfg, tokenizer)
                 accelerator.print(f"stop requested: saved step {step} and exiting")
                 break
+            if early_stopped:
+                accelerator.print(f"early stop at step {step}: {stop_metric} = {val[stop_metric]:.4f} >= "
+                                  f"{float(stop_threshold)}")
+                break
             if int(tr.save_every) and step % int(tr.save_every) == 0 and step != max_steps:
                 ckpt.save(model, optimizer, scheduler, loader, state, cfg, tokenizer)
 
     if progress is not None:
         progress.close()
     final_path = None
+    if not stopped_by_signal and last_val_step != state["step"]:
+        val = validate()
+        last_val = val["val/loss"]
+        record(val, state["step"])
     if not stopped_by_signal:
-        last_val = evaluate_loss(model, val_rows, int(tr.batch_size), accelerator)
-        logger.log({"val/loss": last_val}, step=state["step"])
         if ckpt.latest_step() == state["step"]:
             final_path = ckpt.latest()
         elif tr.save_final:
@@ -289,6 +324,10 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
     summary = {"step": state["step"], "tokens": state["tokens"], "skipped_steps": state["skipped_steps"],
                "val_loss": last_val, "checkpoint": str(final_path or ckpt.latest() or ""), "run_dir": str(run_dir),
                "stopped_by_signal": stopped_by_signal, "malformed_records": loader.stats.get("malformed", 0)}
+    if stop_metric:
+        summary["early_stopped"] = early_stopped
+    if best["mqar_acc"] is not None:
+        summary.update(best_mqar_acc=best["mqar_acc"], best_mqar_acc_step=best["step"])
     if not stopped_by_signal and tr.final_eval and final_path is not None:
         from training.evaluation import evaluate_checkpoint
 

@@ -128,8 +128,16 @@ def build_train_loader(data_cfg: Mapping, tokenizer, *, seq_len: int, batch_size
     rank reads the whole stream and keeps its rows of each global batch: the same global batches for any number
     of processes). data_cfg["prefetch"]: batches prepared ahead in a background thread (default 2; 0: none).
     Every variant has exact state_dict()/load_state_dict() and .stats.
+
+    data_cfg["type"] == "mqar" (conf/data/mqar.yaml) builds the synthetic MQAR loader instead (data.mqar.MQARLoader:
+    same interface, {"input_ids", "labels"} [batch_size, T] with T set by each batch's setting; tokenizer and
+    seq_len unused).
     """
     cfg = _plain(data_cfg)
+    if cfg.get("type") == "mqar":
+        from .mqar import MQARLoader
+
+        return MQARLoader(cfg, batch_size=batch_size, rank=rank, world_size=world_size, seed=seed)
     shard = cfg.get("shard", "documents")
     if shard == "documents":
         loader = TrainLoader(cfg, tokenizer, seq_len=seq_len, batch_size=batch_size, rank=rank,

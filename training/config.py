@@ -47,9 +47,25 @@ _CHECKS = {
 }
 
 
+# Keys that configs written before they existed may lack: checked only when present.
+_OPTIONAL_CHECKS = {
+    "trainer.early_stop_metric": (lambda v: v is None or (isinstance(v, str) and v != ""),
+                                  "null or a validation metric name such as val/mqar_acc"),
+    "trainer.early_stop_threshold": (lambda v: v is None or _is_num(v), "null or a number"),
+}
+
+
 def validate_train_config(cfg: DictConfig) -> None:
     """Raise ConfigError naming every key whose value is missing or of the wrong kind."""
     problems = []
+    for key, (ok, expected) in _OPTIONAL_CHECKS.items():
+        value = OmegaConf.select(cfg, key)
+        if not ok(value):
+            problems.append(f"{key}={value!r} is invalid: expected {expected} (override it as {key}=...)")
+    if OmegaConf.select(cfg, "trainer.early_stop_metric") and OmegaConf.select(cfg, "trainer.early_stop_threshold") \
+            is None:
+        problems.append("trainer.early_stop_metric is set but trainer.early_stop_threshold is null: give the value "
+                        "at which to stop (e.g. trainer.early_stop_threshold=0.99)")
     for key, (ok, expected) in _CHECKS.items():
         if OmegaConf.select(cfg, key, default="__missing__") == "__missing__":
             problems.append(f"{key} is missing (expected {expected})")

@@ -1,0 +1,71 @@
+"""MQAR accuracy (SPEC §8, the Zoology protocol): argmax of the logits at every query position against its value.
+
+Test sets come from data.mqar.build_test_sets (labels at the query positions: ``labels[q]`` is the value the logits
+computed at position q, after reading the key, must predict; see data/mqar.py). ``evaluate`` scores a model on
+every slice (one (seq_len, num_kv_pairs) setting each) and returns
+
+    {"acc": accuracy over all queries of all slices (each query counts once, so slices with more pairs weigh more),
+     "loss": mean cross-entropy of the logits at the query positions (nats),
+     "slices": {"T256_kv4": {"acc", "loss", "num_queries", "seq_len", "num_kv_pairs"}, ...},
+     "num_queries": total}
+
+``metrics(result)`` flattens it to the names train.py logs: val/mqar_acc, val/mqar_acc/<slice>, val/loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+
+@torch.no_grad()
+def evaluate(model: Any, test_sets: Sequence[dict], batch_size: int, device: torch.device | str | None = None) -> dict:
+    """Accuracy and loss of ``model`` (called as model(input_ids=..., use_cache=False).logits, [B, T, V]) on the MQAR
+    test sets (dicts with name, seq_len, num_kv_pairs, inputs [N, T], labels [N, T]); see the module docstring.
+
+    Every process evaluates every example (no reduction across ranks), so the result is the same on all of them.
+    The model's training mode is restored afterwards.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if not test_sets:
+        raise ValueError("no MQAR test sets to evaluate (data.test is empty)")
+    if device is None:
+        device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    slices = {}
+    correct_all = queries_all = 0
+    loss_all = 0.0
+    for test in test_sets:
+        correct = queries = 0
+        loss_sum = 0.0
+        for i in range(0, len(test["inputs"]), batch_size):
+            inputs = test["inputs"][i:i + batch_size].to(device)
+            labels = test["labels"][i:i + batch_size].to(device)
+            logits = model(input_ids=inputs, use_cache=False).logits
+            mask = labels != IGNORE_INDEX
+            picked, targets = logits[mask].float(), labels[mask]
+            correct += int((picked.argmax(-1) == targets).sum())
+            loss_sum += float(F.cross_entropy(picked, targets, reduction="sum"))
+            queries += int(mask.sum())
+        if queries == 0:
+            raise ValueError(f"MQAR test slice {test['name']} has no labelled positions")
+        slices[test["name"]] = {"acc": correct / queries, "loss": loss_sum / queries, "num_queries": queries,
+                                "seq_len": int(test["seq_len"]), "num_kv_pairs": int(test["num_kv_pairs"])}
+        correct_all, queries_all, loss_all = correct_all + correct, queries_all + queries, loss_all + loss_sum
+    model.train(was_training)
+    return {"acc": correct_all / queries_all, "loss": loss_all / queries_all, "slices": slices,
+            "num_queries": queries_all}
+
+
+def metrics(result: dict, prefix: str = "val") -> dict[str, float]:
+    """The flat metric names of a result: <prefix>/mqar_acc, <prefix>/mqar_acc/<slice>, <prefix>/loss."""
+    out = {f"{prefix}/loss": result["loss"], f"{prefix}/mqar_acc": result["acc"]}
+    out.update({f"{prefix}/mqar_acc/{name}": s["acc"] for name, s in result["slices"].items()})
+    return out
