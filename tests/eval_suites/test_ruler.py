@@ -61,6 +61,17 @@ def essay():
     return ruler.load_haystack()
 
 
+def test_essay_haystack_is_the_heldout_corpus_words(essay, tmp_path):
+    import zstandard
+
+    with open(REPO / "data/corpus/heldout.jsonl.zst", "rb") as f:
+        raw = zstandard.ZstdDecompressor().stream_reader(f).read()
+    texts = [json.loads(line)["text"] for line in raw.decode().splitlines() if line.strip()]
+    assert essay == [word for text in texts for word in text.split()]
+    (tmp_path / "essays.txt").write_text("First  essay.\n\nIt has\ttwo sentences.")
+    assert ruler.load_haystack(str(tmp_path / "essays.txt")) == ["First", "essay.", "It", "has", "two", "sentences."]
+
+
 def _query_text(queries):
     return queries[0] if len(queries) == 1 else ", ".join(queries[:-1]) + ", and " + queries[-1]
 
@@ -75,6 +86,14 @@ def _split(sample, single, value_type):
 
 def test_task_list_is_rulers_eight():
     assert ruler.TASK_NAMES == tuple(GOLDEN)
+    for name, task in ruler.TASKS.items():
+        haystack, key_type, value_type, num_needles, queries, _ = GOLDEN[name]
+        assert (task.haystack, task.key_type, task.value_type) == (haystack, key_type, value_type)
+        assert (task.num_keys * task.num_values, task.num_queries) == (num_needles, len(queries))
+    with pytest.raises(ValueError, match="needle type"):
+        ruler.NiahTask("bad", "noise", "words", "letters")
+    with pytest.raises(ValueError, match="unknown RULER task"):
+        ruler.make_sample("niah_single_9", length=600, tokenizer=None)
 
 
 @pytest.mark.parametrize("task", list(GOLDEN))
@@ -178,6 +197,7 @@ def test_string_match_all():
     assert ruler.string_match_all(" 1234567 only", refs) == 0.5
     assert ruler.string_match_all("", refs) == 0.0
     assert ruler.string_match_all("123456", ["1234567"]) == 0.0
+    assert ruler.string_match_all("the value is abcdef01.", ["ABCDEF01", "Value"]) == 1.0
     assert ruler.postprocess("  a\tb\x00c  ") == "a\nb\nc"
 
 
@@ -187,19 +207,22 @@ def test_scores_oracle_empty_and_partial(tokenizer, tmp_path):
     assert oracle["average"] == 100 and all(v == 100 for by in oracle["scores"].values() for v in by.values())
     empty = ruler.evaluate(None, tokenizer, predict=lambda s: "", **kwargs)
     assert empty["average"] == 0
-    half = ruler.evaluate(None, tokenizer, predict=lambda s: _oracle(s, 0.5), **kwargs)
+    # 2 of 4 values for the four-answer tasks, and nothing for niah_single_1 at 700 tokens.
+    half = ruler.evaluate(None, tokenizer, **kwargs, predict=lambda s: "" if (s.task, s.length) == (
+        "niah_single_1", 700) else _oracle(s, 0.5))
     for task, by_length in half["scores"].items():
-        assert by_length == {str(LENGTH): 50.0 if task in ("niah_multivalue", "niah_multiquery") else 100.0,
-                             "700": 50.0 if task in ("niah_multivalue", "niah_multiquery") else 100.0}
-    assert half["average_by_length"] == {str(LENGTH): 87.5, "700": 87.5} and half["average"] == 87.5
-    assert half["average_by_task"]["niah_multivalue"] == 50.0 and len(half["samples"]) == 8 * 2 * 2
+        expected = 50.0 if task in ("niah_multivalue", "niah_multiquery") else 100.0
+        assert by_length == {str(LENGTH): expected, "700": 0.0 if task == "niah_single_1" else expected}
+    assert half["average_by_length"] == {str(LENGTH): 87.5, "700": 75.0} and half["average"] == 81.25
+    assert half["average_by_task"]["niah_multivalue"] == 50.0 and half["average_by_task"]["niah_single_1"] == 50.0
+    assert len(half["samples"]) == 8 * 2 * 2
     assert {s["score"] for s in half["samples"] if s["task"] == "niah_multiquery"} == {0.5}
 
     json_path, png_path = ruler.write_report(half, tmp_path)
     assert json.loads(json_path.read_text())["scores"] == half["scores"] and png_path.stat().st_size > 0
     table = ruler.format_table(half).splitlines()
     assert table[0].split() == ["task", str(LENGTH), "700", "average"]
-    assert table[-1].split() == ["average", "87.5", "87.5", "87.5"]
+    assert table[-1].split() == ["average", "87.5", "75.0", "81.2"]
     assert next(line for line in table if line.startswith("niah_multiquery")).split()[1:] == ["50.0"] * 3
 
 
