@@ -29,7 +29,7 @@ def test_mlp_false_has_no_mlp_parameters():
     with_mlp, without = tiny(), tiny(mlp=False)
     assert not [n for n, _ in without.named_parameters() if ".mlp" in n]
     c, i, layers = 32, with_mlp.config.intermediate_size, 2
-    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    count = lambda m: sum(p.numel() for p in m.parameters())
     # SwiGLU (gate, up, down: 3 * C * I) and its RMSNorm (C) per layer
     assert count(with_mlp) - count(without) == layers * (3 * c * i + c)
     h = torch.randn(2, 5, c)

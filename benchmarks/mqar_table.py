@@ -1,0 +1,147 @@
+"""The MQAR table of an experiment=mqar_sweep sweep: per model and width, the best learning rate's mean +- std
+(over seeds) of each run's best overall accuracy, as Markdown and CSV.
+
+    python benchmarks/mqar_table.py runs/sweeps/mqar_sweep [more run dirs ...] [--out runs/sweeps/mqar_sweep/mqar_table]
+
+Every directory under the given ones that holds a config.yaml is a run: its model (model.name), width
+(model.hidden_size), learning rate (optim.lr) and seed come from config.yaml; its accuracy is summary.json's
+best_mqar_acc, or, for a run without a summary (still running, killed), the largest val/mqar_acc in
+metrics.jsonl; runs with neither are skipped and counted. For each (model, width, lr) the accuracies are averaged
+over seeds (std: sample standard deviation, 0 for one seed); the lr with the highest mean is reported.
+
+Reference (SPEC §8, the log-linear attention paper, T = 256, 4-64 pairs; accuracy % at widths 16 / 32 / 64), to
+reproduce in trend:
+
+    Mamba-2                      46.9 / 75.1 / 89.6
+    log-linear Mamba-2           55.9 / 76.5 / 92.9
+    Gated DeltaNet               38.4 / 79.0 / >= 99
+    log-linear Gated DeltaNet    40.0 / 84.4 / >= 99
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import yaml
+
+# The paper's row order; other models follow alphabetically.
+MODEL_ORDER = ("transformer", "mamba2", "loglinear_mamba2", "gated_deltanet", "loglinear_gated_deltanet",
+               "hla_transformer", "hla_mamba2", "hla_gated_deltanet")
+REFERENCE = {"mamba2": (46.9, 75.1, 89.6), "loglinear_mamba2": (55.9, 76.5, 92.9),
+             "gated_deltanet": (38.4, 79.0, 99.0), "loglinear_gated_deltanet": (40.0, 84.4, 99.0)}
+CSV_FIELDS = ("model", "width", "best_lr", "mean_acc", "std_acc", "num_seeds", "seeds", "lrs")
+
+
+def run_accuracy(run_dir: Path) -> float | None:
+    """A run's best overall MQAR accuracy: summary.json's best_mqar_acc, else the max val/mqar_acc logged."""
+    summary = run_dir / "summary.json"
+    if summary.is_file():
+        best = json.loads(summary.read_text()).get("best_mqar_acc")
+        if best is not None:
+            return float(best)
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        accs = [json.loads(line).get("val/mqar_acc") for line in metrics.read_text().splitlines() if line.strip()]
+        accs = [a for a in accs if a is not None]
+        if accs:
+            return float(max(accs))
+    return None
+
+
+def collect_runs(roots: list[Path]) -> tuple[list[dict], int]:
+    """(runs, skipped): one dict per run dir (model, width, lr, seed, acc, dir); skipped counts runs without any
+    accuracy."""
+    runs, skipped = [], 0
+    for root in roots:
+        for config_path in sorted(Path(root).rglob("config.yaml")):
+            if config_path.parent.name == ".hydra" or "checkpoints" in config_path.parts:
+                continue
+            run_dir = config_path.parent
+            cfg = yaml.safe_load(config_path.read_text())
+            acc = run_accuracy(run_dir)
+            if acc is None:
+                skipped += 1
+                continue
+            runs.append({"model": cfg["model"]["name"], "width": int(cfg["model"]["hidden_size"]),
+                         "lr": float(cfg["optim"]["lr"]), "seed": int(cfg["seed"]), "acc": acc, "dir": str(run_dir)})
+    return runs, skipped
+
+
+def build_table(runs: list[dict]) -> list[dict]:
+    """Per (model, width): the lr whose mean accuracy over seeds is highest, with that mean and its std."""
+    groups: dict[tuple, dict[float, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    for r in runs:
+        groups[(r["model"], r["width"])][r["lr"]][r["seed"]] = r["acc"]
+    rows = []
+    for (model, width), by_lr in groups.items():
+        stats = {lr: (statistics.fmean(s.values()), statistics.stdev(s.values()) if len(s) > 1 else 0.0, s)
+                 for lr, s in by_lr.items()}
+        best_lr = max(stats, key=lambda lr: (stats[lr][0], -lr))
+        mean, std, seeds = stats[best_lr]
+        rows.append({"model": model, "width": width, "best_lr": best_lr, "mean_acc": mean, "std_acc": std,
+                     "num_seeds": len(seeds), "seeds": " ".join(str(s) for s in sorted(seeds)),
+                     "lrs": " ".join(f"{lr:g}" for lr in sorted(by_lr))})
+    rank = {m: i for i, m in enumerate(MODEL_ORDER)}
+    return sorted(rows, key=lambda r: (rank.get(r["model"], len(rank)), r["model"], r["width"]))
+
+
+def to_markdown(rows: list[dict]) -> str:
+    """Models x widths: accuracy % as mean ± std (best lr), plus the paper's numbers where SPEC §8 gives them."""
+    widths = sorted({r["width"] for r in rows})
+    cell = {(r["model"], r["width"]): r for r in rows}
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    lines = ["| model | " + " | ".join(f"d = {w}" for w in widths) + " | paper (16 / 32 / 64) |",
+             "|---|" + "---|" * (len(widths) + 1)]
+    for m in models:
+        cells = []
+        for w in widths:
+            r = cell.get((m, w))
+            cells.append("" if r is None else f"{100 * r['mean_acc']:.1f} ± {100 * r['std_acc']:.1f} "
+                                              f"(lr {r['best_lr']:g}, {r['num_seeds']} seeds)")
+        ref = REFERENCE.get(m)
+        ref_text = " / ".join(f"{v:.1f}" if v < 99 else "≥99" for v in ref) if ref else ""
+        lines.append(f"| {m} | " + " | ".join(cells) + f" | {ref_text} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_table(rows: list[dict], out_prefix: Path) -> tuple[Path, Path]:
+    """Write <out_prefix>.md and <out_prefix>.csv; return their paths."""
+    out_prefix.parent.mkdir(parents=True, exist_ok=True)
+    md, csv_path = out_prefix.with_suffix(".md"), out_prefix.with_suffix(".csv")
+    md.write_text(to_markdown(rows))
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: (f"{r[k]:.6f}" if isinstance(r[k], float) and not math.isnan(r[k]) else r[k])
+                             for k in CSV_FIELDS})
+    return md, csv_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dirs", nargs="+", type=Path, help="sweep or run directories (searched recursively)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output prefix (default: <first run dir>/mqar_table -> .md and .csv)")
+    args = parser.parse_args(argv)
+    runs, skipped = collect_runs(args.run_dirs)
+    if not runs:
+        print(f"no MQAR runs with an accuracy under {[str(d) for d in args.run_dirs]} ({skipped} without one)",
+              file=sys.stderr)
+        return 1
+    rows = build_table(runs)
+    md, csv_path = write_table(rows, args.out or args.run_dirs[0] / "mqar_table")
+    print(to_markdown(rows))
+    print(f"{len(runs)} runs ({skipped} skipped without an accuracy) -> {md}, {csv_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
