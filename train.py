@@ -219,9 +219,11 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
     with _StopRequested() as stop:
         while state["step"] < max_steps:
             step_loss = torch.zeros((), device=accelerator.device)
+            step_tokens = 0  # counted from the batches: MQAR batches are as long as their setting's seq_len
             for micro in range(accum):
                 t_wait = time.perf_counter()
                 batch = next(loader)
+                step_tokens += batch["input_ids"].numel() * world  # every rank's batch has the same shape
                 window["data_wait"] += time.perf_counter() - t_wait
                 batch = {k: v.to(accelerator.device, non_blocking=True) for k, v in batch.items()}
                 sync = micro == accum - 1
@@ -244,8 +246,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
                                   f"({state['skipped_steps']} so far)")
             optimizer.zero_grad(set_to_none=True)
             state["step"] += 1
-            state["tokens"] += tokens_per_step
-            window["tokens"] += tokens_per_step
+            state["tokens"] += step_tokens
+            window["tokens"] += step_tokens
             window["steps"] += 1
             if bool(finite):
                 window["loss"] += step_loss  # summed on the device; reduced across ranks once per log window
