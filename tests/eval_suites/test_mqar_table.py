@@ -1,0 +1,75 @@
+"""benchmarks/mqar_table.py on synthetic sweep directories: best lr by mean over seeds, mean ± std, Markdown + CSV."""
+import csv
+import json
+import statistics
+
+import pytest
+import yaml
+
+from benchmarks.mqar_table import build_table, collect_runs, main
+
+
+def make_run(root, name, model, width, lr, seed, best=None, logged=None):
+    run = root / name
+    run.mkdir(parents=True)
+    cfg = {"model": {"name": model, "hidden_size": width}, "optim": {"lr": lr}, "seed": seed}
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    if best is not None:
+        (run / "summary.json").write_text(json.dumps({"step": 10, "best_mqar_acc": best}))
+    if logged is not None:
+        lines = [json.dumps({"step": 10 * i, "val/mqar_acc": a, "val/loss": 1.0}) for i, a in enumerate(logged)]
+        (run / "metrics.jsonl").write_text("\n".join(lines + [json.dumps({"step": 99, "train/loss": 2.0})]) + "\n")
+    (run / ".hydra").mkdir()
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"not": "a run"}))
+    return run
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    root = tmp_path / "sweep"
+    n = 0
+
+    def add(*args, **kwargs):
+        nonlocal n
+        make_run(root, str(n), *args, **kwargs)
+        n += 1
+
+    for seed, acc in enumerate([0.5, 0.6, 0.7]):
+        add("gated_deltanet", 16, 1e-3, seed, best=acc)
+    add("gated_deltanet", 16, 3e-3, 0, best=0.8)
+    add("gated_deltanet", 16, 3e-3, 1, logged=[0.1, 0.9, 0.7])  # no summary: the best logged accuracy
+    add("gated_deltanet", 16, 3e-3, 2)  # nothing logged yet: skipped
+    add("mamba2", 32, 1e-2, 0, best=0.25)
+    add("mamba2", 16, 1e-2, 0, best=0.4)
+    add("mamba2", 16, 1e-3, 0, best=0.4)  # tie on the mean: the smaller lr
+    return root
+
+
+def test_best_learning_rate_mean_and_std(sweep):
+    runs, skipped = collect_runs([sweep])
+    assert skipped == 1 and len(runs) == 8
+    rows = build_table(runs)
+    assert [(r["model"], r["width"]) for r in rows] == [("mamba2", 16), ("mamba2", 32), ("gated_deltanet", 16)]
+    gdn = rows[2]
+    assert gdn["best_lr"] == 3e-3 and gdn["num_seeds"] == 2 and gdn["seeds"] == "0 1"
+    assert gdn["mean_acc"] == pytest.approx(0.85) and gdn["std_acc"] == pytest.approx(statistics.stdev([0.8, 0.9]))
+    assert gdn["lrs"] == "0.001 0.003"
+    assert rows[0]["best_lr"] == 1e-3 and rows[0]["std_acc"] == 0.0
+    assert rows[1]["mean_acc"] == 0.25
+
+
+def test_cli_writes_markdown_and_csv(sweep, tmp_path, capsys):
+    assert main([str(sweep), "--out", str(tmp_path / "out" / "table")]) == 0
+    md = (tmp_path / "out" / "table.md").read_text()
+    assert "| gated_deltanet | 85.0 ± 7.1 (lr 0.003, 2 seeds) |  | 38.4 / 79.0 / ≥99 |" in md
+    assert "| mamba2 | 40.0 ± 0.0 (lr 0.001, 1 seeds) | 25.0 ± 0.0 (lr 0.01, 1 seeds) | 46.9 / 75.1 / 89.6 |" in md
+    with open(tmp_path / "out" / "table.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["model"] for r in rows] == ["mamba2", "mamba2", "gated_deltanet"]
+    assert float(rows[2]["mean_acc"]) == pytest.approx(0.85) and rows[2]["num_seeds"] == "2"
+    assert "8 runs (1 skipped" in capsys.readouterr().out
+
+
+def test_cli_without_runs_fails(tmp_path):
+    (tmp_path / "empty").mkdir()
+    assert main([str(tmp_path / "empty")]) == 1
