@@ -2,6 +2,7 @@
 
     python eval.py checkpoint=runs/<name> eval=ppl_by_position [eval.seq_len=4096 eval.num_documents=32]
     python eval.py checkpoint=runs/<name> eval=ruler eval.lengths=[4096,8192,16384] [eval.num_samples=25]
+    python eval.py checkpoint=runs/<mqar run> eval=mqar            # a run trained with data=mqar
 
 Loads the checkpoint's model (AutoModelForCausalLM after `import models`) and tokenizer, the held-out data of its
 training config (or `data=...`), runs the suite and writes JSON + PNG beside the checkpoint, and to the run's
@@ -51,10 +52,15 @@ def run(cfg: DictConfig) -> dict:
 
         print(f"ruler: string_match_all (%), {cfg.eval.num_samples} samples per task and length")
         print(ruler.format_table(result))
+    elif cfg.eval.suite == "mqar":
+        from eval_suites import mqar
+
+        print("mqar: accuracy at the query positions")
+        print(mqar.format_table(result))
     else:
         print(f"{cfg.eval.suite}: ppl {result['ppl']:.3f} over {result['num_documents']} documents of "
               f"{cfg.eval.seq_len} tokens")
-    print(f"wrote {result['json_path']} and {result['png_path']}")
+    print(f"wrote {result['json_path']}" + (f" and {result['png_path']}" if result.get("png_path") else ""))
     return result
 
 

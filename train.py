@@ -335,7 +335,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
 
         result = evaluate_checkpoint(final_path, cfg.eval, device=accelerator.device,
                                      dtype=torch.float32 if use_cpu else torch.bfloat16, wandb_run=logger.wandb_run)
-        summary["eval"] = {**{key: result[key] for key in ("ppl", "average") if key in result},  # ppl / ruler
+        summary["eval"] = {**{key: result[key] for key in ("ppl", "average", "acc") if key in result},  # ppl/ruler/mqar
                            "json": result.get("json_path"), "png": result.get("png_path")}
     logger.finish(summary)
     if hasattr(loader, "close"):

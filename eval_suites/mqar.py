@@ -9,12 +9,15 @@ every slice (one (seq_len, num_kv_pairs) setting each) and returns
      "slices": {"T256_kv4": {"acc", "loss", "num_queries", "seq_len", "num_kv_pairs"}, ...},
      "num_queries": total}
 
-``metrics(result)`` flattens it to the names train.py logs: val/mqar_acc, val/mqar_acc/<slice>, val/loss.
+``metrics(result)`` flattens it to the names train.py logs: val/mqar_acc, val/mqar_acc/<slice>, val/loss;
+``format_table`` prints it and ``write_report`` saves it as JSON (eval.py eval=mqar).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -69,3 +72,21 @@ def metrics(result: dict, prefix: str = "val") -> dict[str, float]:
     out = {f"{prefix}/loss": result["loss"], f"{prefix}/mqar_acc": result["acc"]}
     out.update({f"{prefix}/mqar_acc/{name}": s["acc"] for name, s in result["slices"].items()})
     return out
+
+
+def format_table(result: dict) -> str:
+    """A plain-text table: one line per slice (accuracy %, queries) and the overall accuracy."""
+    lines = [f"{'slice':<16}{'acc %':>8}{'queries':>10}"]
+    for name, s in result["slices"].items():
+        lines.append(f"{name:<16}{100 * s['acc']:>8.2f}{s['num_queries']:>10}")
+    lines.append(f"{'all':<16}{100 * result['acc']:>8.2f}{result['num_queries']:>10}")
+    return "\n".join(lines)
+
+
+def write_report(result: dict, out_dir: str | Path) -> Path:
+    """Write <out_dir>/mqar.json (the whole result); return its path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "mqar.json"
+    path.write_text(json.dumps(result, indent=2, default=str))
+    return path

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from training.checkpoint import load_checkpoint_model, load_checkpoint_tokenizer, resolve_checkpoint
 
-SUITES = ("ppl_by_position", "ruler")
+SUITES = ("ppl_by_position", "ruler", "mqar")
 
 
 def evaluate_checkpoint(checkpoint, eval_cfg, *, device: torch.device, dtype: torch.dtype = torch.float32,
@@ -28,6 +28,8 @@ def evaluate_checkpoint(checkpoint, eval_cfg, *, device: torch.device, dtype: to
     model = load_checkpoint_model(ckpt, dtype=dtype).to(device).eval()
     if eval_cfg.suite == "ruler":
         return _evaluate_ruler(ckpt, train_cfg, model, tokenizer, eval_cfg, device=device, wandb_run=wandb_run)
+    if eval_cfg.suite == "mqar":
+        return _evaluate_mqar(ckpt, train_cfg, model, eval_cfg, data_cfg, device=device, wandb_run=wandb_run)
     data = OmegaConf.to_container(data_cfg if data_cfg is not None else train_cfg.data, resolve=True)
     seq_len = int(eval_cfg.seq_len)
     docs = list(iter_heldout_documents(data, tokenizer, min_tokens=seq_len + 1, max_docs=int(eval_cfg.num_documents)))
@@ -66,4 +68,25 @@ def _evaluate_ruler(ckpt: Path, train_cfg, model, tokenizer, eval_cfg, *, device
         result["json_path"], result["png_path"] = str(json_path), str(png_path)
         if wandb_run is not None:
             ruler.log_to_wandb(result, wandb_run)
+    return result
+
+
+def _evaluate_mqar(ckpt: Path, train_cfg, model, eval_cfg, data_cfg, *, device: torch.device, wandb_run) -> dict:
+    """MQAR accuracy on the test sets of data_cfg, else of the checkpoint's training data (both must be type mqar);
+    the report goes to eval_cfg.out_dir or <run dir>/eval/mqar/."""
+    from data.mqar import build_test_sets
+    from eval_suites import mqar
+
+    data = OmegaConf.to_container(data_cfg if data_cfg is not None else train_cfg.data, resolve=True)
+    if data.get("type") != "mqar":
+        raise ValueError(f"eval=mqar needs MQAR data (type: mqar); the data config is {data.get('name')!r}: "
+                         f"evaluate a checkpoint trained with data=mqar, or pass data=<an MQAR data config>")
+    result = mqar.evaluate(model, build_test_sets(data), batch_size=int(eval_cfg.batch_size), device=device)
+    result["checkpoint"] = str(ckpt)
+    out_dir = Path(eval_cfg.out_dir) if eval_cfg.get("out_dir") else ckpt.parent.parent / "eval" / "mqar"
+    is_main = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+    if is_main:
+        result["json_path"] = str(mqar.write_report(result, out_dir))
+        if wandb_run is not None:
+            wandb_run.summary.update(mqar.metrics(result, prefix="eval"))
     return result

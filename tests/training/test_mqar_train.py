@@ -128,3 +128,31 @@ def test_multirun_sweep_and_table(tmp_path):
     assert (sweep / "mqar_table.md").is_file() and "8 runs" in table.stdout
     csv_rows = (sweep / "mqar_table.csv").read_text().splitlines()
     assert csv_rows[0].startswith("model,width,best_lr") and len(csv_rows) == 3
+
+
+def test_eval_py_mqar_matches_the_final_validation(tmp_path):
+    run_dir = tmp_path / "run"
+    run_train(small_cfg(*TINY_DATA, "model=gated_deltanet", "model.mixer_kwargs.head_dim=16", "eval=mqar",
+                        "trainer.final_eval=true"), run_dir)
+    final = [r for r in metrics(run_dir) if "val/mqar_acc" in r][-1]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["eval"]["acc"] == pytest.approx(final["val/mqar_acc"])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    out = tmp_path / "eval_out"
+    proc = subprocess.run([sys.executable, "eval.py", f"checkpoint={run_dir}", "eval=mqar", f"eval.out_dir={out}",
+                           "logger=none"], check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "T16_kv2" in proc.stdout and "T16_kv4" in proc.stdout and "all" in proc.stdout
+    result = json.loads((out / "mqar.json").read_text())
+    assert result["acc"] == pytest.approx(final["val/mqar_acc"])
+    assert result["slices"]["T16_kv4"]["acc"] == pytest.approx(final["val/mqar_acc/T16_kv4"])
+    assert result["num_queries"] == 64 * 2 + 64 * 4
+
+
+def test_eval_mqar_refuses_text_data(tmp_path):
+    from training.evaluation import evaluate_checkpoint
+
+    run_dir = tmp_path / "run"
+    run_train(small_cfg("trainer.max_steps=1", "trainer.save_every=0"), run_dir)
+    with pytest.raises(ValueError, match="eval=mqar needs MQAR data"):
+        evaluate_checkpoint(run_dir, _compose(["eval=mqar"]).eval, device=torch.device("cpu"))
