@@ -195,13 +195,21 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
         from tqdm.auto import tqdm
         progress = tqdm(total=max_steps, initial=state["step"], desc="train", dynamic_ncols=True)
 
-    best = {"mqar_acc": None, "step": None}  # the best val/mqar_acc of this process's validations (MQAR data)
+    best = {"mqar_acc": None, "step": None}  # the best val/mqar_acc so far (MQAR data)
 
-    def record(val: dict, step: int) -> None:
-        logger.log(val, step=step)
+    def record(val: dict, step: int, log: bool = True) -> None:
+        if log:
+            logger.log(val, step=step)
         acc = val.get("val/mqar_acc")
         if acc is not None and (best["mqar_acc"] is None or acc > best["mqar_acc"]):
             best.update(mqar_acc=acc, step=step)
+
+    if resume_from is not None:  # validations before the checkpoint count towards the best (not later ones)
+        from training.logging import read_metrics
+
+        for row in read_metrics(run_dir / "metrics.jsonl"):
+            if row.get("step") is not None and row["step"] <= state["step"]:
+                record(row, row["step"], log=False)
 
     stop_metric, stop_threshold = tr.get("early_stop_metric"), tr.get("early_stop_threshold")
     if state["step"] == 0:

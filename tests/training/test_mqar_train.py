@@ -3,6 +3,7 @@ the data config, the Hydra configs (data=mqar, model/size=mqar, experiment=mqar_
 benchmarks/mqar_table.py."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -156,3 +157,25 @@ def test_eval_mqar_refuses_text_data(tmp_path):
     run_train(small_cfg("trainer.max_steps=1", "trainer.save_every=0"), run_dir)
     with pytest.raises(ValueError, match="eval=mqar needs MQAR data"):
         evaluate_checkpoint(run_dir, _compose(["eval=mqar"]).eval, device=torch.device("cpu"))
+
+
+def test_mqar_resume_is_bit_exact_and_keeps_the_best(tmp_path):
+    from safetensors.torch import load_file
+
+    overrides = (*TINY_DATA, "model=mamba2", "model.mixer_kwargs.head_dim=16", "trainer.val_every=2")
+    full = tmp_path / "full"
+    whole = run_train(small_cfg(*overrides), full)
+    part = tmp_path / "part"
+    shutil.copytree(full / "checkpoints" / "step_00000003", part / "checkpoints" / "step_00000003")
+    (part / "checkpoints" / "latest").write_text("step_00000003")
+    earlier = [r for r in metrics(full) if "val/mqar_acc" in r and r["step"] <= 3]
+    marks = [{"step": 1, "val/mqar_acc": 0.97}, {"step": 5, "val/mqar_acc": 2.0}]  # before / after the checkpoint
+    (part / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*earlier, *marks]))
+    resumed = run_train(small_cfg(*overrides), part)
+    a = load_file(str(full / "checkpoints" / "step_00000006" / "model" / "model.safetensors"))
+    b = load_file(str(part / "checkpoints" / "step_00000006" / "model" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert whole["best_mqar_acc"] < 0.97 and resumed["best_mqar_acc"] == 0.97 and resumed["best_mqar_acc_step"] == 1
+    assert resumed["tokens"] == whole["tokens"]
+    final = lambda rows: [r["val/mqar_acc"] for r in rows if r["step"] == 6 and "val/mqar_acc" in r]
+    assert final(metrics(part)) == final(metrics(full)) and len(final(metrics(full))) == 1
