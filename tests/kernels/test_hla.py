@@ -11,7 +11,17 @@ import torch
 from kernels import ahla, hla2, hla3
 from kernels.common import error_ratio
 from kernels.hla import AHLAState, HLA2State, HLA3State, hla2_chunked, hla_masked, hla_step
-from kernels.hla.scan import Summary, combine, hla2_scan
+from kernels.hla.scan import (
+    AHLASummary,
+    Summary,
+    ahla_combine,
+    ahla_scan,
+    ahla_token_summaries,
+    blelloch_exclusive_scan,
+    combine,
+    hla2_scan,
+    token_summaries,
+)
 from kernels.hla.state import signed_clamp, state_shapes
 
 OPS = {"hla2": hla2, "ahla": ahla, "hla3": hla3}
@@ -413,3 +423,99 @@ def test_decayed_scan_operator_associativity():
     left = paper_decayed_combine(paper_decayed_combine(x, y), z)
     right = paper_decayed_combine(x, paper_decayed_combine(y, z))
     assert error_ratio(left.G, right.G) > 0.01
+
+
+@pytest.mark.parametrize("gate", [None, "strong", "weak"])
+def test_ahla_scan_matches_masked_and_composition(gate):
+    """The AHLA associative scan (R not decayed) == masked ahla == kernels.ahla, chunks down to single tokens."""
+    q, k, v, g = make(2, 23, 2, 4, 3, gate, seed=25)
+    ref = hla_masked("ahla", q, k, v, g, scale=0.8)
+    assert error_ratio(ahla(q, k, v, g, scale=0.8, backend="torch")[0], ref) < F64
+    for chunk in (1, 5, 8, 32):
+        assert error_ratio(ahla_scan(q, k, v, g, scale=0.8, chunk=chunk), ref) < F64, chunk
+    x = ahla_token_summaries(q[:, :3], k[:, :3], v[:, :3], None if g is None else g[:, :3])
+    x, y, z = (AHLASummary(*(None if f is None else f[:, i] for f in x)) for i in range(3))
+    for left, right in zip(ahla_combine(ahla_combine(x, y), z), ahla_combine(x, ahla_combine(y, z)), strict=True):
+        assert left is right is None or error_ratio(left, right) < F64
+
+
+def paper_ahla_combine(a, b):
+    """SPEC §3 item 3: the paper's decayed AHLA scan operator decays R^KQ across segments, R_AB = rho_B R_A + R_B
+    (else as ahla_combine). WRONG: the cross term rho_B R_B P_A needs the undecayed R_B = sum_{i in B} k_i q_i^T;
+    a serial fold (single-token right operands) hides it, a scan over multi-token segments does not."""
+    return ahla_combine(a, b)._replace(R=b.rho[..., None, None] * a.R + b.R)
+
+
+def test_paper_ahla_decayed_scan_is_not_ahla():
+    q, k, v, g = make(2, 23, 2, 4, 3, "strong", seed=26)
+    g = 0.25 * g  # decay over a 13-token segment still leaves its cross term visible
+    ref = hla_masked("ahla", q, k, v, g)
+    paper = ahla_scan(q, k, v, g, chunk=8, op=paper_ahla_combine)
+    assert error_ratio(paper, ref) > 0.05
+    zero = torch.zeros_like(g)  # without decay the two operators coincide: the error is R's decay only
+    assert error_ratio(ahla_scan(q, k, v, zero, op=paper_ahla_combine), hla_masked("ahla", q, k, v)) < F64
+
+    def fold(op, lo, hi):  # serial left fold over tokens lo..hi-1
+        toks = ahla_token_summaries(q, k, v, g)
+        acc = AHLASummary(*(None if f is None else f[:, lo] for f in toks))
+        for i in range(lo + 1, hi):
+            acc = op(acc, AHLASummary(*(None if f is None else f[:, i] for f in toks)))
+        return acc
+
+    ours = ahla_combine(fold(ahla_combine, 0, 10), fold(ahla_combine, 10, 23))
+    wrong = paper_ahla_combine(fold(paper_ahla_combine, 0, 10), fold(paper_ahla_combine, 10, 23))
+    # ... and its E differs from ours by exactly rho_B (R_B decayed - R_B) P_A, R_B decayed = sum (b_end/b_i) k_i q_i^T
+    cum = g.cumsum(1)
+    w_dec = (cum[:, -1:] - cum[:, 10:]).exp() - 1.0  # [B, 13, H]
+    r_diff = torch.einsum("bih,bihk,bihl->bhkl", w_dec, k[:, 10:], q[:, 10:])
+    rho_b = (cum[:, -1] - cum[:, 9]).exp()[..., None, None]
+    term = rho_b * r_diff @ fold(ahla_combine, 0, 10).P
+    assert error_ratio(wrong.E - ours.E, term) < F64 and error_ratio(wrong.E, ours.E) > 0.05
+
+
+def paper_fig1_chunked(q, k, v, chunk):
+    """SPEC §3 item 4, the paper's Fig. 1 chunk formula (undecayed hla2): O_c = Q_c F_prev + ((W_c W_c^T) * L) V_c,
+    W_c = L * Q_c K_c^T, with the carried S, F updated exactly. WRONG: it omits the cross term
+    ((Q_c S_prev Q_c^T) * L) V_c, the triples whose key lies before the chunk and whose value lies in it."""
+    qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))  # [B, H, T, D]
+    s = qh.new_zeros(*qh.shape[:2], qh.shape[-1], qh.shape[-1])
+    f = qh.new_zeros(*qh.shape[:2], qh.shape[-1], vh.shape[-1])
+    outs = []
+    for c0 in range(0, q.shape[1], chunk):
+        qc, kc, vc = (x[..., c0:c0 + chunk, :] for x in (qh, kh, vh))
+        w = (qc @ kc.transpose(-1, -2)).tril()
+        outs.append(qc @ f + (w @ w.transpose(-1, -2)).tril() @ vc)
+        f = f + (qc @ s + w @ kc).transpose(-1, -2) @ vc  # rows S_j q_j, j in the chunk
+        s = s + kc.transpose(-1, -2) @ kc
+    return torch.cat(outs, -2).transpose(1, 2)
+
+
+def paper_fig2_exclusive_readout(q, k, v):
+    """SPEC §3 item 4, the paper's Fig. 2 read-out: o_t = q_t^T (S C - G) of the exclusive Blelloch prefix R_{<t}
+    (the summary of tokens < t) instead of the inclusive R_{<=t}. WRONG: it drops every term whose value index is
+    t itself, (sum_{i <= t} (q_t.k_i)^2) v_t."""
+    tokens = token_summaries(q, k, v)
+    prefix = blelloch_exclusive_scan([Summary(*(None if f is None else f[:, i] for f in tokens))
+                                      for i in range(q.shape[1])])
+    return torch.stack([torch.einsum("bhk,bhkv->bhv", q[:, i], p.S @ p.C - p.G) for i, p in enumerate(prefix)], 1)
+
+
+def test_paper_chunk_formulas_are_not_hla2():
+    q, k, v, _ = make(2, 21, 2, 4, 3, None, seed=27)
+    ref = hla_masked("hla2", q, k, v)
+    assert error_ratio(hla2_chunked(q, k, v, chunk=8)[0], ref) < F64
+    assert error_ratio(hla2_scan(q, k, v, chunk=8)[0], ref) < F64  # inclusive read-out
+    a = torch.einsum("bthk,bshk->bhts", q, k)  # a[t, s] = q_t . k_s
+    vh = v.transpose(1, 2)
+    fig1 = paper_fig1_chunked(q, k, v, chunk=8)
+    assert error_ratio(fig1, ref) > 0.1
+    r = torch.arange(q.shape[1])
+    start = r // 8 * 8  # first token of t's chunk
+    mask = ((r[None, None, :] < start[:, None, None]) & (start[:, None, None] <= r[None, :, None])
+            & (r[None, :, None] <= r[:, None, None])).to(q.dtype)  # [t, j, i]: i < chunk start <= j <= t
+    cross = torch.einsum("tji,bhti,bhji,bhjv->bthv", mask, a, a, vh)
+    assert error_ratio(ref - fig1, cross) < F64
+    fig2 = paper_fig2_exclusive_readout(q, k, v)
+    assert error_ratio(fig2, ref) > 0.1
+    own = torch.einsum("bhts,bhtv->bthv", (a * a).tril(), vh)  # j = t: (sum_{i <= t} (q_t.k_i)^2) v_t
+    assert error_ratio(ref - fig2, own) < F64
