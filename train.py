@@ -338,13 +338,17 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
         summary["early_stopped"] = early_stopped
     if best["mqar_acc"] is not None:
         summary.update(best_mqar_acc=best["mqar_acc"], best_mqar_acc_step=best["step"])
-    if not stopped_by_signal and tr.final_eval and final_path is not None:
-        from training.evaluation import evaluate_checkpoint
+    if not stopped_by_signal and final_path is not None:  # trainer.final_eval (the eval group), trainer.final_evals
+        from training.evaluation import eval_summary, evaluate_checkpoint, final_eval_configs
 
-        result = evaluate_checkpoint(final_path, cfg.eval, device=accelerator.device,
-                                     dtype=torch.float32 if use_cpu else torch.bfloat16, wandb_run=logger.wandb_run)
-        summary["eval"] = {**{key: result[key] for key in ("ppl", "average", "acc") if key in result},  # ppl/ruler/mqar
-                           "json": result.get("json_path"), "png": result.get("png_path")}
+        for eval_name, eval_cfg in final_eval_configs(cfg):
+            result = evaluate_checkpoint(final_path, eval_cfg, device=accelerator.device,
+                                         dtype=torch.float32 if use_cpu else torch.bfloat16,
+                                         wandb_run=logger.wandb_run, wandb_prefix=eval_name)
+            if eval_name is None:
+                summary["eval"] = eval_summary(result)
+            else:
+                summary.setdefault("evals", {})[eval_name] = eval_summary(result)
     logger.finish(summary)
     if hasattr(loader, "close"):
         loader.close()

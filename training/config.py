@@ -66,6 +66,19 @@ def validate_train_config(cfg: DictConfig) -> None:
             is None:
         problems.append("trainer.early_stop_metric is set but trainer.early_stop_threshold is null: give the value "
                         "at which to stop (e.g. trainer.early_stop_threshold=0.99)")
+    final_evals = OmegaConf.select(cfg, "trainer.final_evals")
+    if final_evals is not None:  # checked at start-up, not after the training steps
+        from training.evaluation import SUITES
+
+        if not isinstance(final_evals, DictConfig):
+            problems.append(f"trainer.final_evals={final_evals!r} is invalid: expected a mapping name -> eval config "
+                            f"(e.g. +eval@trainer.final_evals.ruler=ruler)")
+        else:
+            for name, eval_cfg in final_evals.items():
+                suite = eval_cfg.get("suite") if isinstance(eval_cfg, DictConfig) else None
+                if suite not in SUITES:
+                    problems.append(f"trainer.final_evals.{name} has suite={suite!r}: expected an eval config with "
+                                    f"suite one of {', '.join(SUITES)} (+eval@trainer.final_evals.{name}=<suite>)")
     for key, (ok, expected) in _CHECKS.items():
         if OmegaConf.select(cfg, key, default="__missing__") == "__missing__":
             problems.append(f"{key} is missing (expected {expected})")

@@ -11,12 +11,32 @@ from training.checkpoint import load_checkpoint_model, load_checkpoint_tokenizer
 SUITES = ("ppl_by_position", "ruler", "mqar")
 
 
+def final_eval_configs(cfg) -> list[tuple[str | None, object]]:
+    """The evaluations train.py runs on its final checkpoint, in order, as (name, eval config) pairs:
+    (None, cfg.eval) when trainer.final_eval is true (the eval group's one suite, summary["eval"]), then every entry
+    of trainer.final_evals, a mapping name -> eval config composed from conf/eval/*.yaml (summary["evals"][name]),
+    e.g. `- /eval@trainer.final_evals.ruler: ruler` in an experiment's defaults list. Configs without
+    trainer.final_evals (written before it existed) give the eval group's suite alone."""
+    tr = cfg.trainer
+    pairs = [(None, cfg.eval)] if tr.get("final_eval") else []
+    pairs += [(str(name), eval_cfg) for name, eval_cfg in (tr.get("final_evals") or {}).items()]
+    return pairs
+
+
+def eval_summary(result: dict) -> dict:
+    """The headline of an evaluation result for a training summary: ppl (ppl_by_position), average (ruler) or acc
+    (mqar), and the report paths."""
+    return {**{key: result[key] for key in ("ppl", "average", "acc") if key in result},
+            "json": result.get("json_path"), "png": result.get("png_path")}
+
+
 def evaluate_checkpoint(checkpoint, eval_cfg, *, device: torch.device, dtype: torch.dtype = torch.float32,
-                        data_cfg=None, wandb_run=None) -> dict:
+                        data_cfg=None, wandb_run=None, wandb_prefix: str | None = None) -> dict:
     """Run eval_cfg.suite on a checkpoint (or a run directory's newest one); write JSON + PNG; return the result.
 
     The tokenizer comes from the checkpoint, the held-out documents from data_cfg or else from the checkpoint's
-    own training config. Reports go to eval_cfg.out_dir or <run dir>/eval/<suite>_T<seq_len>/."""
+    own training config. Reports go to eval_cfg.out_dir or <run dir>/eval/<suite>_T<seq_len>/. W&B keys start with
+    wandb_prefix (None: the suite's name; "eval" for mqar), so several evaluations of one run keep apart."""
     from data import iter_heldout_documents
     from eval_suites import ppl_by_position
 
@@ -27,9 +47,11 @@ def evaluate_checkpoint(checkpoint, eval_cfg, *, device: torch.device, dtype: to
     tokenizer = load_checkpoint_tokenizer(ckpt)
     model = load_checkpoint_model(ckpt, dtype=dtype).to(device).eval()
     if eval_cfg.suite == "ruler":
-        return _evaluate_ruler(ckpt, train_cfg, model, tokenizer, eval_cfg, device=device, wandb_run=wandb_run)
+        return _evaluate_ruler(ckpt, train_cfg, model, tokenizer, eval_cfg, device=device, wandb_run=wandb_run,
+                               wandb_prefix=wandb_prefix or "ruler")
     if eval_cfg.suite == "mqar":
-        return _evaluate_mqar(ckpt, train_cfg, model, eval_cfg, data_cfg, device=device, wandb_run=wandb_run)
+        return _evaluate_mqar(ckpt, train_cfg, model, eval_cfg, data_cfg, device=device, wandb_run=wandb_run,
+                              wandb_prefix=wandb_prefix or "eval")
     data = OmegaConf.to_container(data_cfg if data_cfg is not None else train_cfg.data, resolve=True)
     seq_len = int(eval_cfg.seq_len)
     docs = list(iter_heldout_documents(data, tokenizer, min_tokens=seq_len + 1, max_docs=int(eval_cfg.num_documents)))
@@ -44,11 +66,12 @@ def evaluate_checkpoint(checkpoint, eval_cfg, *, device: torch.device, dtype: to
         json_path, png_path = ppl_by_position.write_report(result, out_dir, title=f"{train_cfg.name} ({ckpt.name})")
         result["json_path"], result["png_path"] = str(json_path), str(png_path)
         if wandb_run is not None:
-            ppl_by_position.log_to_wandb(result, wandb_run)
+            ppl_by_position.log_to_wandb(result, wandb_run, prefix=wandb_prefix or "ppl_by_position")
     return result
 
 
-def _evaluate_ruler(ckpt: Path, train_cfg, model, tokenizer, eval_cfg, *, device: torch.device, wandb_run) -> dict:
+def _evaluate_ruler(ckpt: Path, train_cfg, model, tokenizer, eval_cfg, *, device: torch.device, wandb_run,
+                    wandb_prefix: str) -> dict:
     """RULER NIAH on a loaded checkpoint; reports go to eval_cfg.out_dir or <run dir>/eval/ruler_T<lengths>/."""
     from eval_suites import ruler
 
@@ -67,11 +90,12 @@ def _evaluate_ruler(ckpt: Path, train_cfg, model, tokenizer, eval_cfg, *, device
         json_path, png_path = ruler.write_report(result, out_dir, title=f"RULER NIAH: {train_cfg.name} ({ckpt.name})")
         result["json_path"], result["png_path"] = str(json_path), str(png_path)
         if wandb_run is not None:
-            ruler.log_to_wandb(result, wandb_run)
+            ruler.log_to_wandb(result, wandb_run, prefix=wandb_prefix)
     return result
 
 
-def _evaluate_mqar(ckpt: Path, train_cfg, model, eval_cfg, data_cfg, *, device: torch.device, wandb_run) -> dict:
+def _evaluate_mqar(ckpt: Path, train_cfg, model, eval_cfg, data_cfg, *, device: torch.device, wandb_run,
+                   wandb_prefix: str) -> dict:
     """MQAR accuracy on the test sets of data_cfg, else of the checkpoint's training data (both must be type mqar);
     the report goes to eval_cfg.out_dir or <run dir>/eval/mqar/."""
     from data.mqar import build_test_sets
@@ -88,5 +112,5 @@ def _evaluate_mqar(ckpt: Path, train_cfg, model, eval_cfg, data_cfg, *, device: 
     if is_main:
         result["json_path"] = str(mqar.write_report(result, out_dir))
         if wandb_run is not None:
-            wandb_run.summary.update(mqar.metrics(result, prefix="eval"))
+            wandb_run.summary.update(mqar.metrics(result, prefix=wandb_prefix))
     return result
