@@ -8,7 +8,12 @@ get_seq_length() is right for models without any attention layer too.
 It is not a transformers.Cache subclass: the Cache base class changes between transformers releases, while
 generate() only needs the methods below (HiloForCausalLM creates the cache itself and tells generate not to
 build a DynamicCache).
+
+expected_state_shapes / expected_state_bytes give, from a HiloConfig alone, what every layer's slot holds after a
+number of tokens (SPEC §2, §4, §5 arithmetic); HiloCache.state_bytes() measures the same quantity on a live cache.
 """
+
+import math
 
 import torch
 
@@ -62,8 +67,118 @@ class HiloCache:
             for name, t in slot.items():
                 slot[name] = t.index_select(0, beam_idx.to(t.device))
 
+    def state_bytes(self) -> int:
+        """Bytes of every tensor in every slot (numel * element size): the decoding state the cache holds, the
+        quantity expected_state_bytes predicts."""
+        return sum(t.numel() * t.element_size() for slot in self.layers for t in slot.values())
+
+    def held_bytes(self) -> int:
+        """Bytes of the distinct storages behind the slots' tensors: what the cache keeps allocated. It exceeds
+        state_bytes() when a state is a view into a larger tensor (a short conv's state sliced from its input)."""
+        storages = {}
+        for slot in self.layers:
+            for t in slot.values():
+                storage = t.untyped_storage()
+                storages[(t.device, storage.data_ptr())] = storage.nbytes()
+        return sum(storages.values())
+
     def batch_repeat_interleave(self, repeats: int) -> None:
         """Repeat every batch row repeats times (expanding a prompt's state for several samples)."""
         for slot in self.layers:
             for name, t in slot.items():
                 slot[name] = t.repeat_interleave(repeats, dim=0)
+
+
+def expected_state_shapes(config, seq_len: int, batch: int = 1,
+                          dtype: torch.dtype = torch.float32) -> list[dict[str, tuple[tuple[int, ...], torch.dtype]]]:
+    """Per layer, {slot key: (shape, dtype)} of what a HiloCache holds once `batch` rows of seq_len tokens have gone
+    through a model of `config` whose activations are `dtype` (the parameter dtype: bf16 on GPU, fp32 on CPU).
+
+    Recurrent states are fp32 whatever the activations (promote_types(dtype, float32)); KV caches and short-conv
+    states are in the activation dtype. With Hkv = num_kv_heads, D = head_dim, Kc = a conv's kernel size:
+      attention       "key", "value" [B, T, Hkv, D]                                 2 T Hkv D bytes(dtype)
+      mamba2          "conv_state" [B, d_inner + 2 G N, Kc - 1], "recurrent_state" [B, H, N, P] fp32
+                      (H = expand hidden / P heads of P channels, N = state_size, G = n_groups)
+      gated_deltanet  "conv_q", "conv_k" [B, H K, Kc - 1], "conv_v" [B, H V, Kc - 1], "recurrent_state"
+                      [B, H, K, V] fp32 (K = head_dim, V = expand_v K, H = num_heads or round(0.75 hidden / K))
+      loglinear_*     the shell's convs, "recurrent_levels" [B, H, levels, K, V] fp32 with levels =
+                      bit_length(T - 1) + 1 (SPEC §4: one K x V state per Fenwick level the positions reach, so it
+                      grows by one state at every power of two), and "recurrent_tokens" [B] int64
+      hla             kernels.hla.state fields: hla2 "S" [B, H, D, D], "F" [B, H, D, Vs]; ahla "P", "E"
+                      [B, H, D, Vs]; hla3 "S", "P", "F" (Vs = D, + 1 with normalize); "conv_q" [B, H D, Kc - 1],
+                      "conv_k", "conv_v" [B, Hkv D, Kc - 1] with mixer_kwargs.conv_size
+      hla_mamba2      "conv_state" as mamba2 and the operator's fields with (K, V) = (N, P)
+      hla_gated_deltanet  the GDN convs and the operator's fields with (K, V) = (head_dim, expand_v head_dim)
+    plus "pre_conv_state" [B, hidden, pre_conv - 1] on every layer when config.pre_conv is set. Only attention
+    layers and log-linear levels depend on seq_len. seq_len 0 is an empty cache.
+    """
+    if seq_len < 0 or batch < 1:
+        raise ValueError(f"expected_state_shapes needs seq_len >= 0 and batch >= 1, got {seq_len}, {batch}")
+    if seq_len == 0:
+        return [{} for _ in range(config.num_layers)]
+    from kernels.hla.state import state_shapes
+    from kernels.loglinear_attn import num_levels
+    from models.mixers.gated_deltanet import default_num_heads
+    from models.registry import MIXERS, mixer_options
+
+    b = batch
+    state_dtype = torch.promote_types(dtype, torch.float32)
+    shapes = []
+    for i in range(config.num_layers):
+        name = config.layer_mixer(i)
+        cls = MIXERS[name]
+        slot: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+        if name == "attention":
+            kv = (b, seq_len, config.num_kv_heads, config.head_dim)
+            slot.update(key=(kv, dtype), value=(kv, dtype))
+        elif name == "hla":
+            opts = mixer_options(name, config.mixer_kwargs, cls.DEFAULTS)
+            h, hkv, d = config.num_heads, config.num_kv_heads, config.head_dim
+            if opts["conv_size"] is not None:
+                taps = int(opts["conv_size"]) - 1
+                slot.update(conv_q=((b, h * d, taps), dtype), conv_k=((b, hkv * d, taps), dtype),
+                            conv_v=((b, hkv * d, taps), dtype))
+            fields = state_shapes(config.operator, b, h, d, d + (1 if opts["normalize"] else 0))
+            slot.update({f: (s, state_dtype) for f, s in fields.items()})
+        elif name in ("mamba2", "loglinear_mamba2", "hla_mamba2"):
+            opts = mixer_options(name, config.mixer_kwargs, cls.DEFAULTS)
+            p, n, groups = int(opts["head_dim"]), int(opts["state_size"]), int(opts["n_groups"])
+            d_inner = int(opts["expand"] * config.hidden_size)
+            h = d_inner // p
+            slot["conv_state"] = ((b, d_inner + 2 * groups * n, int(opts["conv_size"]) - 1), dtype)
+            slot.update(_recurrent_shapes(name, config, b, h, n, p, seq_len, state_dtype, state_shapes, num_levels))
+        elif name in ("gated_deltanet", "loglinear_gated_deltanet", "hla_gated_deltanet"):
+            opts = mixer_options(name, config.mixer_kwargs, cls.DEFAULTS)
+            dk = int(opts["head_dim"])
+            h = int(opts["num_heads"] or default_num_heads(config.hidden_size, dk))
+            dv = int(opts["expand_v"] * dk)
+            taps = int(opts["conv_size"]) - 1
+            slot.update(conv_q=((b, h * dk, taps), dtype), conv_k=((b, h * dk, taps), dtype),
+                        conv_v=((b, h * dv, taps), dtype))
+            slot.update(_recurrent_shapes(name, config, b, h, dk, dv, seq_len, state_dtype, state_shapes, num_levels))
+        else:
+            raise ValueError(f"expected_state_shapes does not know what mixer {name!r} keeps in its cache slot")
+        if getattr(config, "pre_conv", None):
+            slot["pre_conv_state"] = ((b, config.hidden_size, config.pre_conv - 1), dtype)
+        shapes.append(slot)
+    return shapes
+
+
+def _recurrent_shapes(name, config, b, h, dk, dv, seq_len, state_dtype, state_shapes, num_levels) -> dict:
+    """The recurrent part of a Mamba-2 / GDN shell's slot: one K x V state, its log-linear levels, or HLA fields."""
+    if name.startswith("loglinear_"):
+        return {"recurrent_levels": ((b, h, num_levels(seq_len), dk, dv), state_dtype),
+                "recurrent_tokens": ((b,), torch.int64)}
+    if name.startswith("hla_"):
+        return {f: (s, state_dtype) for f, s in state_shapes(config.operator, b, h, dk, dv).items()}
+    return {"recurrent_state": ((b, h, dk, dv), state_dtype)}
+
+
+def expected_state_bytes(config, seq_len: int, batch: int = 1, dtype: torch.dtype = torch.float32) -> int:
+    """Bytes of decoding state a HiloCache holds after seq_len tokens of `batch` rows (sum over
+    expected_state_shapes): what HiloCache.state_bytes() measures. E.g. a Transformer's KV cache is
+    2 * seq_len * num_kv_heads * head_dim * bytes(dtype) per layer and row; Mamba-2's H * N * P * 4 + its conv's
+    (d_inner + 2 G N)(Kc - 1) bytes(dtype), independent of seq_len; a log-linear layer multiplies its recurrent
+    state by bit_length(seq_len - 1) + 1 levels."""
+    return sum(math.prod(shape) * dt.itemsize
+               for slot in expected_state_shapes(config, seq_len, batch, dtype) for shape, dt in slot.values())

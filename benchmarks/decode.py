@@ -1,0 +1,266 @@
+"""Decoding: per-token latency and decoding-state memory against context length, for every model family.
+
+    python benchmarks/decode.py                                    # 340m on CUDA (bf16), every family, 1K..32K
+    python benchmarks/decode.py --size tiny --contexts 256 1024 --families mamba2 transformer   # quick run
+    python benchmarks/decode.py --append                           # also writes the table to RESULTS.md
+    python benchmarks/decode.py --families gated_deltanet model.mixer_kwargs.head_dim=128      # Hydra overrides
+
+For each family (conf/model/<family>.yaml at preset --size, random weights, model.max_position_embeddings set to
+the longest context plus the decoded tokens) and each context length L: a random prompt of L tokens is prefilled
+through the model's forward with a fresh HiloCache (timed on its own, after one untimed prefill of the same
+shape so kernel compilation is not counted), then warm-up + steps greedy tokens are decoded one at a time through
+the path generate() takes (forward on the last token with the cache, logits_to_keep=1, argmax). Reported: the
+median per-token latency of the timed steps (each step synchronised and timed on the host clock, so launch
+overhead counts, as it does for a user), its ratio to the shortest context's, the decoding state the cache holds
+afterwards (HiloCache.state_bytes(): the sum of its tensors) next to models.cache.expected_state_bytes (SPEC's
+arithmetic for L + decoded tokens), and the storage the cache actually keeps alive (HiloCache.held_bytes(): larger
+when a state is a view into a bigger tensor). Once per family, at the shortest context, model.generate(...,
+do_sample=False) must reproduce the manual loop's tokens.
+
+Targets (issue 7, H200 bf16): per-token latency at 32K within 1.1x of 1K for the linear families (mamba2,
+gated_deltanet, hla_*), within 1.5x for log-linear; the Transformer's grows with its KV cache. On CUDA the model
+runs in bf16; on CPU in fp32 (tests, smoke runs), where the default contexts are shorter.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+FAMILIES = ("transformer", "mamba2", "gated_deltanet", "loglinear_mamba2", "loglinear_gated_deltanet",
+            "hla_transformer", "hla_mamba2", "hla_gated_deltanet")
+# Bound on (per-token latency at the longest context) / (at the shortest), issue 7; None: grows with the context.
+LATENCY_TARGETS = {"transformer": None, "loglinear_mamba2": 1.5, "loglinear_gated_deltanet": 1.5}
+DEFAULT_LATENCY_TARGET = 1.1
+GPU_CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768)
+CPU_CONTEXTS = (256, 512, 1024, 2048)
+
+
+def latency_target(family: str) -> float | None:
+    return LATENCY_TARGETS.get(family, DEFAULT_LATENCY_TARGET)
+
+
+def build(family: str, size: str, max_positions: int, overrides: list[str], vocab_size: int | None, device, dtype):
+    """(model in eval mode on device/dtype, its HiloConfig) from conf/train.yaml with model=family, model/size=size,
+    random weights (seed 0). vocab_size None: the tokenizer config's vocab_size (8192 for the default)."""
+    import torch
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    import models
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[f"model={family}", f"model/size={size}",
+                                                      f"model.max_position_embeddings={max_positions}", *overrides])
+    kwargs = OmegaConf.to_container(cfg.model, resolve=True)
+    if vocab_size is None:
+        vocab_size = cfg.data.get("vocab_size") or cfg.tokenizer.get("vocab_size")
+        if vocab_size is None:
+            raise ValueError("the tokenizer config has no vocab_size: pass --vocab-size")
+    kwargs["vocab_size"] = int(vocab_size)
+    torch.manual_seed(0)
+    model = models.build_model(kwargs).to(device=device, dtype=dtype).eval()
+    return model, model.config
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def prefill(model, prompt):
+    """Run the prompt through the model's forward with a fresh HiloCache; (cache, first greedy token [B, 1])."""
+    from models import HiloCache
+
+    cache = HiloCache.from_config(model.config)
+    out = model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
+    return cache, out.logits[:, -1].argmax(-1, keepdim=True)
+
+
+def decode_steps(model, cache, token, steps: int, timer=None):
+    """Greedy-decode `steps` tokens one at a time from `token` (the last prompt token's prediction), as generate()
+    does: forward on the newest token with the cache, logits_to_keep=1, argmax. timer(step_fn) may time each step.
+    Returns the tokens [B, 1 + steps] (token first)."""
+    import torch
+
+    tokens = [token]
+
+    def step():
+        out = model(input_ids=tokens[-1], cache=cache, use_cache=True, logits_to_keep=1)
+        tokens.append(out.logits[:, -1].argmax(-1, keepdim=True))
+
+    for _ in range(steps):
+        if timer is None:
+            step()
+        else:
+            timer(step)
+    return torch.cat(tokens, dim=1)
+
+
+def generate_matches(model, prompt, reference, new_tokens: int) -> bool:
+    """Whether model.generate(prompt, max_new_tokens=new_tokens, do_sample=False) produces reference's first
+    new_tokens tokens (reference: the manual loop's prefill prediction followed by its decoded tokens)."""
+    import torch
+
+    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
+                         min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None)
+    return torch.equal(out[:, prompt.shape[1]:], reference[:, :new_tokens])
+
+
+def measure_family(family: str, size: str, contexts: list[int], steps: int, warmup: int, batch: int,
+                   verify_tokens: int, overrides: list[str], vocab_size: int | None, device, dtype) -> list[dict]:
+    """One row per context length for one family (see the module docstring)."""
+    import torch
+
+    from models.cache import expected_state_bytes
+
+    contexts = sorted(contexts)
+    decoded = warmup + steps
+    model, config = build(family, size, contexts[-1] + max(decoded, verify_tokens) + 1, overrides, vocab_size,
+                          device, dtype)
+    params = sum(p.numel() for p in model.parameters())
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    with torch.no_grad():
+        for i, length in enumerate(contexts):
+            prompt = torch.randint(0, config.vocab_size, (batch, length), generator=gen).to(device)
+            del_cache = prefill(model, prompt)  # untimed: compiles / autotunes the prefill kernels for this shape
+            del del_cache
+            _sync(device)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
+            start = time.perf_counter()
+            cache, token = prefill(model, prompt)
+            _sync(device)
+            prefill_s = time.perf_counter() - start
+            held_after_prefill = cache.held_bytes()
+            times: list[float] = []
+
+            def timer(step):
+                _sync(device)
+                t0 = time.perf_counter()
+                step()
+                _sync(device)
+                times.append(time.perf_counter() - t0)
+
+            tokens = decode_steps(model, cache, token, decoded, timer)
+            generate_ok = None
+            if i == 0 and verify_tokens > 0:
+                if verify_tokens > decoded + 1:
+                    tokens = torch.cat([tokens[:, :-1], decode_steps(model, cache, tokens[:, -1:],
+                                                                     verify_tokens - decoded)], dim=1)
+                generate_ok = generate_matches(model, prompt, tokens, verify_tokens)
+            seen = cache.get_seq_length()
+            rows.append({
+                "family": family, "size": size, "params": params, "context": length, "batch": batch,
+                "dtype": str(dtype).removeprefix("torch."), "prefill_ms": 1e3 * prefill_s,
+                "ms_per_token": 1e3 * statistics.median(times[warmup:]), "steps": steps, "warmup": warmup,
+                "tokens_seen": seen, "state_bytes": cache.state_bytes(),
+                "expected_bytes": expected_state_bytes(config, seen, batch, dtype),
+                "held_bytes": cache.held_bytes(), "held_after_prefill_bytes": held_after_prefill,
+                "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+                "generate_matches": generate_ok,
+            })
+            del cache
+    for row in rows:
+        row["latency_ratio"] = row["ms_per_token"] / rows[0]["ms_per_token"]
+    return rows
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.2f}"
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown table of measure_family rows, then one verdict line per family (latency target and state memory)."""
+    lines = ["| family | size | context | prefill ms | ms/token | x shortest | state MiB | expected MiB | held MiB "
+             "| held after prefill MiB | peak GiB | generate() |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        peak = f"{r['peak_mem_gib']:.2f}" if r["peak_mem_gib"] is not None else "n/a"
+        gen = {None: "", True: "same tokens", False: "DIFFERS"}[r["generate_matches"]]
+        lines.append(f"| {r['family']} | {r['size']} | {r['context']} | {r['prefill_ms']:.1f} | "
+                     f"{r['ms_per_token']:.3f} | {r['latency_ratio']:.2f} | {_mib(r['state_bytes'])} | "
+                     f"{_mib(r['expected_bytes'])} | {_mib(r['held_bytes'])} | {_mib(r['held_after_prefill_bytes'])} "
+                     f"| {peak} | {gen} |")
+    lines.append("")
+    for family in dict.fromkeys(r["family"] for r in rows):
+        fam = [r for r in rows if r["family"] == family]
+        first, last = fam[0], fam[-1]
+        bound = latency_target(family)
+        if bound is None:
+            verdict = f"latency x{last['latency_ratio']:.2f} (no bound: grows with the KV cache)"
+        else:
+            ok = "meets" if last["latency_ratio"] <= bound else "MISSES"
+            verdict = f"latency x{last['latency_ratio']:.2f}, {ok} the x{bound} target"
+        mem = "state = expected at every context" if all(r["state_bytes"] == r["expected_bytes"] for r in fam) \
+            else "STATE DIFFERS FROM expected_state_bytes"
+        lines.append(f"- {family}: context {first['context']} -> {last['context']}: {verdict}; {mem}.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
+    ap.add_argument("--size", default=None, help="model/size preset (default: 340m on CUDA, tiny on CPU)")
+    ap.add_argument("--contexts", nargs="+", type=int, default=None,
+                    help=f"context lengths (default: {' '.join(map(str, GPU_CONTEXTS))} on CUDA, "
+                         f"{' '.join(map(str, CPU_CONTEXTS))} on CPU)")
+    ap.add_argument("--steps", type=int, default=32, help="timed decode steps per context")
+    ap.add_argument("--warmup", type=int, default=8, help="untimed decode steps before them")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--verify-tokens", type=int, default=8,
+                    help="tokens that model.generate must reproduce at the shortest context (0: skip the check)")
+    ap.add_argument("--vocab-size", type=int, default=None, help="default: the tokenizer config's (8192)")
+    ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    ap.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
+                    help="model dtype (default: bfloat16 on CUDA, float32 on CPU)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
+    ap.add_argument("--append", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every model (model.key=value)")
+    args = ap.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0 or args.batch < 1:
+        ap.error("--steps and --batch must be >= 1 and --warmup >= 0")
+
+    import torch
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    on_gpu = device.type == "cuda"
+    dtype = getattr(torch, args.dtype or ("bfloat16" if on_gpu else "float32"))
+    size = args.size or ("340m" if on_gpu else "tiny")
+    contexts = args.contexts or list(GPU_CONTEXTS if on_gpu else CPU_CONTEXTS)
+    if min(contexts) < 1:
+        ap.error("context lengths must be >= 1")
+    rows = []
+    for family in args.families:
+        rows += measure_family(family, size, contexts, args.steps, args.warmup, args.batch, args.verify_tokens,
+                               args.overrides, args.vocab_size, device, dtype)
+        print(f"{family}: done", file=sys.stderr, flush=True)
+    text = table(rows)
+    print(text)
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=1))
+    if args.append:
+        name = torch.cuda.get_device_name(device) if on_gpu else (platform.processor() or "CPU")
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        cmd = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+        with open(REPO / "benchmarks" / "RESULTS.md", "a") as f:
+            f.write(f"\n### Decoding, {stamp}, {name}, {str(dtype).removeprefix('torch.')}, batch {args.batch}, "
+                    f"torch {torch.__version__}\n\n`{cmd}`\n\n{text}\n")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
