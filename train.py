@@ -77,7 +77,7 @@ def evaluate_loss(model, rows: torch.Tensor, batch_size: int, accelerator) -> fl
     total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
     for i in range(0, len(mine), batch_size):
         batch = mine[i:i + batch_size].to(accelerator.device)
-        out = model(input_ids=batch, labels=batch, use_cache=False)
+        out = model(input_ids=batch, labels=batch, use_cache=False, return_logits=False)
         n = batch.shape[0] * (batch.shape[1] - 1)
         total[0] += out.loss.double() * n
         total[1] += n
@@ -236,7 +236,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
                 batch = {k: v.to(accelerator.device, non_blocking=True) for k, v in batch.items()}
                 sync = micro == accum - 1
                 with (nullcontext() if sync else accelerator.no_sync(model)):
-                    loss = model(**batch).loss
+                    loss = model(**batch, return_logits=False).loss  # fused LM-head loss: no [tokens, V] logits
                     accelerator.backward(loss / accum)
                 step_loss += loss.detach() / accum
             max_norm = float(cfg.optim.grad_clip) or math.inf

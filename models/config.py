@@ -9,7 +9,7 @@ CONFIG_KEYS = (
     "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
     "mixer", "operator", "attn_layers", "mixer_kwargs", "attn_backend", "rope_theta", "max_position_embeddings",
     "norm_eps", "initializer_range", "tie_word_embeddings", "use_cache", "bos_token_id", "eos_token_id",
-    "pad_token_id", "mlp", "pre_conv",
+    "pad_token_id", "mlp", "pre_conv", "fused_loss_chunk",
 )
 
 
@@ -41,6 +41,9 @@ class HiloConfig(PretrainedConfig):
     config.main_mixer's class (each mixer validates its own options). attn_backend is the softmax_attn backend
     of attention layers (None: flash when importable on CUDA, else sdpa). head_dim None -> hidden_size / num_heads;
     num_kv_heads None -> num_heads; intermediate_size None -> default_intermediate_size(hidden_size).
+    fused_loss_chunk: rows per chunk of the chunked LM-head cross-entropy (models.loss) that HiloForCausalLM uses
+    when called with labels and return_logits=False; None makes that call materialise all logits and take the
+    plain loss instead (the same value; more memory).
     """
 
     model_type = "hilo"
@@ -76,6 +79,7 @@ class HiloConfig(PretrainedConfig):
         pad_token_id: int | None = None,
         mlp: bool = True,
         pre_conv: int | None = None,
+        fused_loss_chunk: int | None = 4096,
         **kwargs,
     ):
         if num_kv_heads is None:
@@ -101,6 +105,10 @@ class HiloConfig(PretrainedConfig):
         if pre_conv is not None and (isinstance(pre_conv, bool) or not isinstance(pre_conv, int) or pre_conv < 1):
             raise ValueError(f"pre_conv must be null (no conv before the mixer) or a kernel size >= 1, "
                              f"got {pre_conv!r}")
+        if fused_loss_chunk is not None and (
+                isinstance(fused_loss_chunk, bool) or not isinstance(fused_loss_chunk, int) or fused_loss_chunk < 1):
+            raise ValueError(f"fused_loss_chunk must be null (plain loss) or a number of rows >= 1, "
+                             f"got {fused_loss_chunk!r}")
         attn_layers = sorted(int(i) for i in (attn_layers or []))
         bad = [i for i in attn_layers if not 0 <= i < num_layers]
         if bad:
@@ -124,6 +132,7 @@ class HiloConfig(PretrainedConfig):
         self.use_cache = use_cache
         self.mlp = mlp
         self.pre_conv = pre_conv
+        self.fused_loss_chunk = fused_loss_chunk
         super().__init__(
             tie_word_embeddings=tie_word_embeddings,
             bos_token_id=bos_token_id,

@@ -12,6 +12,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from models.blocks import Block
 from models.cache import HiloCache
 from models.config import HiloConfig
+from models.loss import IGNORE_INDEX, chunked_cross_entropy
 from models.norms import RMSNorm
 
 # transformers >= 5.2x renamed the outputs' cache field from past_key_values to cache (the old name still
@@ -186,6 +187,7 @@ class HiloForCausalLM(HiloPreTrainedModel, GenerationMixin):
         output_hidden_states: bool | None = None,
         cache: HiloCache | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
+        return_logits: bool = True,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """Logits [B, T', V] (T' = T, or the last logits_to_keep positions, or the given index tensor) and loss.
@@ -193,8 +195,10 @@ class HiloForCausalLM(HiloPreTrainedModel, GenerationMixin):
         labels [B, T] follow the HF convention: the model shifts them (logits at t predict labels[t + 1]) and
         ignores -100; the loss is the fp32 cross-entropy mean over the remaining targets (or their sum divided
         by num_items_in_batch when given, for gradient accumulation). With cu_seqlens the first token of every
-        document is never a target, so no loss term crosses a document boundary. Other HF keyword arguments
-        (output_attentions, return_dict, ...) are accepted and ignored: outputs are always ModelOutputs.
+        document is never a target, so no loss term crosses a document boundary. return_logits=False (with labels:
+        training steps that only read .loss) returns logits None and, unless config.fused_loss_chunk is None,
+        computes the same loss with fused_loss, which never holds the logits of the whole batch. Other HF keyword
+        arguments (output_attentions, return_dict, ...) are accepted and ignored: outputs are always ModelOutputs.
         """
         out = self.model(
             input_ids=input_ids,
@@ -212,8 +216,14 @@ class HiloForCausalLM(HiloPreTrainedModel, GenerationMixin):
         if labels is not None:
             if not (isinstance(logits_to_keep, int) and logits_to_keep == 0):
                 raise ValueError("labels need logits at every position: leave logits_to_keep at 0")
-            logits = self.lm_head(hidden)
-            loss = self.loss(logits, labels, cu_seqlens, num_items_in_batch)
+            if return_logits or self.config.fused_loss_chunk is None:
+                logits = self.lm_head(hidden)
+                loss = self.loss(logits, labels, cu_seqlens, num_items_in_batch)
+                if not return_logits:
+                    logits = None
+            else:
+                logits = None
+                loss = self.fused_loss(hidden, labels, cu_seqlens, num_items_in_batch)
         else:
             if isinstance(logits_to_keep, int):
                 if logits_to_keep > 0:
@@ -245,6 +255,28 @@ class HiloForCausalLM(HiloPreTrainedModel, GenerationMixin):
         if num_items_in_batch is None:
             return F.cross_entropy(flat, targets, ignore_index=-100)
         return F.cross_entropy(flat, targets, ignore_index=-100, reduction="sum") / num_items_in_batch
+
+    def fused_loss(
+        self,
+        hidden: torch.Tensor,
+        labels: torch.Tensor,
+        cu_seqlens: torch.Tensor | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """loss(lm_head(hidden), labels, cu_seqlens, num_items_in_batch) from the final hidden states [B, T, C]
+        by models.loss.chunked_cross_entropy, config.fused_loss_chunk rows at a time."""
+        labels = labels.to(hidden.device)
+        if cu_seqlens is not None:
+            labels = labels.clone()
+            labels[0, cu_seqlens[1:-1].to(device=labels.device, dtype=torch.long)] = IGNORE_INDEX
+        # position t predicts labels[t + 1]; the last position of each row predicts nothing. Padding the targets
+        # (not slicing hidden) keeps hidden a view.
+        no_target = torch.full_like(labels[:, :1], IGNORE_INDEX)
+        targets = torch.cat([labels[:, 1:], no_target], dim=1).reshape(-1)
+        loss = chunked_cross_entropy(
+            hidden.reshape(-1, hidden.shape[-1]), self.lm_head.weight, targets,
+            chunk_size=self.config.fused_loss_chunk, reduction="mean" if num_items_in_batch is None else "sum")
+        return loss if num_items_in_batch is None else loss / num_items_in_batch
 
     def prepare_inputs_for_generation(
         self,
