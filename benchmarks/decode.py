@@ -43,6 +43,7 @@ LATENCY_TARGETS = {"transformer": None, "loglinear_mamba2": 1.5, "loglinear_gate
 DEFAULT_LATENCY_TARGET = 1.1
 GPU_CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768)
 CPU_CONTEXTS = (256, 512, 1024, 2048)
+RESULTS = REPO / "benchmarks" / "RESULTS.md"
 
 
 def latency_target(family: str) -> float | None:
@@ -156,20 +157,20 @@ def measure_family(family: str, size: str, contexts: list[int], steps: int, warm
                 times.append(time.perf_counter() - t0)
 
             tokens = decode_steps(model, cache, token, decoded, timer)
+            seen, state, held = cache.get_seq_length(), cache.state_bytes(), cache.held_bytes()
             generate_ok = None
             if i == 0 and verify_tokens > 0:
-                if verify_tokens > decoded + 1:
-                    tokens = torch.cat([tokens[:, :-1], decode_steps(model, cache, tokens[:, -1:],
-                                                                     verify_tokens - decoded)], dim=1)
+                if verify_tokens > tokens.shape[1]:  # decode the rest (after the state was measured)
+                    more = decode_steps(model, cache, tokens[:, -1:], verify_tokens - tokens.shape[1])
+                    tokens = torch.cat([tokens, more[:, 1:]], dim=1)
                 generate_ok = generate_matches(model, prompt, tokens, verify_tokens)
-            seen = cache.get_seq_length()
             rows.append({
                 "family": family, "size": size, "params": params, "context": length, "batch": batch,
                 "dtype": str(dtype).removeprefix("torch."), "prefill_ms": 1e3 * prefill_s,
                 "ms_per_token": 1e3 * statistics.median(times[warmup:]), "steps": steps, "warmup": warmup,
-                "tokens_seen": seen, "state_bytes": cache.state_bytes(),
+                "tokens_seen": seen, "state_bytes": state,
                 "expected_bytes": expected_state_bytes(config, seen, batch, dtype),
-                "held_bytes": cache.held_bytes(), "held_after_prefill_bytes": held_after_prefill,
+                "held_bytes": held, "held_after_prefill_bytes": held_after_prefill,
                 "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
                 "generate_matches": generate_ok,
             })
@@ -256,7 +257,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         name = torch.cuda.get_device_name(device) if on_gpu else (platform.processor() or "CPU")
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         cmd = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
-        with open(REPO / "benchmarks" / "RESULTS.md", "a") as f:
+        with open(RESULTS, "a") as f:
             f.write(f"\n### Decoding, {stamp}, {name}, {str(dtype).removeprefix('torch.')}, batch {args.batch}, "
                     f"torch {torch.__version__}\n\n`{cmd}`\n\n{text}\n")
     return rows
