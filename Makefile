@@ -3,6 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 ARGS   ?=
+DECODE_ARGS ?=
 
 .PHONY: setup train test eval bench lint clean
 
@@ -40,8 +41,11 @@ test: setup
 eval: setup
 	$(PY) eval.py checkpoint=$(RUN) $(ARGS)
 
+# make bench [ARGS="<train_throughput.py args>"] [DECODE_ARGS="<decode.py args>"]: training throughput, then
+# decoding latency and state memory against context (decode.py: 340m, 1K..32K, every family on CUDA; tiny on CPU)
 bench: setup
 	$(PY) benchmarks/train_throughput.py $(ARGS)
+	$(PY) benchmarks/decode.py $(DECODE_ARGS)
 
 lint: setup
 	$(PIP) install -q ruff
