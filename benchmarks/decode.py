@@ -15,7 +15,8 @@ overhead counts, as it does for a user), its ratio to the shortest context's, th
 afterwards (HiloCache.state_bytes(): the sum of its tensors) next to models.cache.expected_state_bytes (SPEC's
 arithmetic for L + decoded tokens), and the storage the cache actually keeps alive (HiloCache.held_bytes(): larger
 when a state is a view into a bigger tensor). Once per family, at the shortest context, model.generate(...,
-do_sample=False) must reproduce the manual loop's tokens.
+do_sample=False) must reproduce the manual loop's tokens; with --time-generate, generate()'s own per-token time
+(its Python and host-sync overhead included) is reported next to the loop's.
 
 Targets (issue 7, H200 bf16): per-token latency at 32K within 1.1x of 1K for the linear families (mamba2,
 gated_deltanet, hla_*), within 1.5x for log-linear; the Transformer's grows with its KV cache. On CUDA the model
@@ -80,6 +81,19 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _host_timer(device, times: list[float]):
+    """A timer for decode_steps: runs a step between device synchronisations and appends its seconds to times."""
+
+    def timer(step) -> None:
+        _sync(device)
+        start = time.perf_counter()
+        step()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+
+    return timer
+
+
 def prefill(model, prompt):
     """Run the prompt through the model's forward with a fresh HiloCache; (cache, first greedy token [B, 1])."""
     from models import HiloCache
@@ -119,8 +133,27 @@ def generate_matches(model, prompt, reference, new_tokens: int) -> bool:
     return torch.equal(out[:, prompt.shape[1]:], reference[:, :new_tokens])
 
 
+def generate_ms_per_token(model, prompt, steps: int, device) -> float:
+    """Per-token milliseconds of model.generate itself (greedy): the time of generating 1 + steps tokens minus that
+    of generating 1 (both include the same prefill), over steps. HF's per-step overhead (logits processors,
+    stopping criteria, their host syncs) is in it."""
+    import torch
+
+    def timed(new_tokens: int) -> float:
+        _sync(device)
+        start = time.perf_counter()
+        model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
+                       min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None)
+        _sync(device)
+        return time.perf_counter() - start
+
+    timed(2)  # warm-up
+    return 1e3 * (timed(1 + steps) - timed(1)) / steps
+
+
 def measure_family(family: str, size: str, contexts: list[int], steps: int, warmup: int, batch: int,
-                   verify_tokens: int, overrides: list[str], vocab_size: int | None, device, dtype) -> list[dict]:
+                   verify_tokens: int, overrides: list[str], vocab_size: int | None, device, dtype,
+                   time_generate: bool = False) -> list[dict]:
     """One row per context length for one family (see the module docstring)."""
     import torch
 
@@ -136,8 +169,8 @@ def measure_family(family: str, size: str, contexts: list[int], steps: int, warm
     with torch.no_grad():
         for i, length in enumerate(contexts):
             prompt = torch.randint(0, config.vocab_size, (batch, length), generator=gen).to(device)
-            del_cache = prefill(model, prompt)  # untimed: compiles / autotunes the prefill kernels for this shape
-            del del_cache
+            warm = prefill(model, prompt)  # untimed: compiles / autotunes the prefill kernels for this shape
+            del warm
             _sync(device)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -148,15 +181,7 @@ def measure_family(family: str, size: str, contexts: list[int], steps: int, warm
             prefill_s = time.perf_counter() - start
             held_after_prefill = cache.held_bytes()
             times: list[float] = []
-
-            def timer(step):
-                _sync(device)
-                t0 = time.perf_counter()
-                step()
-                _sync(device)
-                times.append(time.perf_counter() - t0)
-
-            tokens = decode_steps(model, cache, token, decoded, timer)
+            tokens = decode_steps(model, cache, token, decoded, _host_timer(device, times))
             seen, state, held = cache.get_seq_length(), cache.state_bytes(), cache.held_bytes()
             generate_ok = None
             if i == 0 and verify_tokens > 0:
@@ -164,6 +189,8 @@ def measure_family(family: str, size: str, contexts: list[int], steps: int, warm
                     more = decode_steps(model, cache, tokens[:, -1:], verify_tokens - tokens.shape[1])
                     tokens = torch.cat([tokens, more[:, 1:]], dim=1)
                 generate_ok = generate_matches(model, prompt, tokens, verify_tokens)
+            del cache
+            gen_ms = generate_ms_per_token(model, prompt, steps, device) if time_generate else None
             rows.append({
                 "family": family, "size": size, "params": params, "context": length, "batch": batch,
                 "dtype": str(dtype).removeprefix("torch."), "prefill_ms": 1e3 * prefill_s,
@@ -173,8 +200,8 @@ def measure_family(family: str, size: str, contexts: list[int], steps: int, warm
                 "held_bytes": held, "held_after_prefill_bytes": held_after_prefill,
                 "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
                 "generate_matches": generate_ok,
+                "generate_ms_per_token": gen_ms,
             })
-            del cache
     for row in rows:
         row["latency_ratio"] = row["ms_per_token"] / rows[0]["ms_per_token"]
     return rows
@@ -186,16 +213,17 @@ def _mib(n: int) -> str:
 
 def table(rows: list[dict]) -> str:
     """Markdown table of measure_family rows, then one verdict line per family (latency target and state memory)."""
-    lines = ["| family | size | context | prefill ms | ms/token | x shortest | state MiB | expected MiB | held MiB "
-             "| held after prefill MiB | peak GiB | generate() |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [("| family | size | context | prefill ms | ms/token | x shortest | state MiB | expected MiB | held MiB "
+              "| held after prefill MiB | peak GiB | generate() ms/token | generate() tokens |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         peak = f"{r['peak_mem_gib']:.2f}" if r["peak_mem_gib"] is not None else "n/a"
         gen = {None: "", True: "same tokens", False: "DIFFERS"}[r["generate_matches"]]
+        gen_ms = f"{r['generate_ms_per_token']:.3f}" if r.get("generate_ms_per_token") is not None else "n/a"
         lines.append(f"| {r['family']} | {r['size']} | {r['context']} | {r['prefill_ms']:.1f} | "
                      f"{r['ms_per_token']:.3f} | {r['latency_ratio']:.2f} | {_mib(r['state_bytes'])} | "
                      f"{_mib(r['expected_bytes'])} | {_mib(r['held_bytes'])} | {_mib(r['held_after_prefill_bytes'])} "
-                     f"| {peak} | {gen} |")
+                     f"| {peak} | {gen_ms} | {gen} |")
     lines.append("")
     for family in dict.fromkeys(r["family"] for r in rows):
         fam = [r for r in rows if r["family"] == family]
@@ -224,6 +252,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--verify-tokens", type=int, default=8,
                     help="tokens that model.generate must reproduce at the shortest context (0: skip the check)")
+    ap.add_argument("--time-generate", action="store_true",
+                    help="also time model.generate itself per token (two more prefills per context)")
     ap.add_argument("--vocab-size", type=int, default=None, help="default: the tokenizer config's (8192)")
     ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     ap.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
@@ -247,7 +277,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     for family in args.families:
         rows += measure_family(family, size, contexts, args.steps, args.warmup, args.batch, args.verify_tokens,
-                               args.overrides, args.vocab_size, device, dtype)
+                               args.overrides, args.vocab_size, device, dtype, args.time_generate)
         print(f"{family}: done", file=sys.stderr, flush=True)
     text = table(rows)
     print(text)

@@ -102,7 +102,7 @@ def test_state_bytes_counts_every_tensor_and_held_bytes_counts_storages():
 def test_expected_bytes_by_hand_for_tiny():
     """SPEC's arithmetic written out for the tiny preset (hidden 128, 4 layers, 4 heads of 32), independent of
     expected_state_shapes' code: a wrong formula fails here even if a mixer stored the same wrong thing."""
-    cfg = lambda fam: build(fam, "tiny", 128, [], 256, torch.device("meta"), torch.float32)[1]  # noqa: E731
+    cfg = lambda fam: build(fam, "tiny", 128, [], 256, torch.device("meta"), torch.float32)[1]
     # Transformer: 2 (K, V) * T * Hkv 4 * D 32 * 4 bytes per layer.
     assert expected_state_bytes(cfg("transformer"), 100) == 4 * 2 * 100 * 4 * 32 * 4
     # Mamba-2: 4 heads (2 * 128 / 64), N 128, P 64 fp32, conv (256 + 2 * 128) channels * 3 taps.
@@ -135,7 +135,7 @@ def test_recurrent_states_do_not_grow_log_linear_by_levels_transformer_linearly(
     fam = by_family(rows, "transformer")
     assert fam[long]["state_bytes"] - fam[short]["state_bytes"] == (long - short) * 4 * 2 * 4 * 32 * 4
     # Log-linear: bit_length(T - 1) + 1 levels, each one Mamba-2 / GDN state per layer.
-    levels = lambda t: (t - 1).bit_length() + 1  # noqa: E731
+    levels = lambda t: (t - 1).bit_length() + 1
     extra = levels(long + DECODED) - levels(short + DECODED)
     assert extra == 2
     for family, plain in (("loglinear_mamba2", "mamba2"), ("loglinear_gated_deltanet", "gated_deltanet")):
@@ -188,8 +188,16 @@ def test_table_and_latency_ratios(rows):
     assert "STATE DIFFERS FROM expected_state_bytes" in table(broken) and "DIFFERS |" in table(broken)
 
 
+def test_generate_timing_is_reported_only_when_asked(rows):
+    assert all(r["generate_ms_per_token"] is None for r in rows)
+    timed = main(["--size", "tiny", "--contexts", "8", "--steps", "2", "--warmup", "0", "--verify-tokens", "0",
+                  "--families", "hla_transformer", "--device", "cpu", "--time-generate"])
+    assert len(timed) == 1 and timed[0]["generate_ms_per_token"] > 0 and timed[0]["generate_matches"] is None
+    assert f"| {timed[0]['generate_ms_per_token']:.3f} |" in table(timed)
+
+
 def test_append_writes_results(monkeypatch, tmp_path):
-    import benchmarks.decode as decode
+    from benchmarks import decode
 
     results = tmp_path / "RESULTS.md"
     results.write_text("# earlier results\n")
