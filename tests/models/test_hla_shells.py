@@ -7,23 +7,19 @@ decay weights, not the linear_attn compositions the kernels run).
 """
 
 import json
-import math
-import subprocess
-import sys
-from pathlib import Path
 
+import family_checks as fc
 import pytest
 import torch
 import torch.nn.functional as F
 
-from models import HiloCache, HiloForCausalLM, build_config, build_model
+from models import HiloForCausalLM, build_config, build_model
 from models.mixers.attention import AttentionMixer
 from models.mixers.gated_deltanet import GatedDeltaNetMixer
 from models.mixers.hla_gated_deltanet import HLAGatedDeltaNetMixer
 from models.mixers.hla_mamba2 import HLAMamba2Mixer
 from models.mixers.mamba2 import Mamba2Mixer
 
-REPO = Path(__file__).resolve().parents[2]
 VOCAB = 89
 SHELL_KWARGS = {"mamba2": {"head_dim": 16, "state_size": 12, "expand": 2},
                 "gated_deltanet": {"head_dim": 16, "num_heads": 3, "expand_v": 2}}
@@ -38,8 +34,7 @@ def small(shell, op, seed=0, mixer_kwargs=None, **overrides) -> HiloForCausalLM:
                         **overrides}).eval()
 
 
-def tokens(*shape, seed=0):
-    return torch.randint(0, VOCAB, shape, generator=torch.Generator().manual_seed(seed))
+tokens = fc.token_maker(VOCAB)
 
 
 # ---- the definition ------------------------------------------------------------------------------------------
@@ -184,14 +179,8 @@ def test_layer_equals_the_definition(shell, op, kwargs):
 ])
 def test_decoding_step_by_step_equals_full_forward(shell, op, kwargs):
     model = small(shell, op, seed=2, mixer_kwargs=kwargs)
-    x = tokens(2, 14, seed=3)
-    with torch.no_grad():
-        full = model(x, use_cache=False).logits
-        cache = HiloCache.from_config(model.config)
-        pieces = [model(x[:, :1], cache=cache, use_cache=True).logits]  # a first token through the step
-        for a, b in [(1, 6), (6, 7), (7, 8), (8, 13), (13, 14)]:  # steps and chunks continuing the state
-            pieces.append(model(x[:, a:b], cache=cache, use_cache=True).logits)
-    torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-4, rtol=0)
+    # steps and chunks continuing the state
+    cache = fc.decode_from_empty_cache(model, tokens(2, 14, seed=3), [(1, 6), (6, 7), (7, 8), (8, 13), (13, 14)])
     slot = cache[0]
     fields = {"hla2": ("S", "F"), "ahla": ("P", "E"), "hla3": ("S", "P", "F")}[op]
     if shell == "mamba2":  # (heads, K, V) of the state: (expand * hidden / P, N, P)
@@ -207,64 +196,28 @@ def test_decoding_step_by_step_equals_full_forward(shell, op, kwargs):
 
 @pytest.mark.parametrize("shell, op", [("mamba2", "hla2"), ("gated_deltanet", "ahla")])
 def test_generate_with_cache_equals_greedy_without(shell, op):
-    model = small(shell, op, seed=4)
-    prompt = tokens(1, 5, seed=5)
-    with torch.no_grad():
-        generated = model.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0)
-        seq = prompt
-        for _ in range(6):
-            seq = torch.cat([seq, model(seq, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    assert torch.equal(generated, seq)
+    fc.check_generate_equals_greedy(small(shell, op, seed=4), tokens(1, 5, seed=5), 6)
 
 
 @pytest.mark.parametrize("shell, op", CASES)
 def test_varlen_packed_equals_documents_one_by_one(shell, op):
-    model = small(shell, op, seed=6)
-    lengths = [5, 1, 11, 7]
-    docs = [tokens(1, n, seed=10 + i) for i, n in enumerate(lengths)]
-    packed = torch.cat(docs, dim=1)
-    cu = torch.tensor([0, 5, 6, 17, 24])
-    with torch.no_grad():
-        out = model(packed, cu_seqlens=cu).logits
-        singles = torch.cat([model(d, use_cache=False).logits for d in docs], dim=1)
-        unpacked = model(packed, use_cache=False).logits
-    torch.testing.assert_close(out, singles, atol=1e-5, rtol=0)
-    assert (unpacked[:, 5:] - out[:, 5:]).abs().max() > 1e-3  # the boundaries matter
+    fc.check_varlen_packed(small(shell, op, seed=6), tokens, [5, 1, 11, 7], leak_min=1e-3, every_document=False)
 
 
 @pytest.mark.parametrize("shell, op", [("mamba2", "ahla"), ("gated_deltanet", "hla2"), ("gated_deltanet", "hla3")])
 def test_save_and_auto_load_round_trip(tmp_path, shell, op):
-    from transformers import AutoModelForCausalLM
-
     model = small(shell, op, seed=7)
-    model.save_pretrained(tmp_path)
+    loaded = fc.check_save_load_round_trip(model, tmp_path, tokens(2, 11, seed=8), same_parameters=False)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["operator"] == op and saved["mixer"] == shell
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert isinstance(loaded, HiloForCausalLM) and type(loaded.model.layers[1].mixer) is MIXERS[shell]
+    assert type(loaded.model.layers[1].mixer) is MIXERS[shell]
     assert loaded.config.operator == op and loaded.model.layers[1].mixer.operator == op
-    x = tokens(2, 11, seed=8)
-    with torch.no_grad():
-        assert torch.equal(loaded(x).logits, model(x).logits)
 
 
 @pytest.mark.parametrize("shell, op", CASES)
 def test_training_steps_lower_the_loss_on_a_fixed_batch(shell, op):
-    model = small(shell, op, seed=9).train()
-    x = tokens(4, 32, seed=10)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    losses = []
-    for step in range(8):
-        loss = model(x, labels=x).loss
-        opt.zero_grad()
-        loss.backward()
-        if step == 0:
-            for name, p in model.named_parameters():
-                assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
-        opt.step()
-        losses.append(loss.item())
-    assert all(math.isfinite(v) for v in losses)
-    assert losses[-1] < losses[0] - 0.5, losses
+    fc.check_training_drops_loss_by(small(shell, op, seed=9).train(), tokens(4, 32, seed=10), 0.5,
+                                    check_first_grads=True)
 
 
 def test_gdn_hla_has_no_beta_projection_and_shells_keep_their_parameters():
@@ -314,13 +267,6 @@ def test_errors_are_clear():
 # ---- configs and the command line ----------------------------------------------------------------------------
 
 
-def _compose(overrides):
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose(config_name="train", overrides=overrides)
-
-
 @pytest.mark.parametrize("overrides, shell, op", [
     (["model=hla_mamba2"], "mamba2", "hla2"),
     (["model=hla_gated_deltanet"], "gated_deltanet", "ahla"),
@@ -330,7 +276,7 @@ def _compose(overrides):
 def test_hydra_presets_compose_into_hla_shell_models(overrides, shell, op):
     from omegaconf import OmegaConf
 
-    cfg = _compose([*overrides, "model/size=tiny", "model.attn_layers=[2]"])
+    cfg = fc.compose([*overrides, "model/size=tiny", "model.attn_layers=[2]"])
     config = build_config({**OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": 1000})
     assert config.mixer == shell and config.operator == op
     assert config.mixer_kwargs.get("decay_convention", "d1") == "d1"
@@ -350,13 +296,5 @@ def test_hydra_presets_compose_into_hla_shell_models(overrides, shell, op):
 
 @pytest.mark.slow
 def test_train_py_runs_hla_gated_deltanet(tmp_path):
-    run_dir = tmp_path / "run"
-    res = subprocess.run(
-        [sys.executable, "train.py", "model=hla_gated_deltanet", "model/size=tiny", "trainer.max_steps=3",
-         "logger=none", "trainer.seq_len=64", "trainer.batch_size=2", "trainer.val_batches=1",
-         "trainer.progress_bar=false", f"hydra.run.dir={run_dir}"],
-        check=False, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert '"step": 3' in (run_dir / "summary.json").read_text()
-    saved = json.loads((run_dir / "checkpoints" / "step_00000003" / "model" / "config.json").read_text())
+    saved = json.loads(fc.run_train_py(tmp_path, ["model=hla_gated_deltanet", "model/size=tiny"], steps=3))
     assert saved["operator"] == "ahla" and saved["mixer"] == "gated_deltanet"

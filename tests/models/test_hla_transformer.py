@@ -6,10 +6,8 @@ linear_attn compositions the kernels use) wrapped in the layer's projections, fe
 
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
+import family_checks as fc
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,7 +18,6 @@ from models.mixers.attention import AttentionMixer
 from models.mixers.hla import HLAMixer
 from models.rope import apply_rope, rope_cos_sin
 
-REPO = Path(__file__).resolve().parents[2]
 VOCAB = 97
 SMALL = {"vocab_size": VOCAB, "hidden_size": 64, "num_layers": 2, "num_heads": 2}
 OPS = ["hla2", "ahla", "hla3"]
@@ -31,8 +28,7 @@ def small(op, seed=0, **overrides) -> HiloForCausalLM:
     return build_model({**SMALL, "operator": op, **overrides}).eval()
 
 
-def tokens(*shape, seed=0):
-    return torch.randint(0, VOCAB, shape, generator=torch.Generator().manual_seed(seed))
+tokens = fc.token_maker(VOCAB)
 
 
 # ---- the definition ------------------------------------------------------------------------------------------
@@ -130,12 +126,7 @@ def test_layer_equals_the_masked_definition(op, kwargs, heads):
 @pytest.mark.parametrize("op", OPS)
 def test_forward_backward_finite_with_all_grads(op):
     model = small(op, num_kv_heads=1, mixer_kwargs={"decay": True, "conv_size": 4}).train()
-    x = tokens(2, 23)
-    out = model(x, labels=x)
-    assert torch.isfinite(out.loss) and abs(out.loss.item() - math.log(VOCAB)) < 0.5
-    out.loss.backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+    fc.check_forward_backward(model, tokens(2, 23), VOCAB, labels_only=True)
     mixer = model.model.layers[0].mixer
     assert isinstance(mixer, HLAMixer) and mixer.operator == op
     assert {"a_proj.weight", "A_log", "dt_bias", "q_conv.conv.weight"} <= dict(mixer.named_parameters()).keys()
@@ -149,14 +140,8 @@ def test_forward_backward_finite_with_all_grads(op):
 ])
 def test_decoding_step_by_step_equals_full_forward(op, kwargs):
     model = small(op, seed=1, num_kv_heads=1, mixer_kwargs=kwargs)
-    x = tokens(2, 17, seed=3)
-    with torch.no_grad():
-        full = model(x, use_cache=False).logits
-        cache = HiloCache.from_config(model.config)
-        pieces = [model(x[:, :1], cache=cache, use_cache=True).logits]  # a first token through the step
-        for a, b in [(1, 6), (6, 7), (7, 8), (8, 12), (12, 13), (13, 17)]:  # steps and chunks continuing the state
-            pieces.append(model(x[:, a:b], cache=cache, use_cache=True).logits)
-    torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-4, rtol=0)
+    pieces = [(1, 6), (6, 7), (7, 8), (8, 12), (12, 13), (13, 17)]  # steps and chunks continuing the state
+    cache = fc.decode_from_empty_cache(model, tokens(2, 17, seed=3), pieces)
     assert cache.get_seq_length() == 17 and cache.is_attention == [False, False]
     slot = cache[0]
     fields = {"hla2": ("S", "F"), "ahla": ("P", "E"), "hla3": ("S", "P", "F")}[op]
@@ -167,31 +152,16 @@ def test_decoding_step_by_step_equals_full_forward(op, kwargs):
 @pytest.mark.parametrize("op", OPS)
 def test_varlen_packed_equals_documents_one_by_one(op):
     model = small(op, seed=2, mixer_kwargs={"decay": True, "conv_size": 4})
-    lengths = [5, 1, 15, 9]
-    docs = [tokens(1, n, seed=10 + i) for i, n in enumerate(lengths)]
-    packed = torch.cat(docs, dim=1)
-    cu = torch.tensor([0, 5, 6, 21, 30])
-    with torch.no_grad():
-        out = model(packed, cu_seqlens=cu).logits
-        singles = torch.cat([model(d, use_cache=False).logits for d in docs], dim=1)
-        unpacked = model(packed, use_cache=False).logits
-    torch.testing.assert_close(out, singles, atol=1e-5, rtol=0)
-    assert (unpacked[:, 5:] - out[:, 5:]).abs().max() > 1e-3  # the boundaries matter
+    fc.check_varlen_packed(model, tokens, [5, 1, 15, 9], leak_min=1e-3, every_document=False)
 
 
 @pytest.mark.parametrize("op", OPS)
 def test_save_and_auto_load_round_trip(tmp_path, op):
-    from transformers import AutoModelForCausalLM
-
     model = small(op, seed=4, mixer_kwargs={"decay": True, "normalize": True})
-    model.save_pretrained(tmp_path)
+    loaded = fc.check_save_load_round_trip(model, tmp_path, tokens(2, 11, seed=5), same_parameters=False)
     assert json.loads((tmp_path / "config.json").read_text())["operator"] == op
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert isinstance(loaded, HiloForCausalLM) and isinstance(loaded.model.layers[1].mixer, HLAMixer)
+    assert isinstance(loaded.model.layers[1].mixer, HLAMixer)
     assert loaded.config.operator == op and loaded.config.mixer_kwargs == {"decay": True, "normalize": True}
-    x = tokens(2, 11, seed=5)
-    with torch.no_grad():
-        assert torch.equal(loaded(x).logits, model(x).logits)
 
 
 def test_configs_saved_before_the_operator_field_still_load(tmp_path):
@@ -213,18 +183,8 @@ def test_configs_saved_before_the_operator_field_still_load(tmp_path):
 
 @pytest.mark.parametrize("op", OPS)
 def test_training_steps_lower_the_loss_on_a_fixed_batch(op):
-    model = small(op, seed=5, mixer_kwargs={"decay": True}).train()
-    x = tokens(4, 32, seed=6)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    losses = []
-    for _ in range(8):
-        loss = model(x, labels=x).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    assert all(math.isfinite(v) for v in losses)
-    assert losses[-1] < losses[0] - 0.5, losses
+    fc.check_training_drops_loss_by(small(op, seed=5, mixer_kwargs={"decay": True}).train(), tokens(4, 32, seed=6),
+                                    0.5)
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -232,13 +192,7 @@ def test_hybrid_keeps_softmax_attention_layers_and_decodes(op):
     model = small(op, seed=6, num_layers=3, attn_layers=[1], num_kv_heads=1, mixer_kwargs={"decay": True})
     assert [type(b.mixer) for b in model.model.layers] == [HLAMixer, AttentionMixer, HLAMixer]
     assert HiloCache.from_config(model.config).is_attention == [False, True, False]
-    prompt = tokens(1, 5, seed=7)
-    with torch.no_grad():
-        generated = model.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0)
-        seq = prompt
-        for _ in range(6):
-            seq = torch.cat([seq, model(seq, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    assert torch.equal(generated, seq)
+    fc.check_generate_equals_greedy(model, tokens(1, 5, seed=7), 6)
     # the attention layer's softmax attention against its own definition, so it really is softmax attention
     x = torch.randn(1, 6, 64)
     attn = model.model.layers[1].mixer
@@ -291,13 +245,6 @@ def test_errors_are_clear():
 # ---- configs and the command line ----------------------------------------------------------------------------
 
 
-def _compose(overrides):
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose(config_name="train", overrides=overrides)
-
-
 @pytest.mark.parametrize("preset, op", [("hla_transformer", "hla2"), ("ahla_transformer", "ahla"),
                                         ("hla3_transformer", "hla3"), ("transformer", "hla3")])
 def test_hydra_presets_compose_into_hla_models(preset, op):
@@ -306,7 +253,7 @@ def test_hydra_presets_compose_into_hla_models(preset, op):
     overrides = [f"model={preset}", "model/size=tiny", "model.mixer_kwargs.decay=true", "model.attn_layers=[2]"]
     if preset == "transformer":  # the plain shell switched by the operator override alone
         overrides = [f"model={preset}", "model/size=tiny", f"model.operator={op}", "model.attn_layers=[2]"]
-    cfg = _compose(overrides)
+    cfg = fc.compose(overrides)
     assert cfg.name.startswith(f"{preset}-tiny-")
     config = build_config({**OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": 1000})
     assert config.operator == op and config.mixer == "attention"
@@ -324,13 +271,5 @@ def test_hydra_presets_compose_into_hla_models(preset, op):
 
 @pytest.mark.slow
 def test_train_py_runs_hla_transformer(tmp_path):
-    run_dir = tmp_path / "run"
-    res = subprocess.run(
-        [sys.executable, "train.py", "model=hla_transformer", "model/size=tiny", "trainer.max_steps=4",
-         "logger=none", "trainer.seq_len=64", "trainer.batch_size=2", "trainer.val_batches=1",
-         "trainer.progress_bar=false", f"hydra.run.dir={run_dir}"],
-        check=False, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert '"step": 4' in (run_dir / "summary.json").read_text()
-    saved = json.loads((run_dir / "checkpoints" / "step_00000004" / "model" / "config.json").read_text())
+    saved = json.loads(fc.run_train_py(tmp_path, ["model=hla_transformer", "model/size=tiny"], steps=4))
     assert saved["operator"] == "hla2" and saved["mixer"] == "attention"

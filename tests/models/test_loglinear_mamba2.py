@@ -6,49 +6,29 @@ the model against itself across decode (past max_position_embeddings) / varlen /
 max_position_embeddings is 16 here (5 trained levels), so sequences of 40 use clamped levels 5 and 6.
 """
 
-import math
-import subprocess
-import sys
-from pathlib import Path
-
+import family_checks as fc
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 import models.mixers.loglinear_mamba2 as loglinear_module
-from models import HiloCache, HiloForCausalLM, build_config, build_model
+from models import HiloForCausalLM, build_config
 from models.mixers.attention import AttentionMixer
 from models.mixers.loglinear_mamba2 import LogLinearMamba2Mixer
 from models.mixers.mamba2 import Mamba2Mixer
 
-REPO = Path(__file__).resolve().parents[2]
 VOCAB = 89
 SMALL = {"head_dim": 16, "state_size": 12, "expand": 2, "n_groups": 1}
 TINY = {"vocab_size": VOCAB, "hidden_size": 48, "num_layers": 2, "num_heads": 3, "mixer": "loglinear_mamba2",
             "mixer_kwargs": SMALL, "max_position_embeddings": 16}
 H, LEVELS = 6, 5  # 2 * 48 / 16 heads; bit_length(15) + 1 levels
+tiny = fc.tiny_builder(TINY)
+tokens = fc.token_maker(VOCAB)
 
 
-def tiny(seed=0, **overrides) -> HiloForCausalLM:
-    torch.manual_seed(seed)
-    return build_model({**TINY, **overrides}).eval()
-
-
-def tokens(*shape, seed=0):
-    return torch.randint(0, VOCAB, shape, generator=torch.Generator().manual_seed(seed))
-
-
-def perturb(model: nn.Module, seed: int = 0) -> None:
-    """Move the parameters the init leaves at special values (D, norm weights, conv bias at 1 / 0; L at 1) and
-    spread lambda over a wide range, so levels are told apart and nothing passes by accident of the init."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim == 1:
-                p.add_(0.3 * torch.randn(p.shape, generator=g))
-            elif name.endswith(".L"):
-                p.copy_(12 * torch.randn(p.shape, generator=g))
+def perturb(model, seed: int = 0) -> None:
+    """The 1-D parameters off their init and lambda (L) spread over a wide range, so levels are told apart."""
+    fc.perturb(model, seed, spread_levels=True)
 
 
 def reference_loglinear_mamba2(mixer: LogLinearMamba2Mixer, hidden: torch.Tensor, eps: float) -> torch.Tensor:
@@ -94,13 +74,8 @@ def test_layer_equals_quadratic_reference_past_the_trained_levels():
     perturb(model, seed=2)
     mixer = model.model.layers[0].mixer
     assert isinstance(mixer, LogLinearMamba2Mixer) and mixer.num_heads == H and mixer.num_levels == LEVELS
-    t = 40  # positions up to 39 reach levels 0..6; 5 and 6 use level 4's scale
-    hidden = torch.randn(2, t, 48, generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        out = mixer(hidden, torch.arange(t).expand(2, t))
-    ref = reference_loglinear_mamba2(mixer, hidden, model.config.norm_eps)
-    err = (out.double() - ref).abs().max() / ref.abs().max()
-    assert err < 1e-5, err
+    # positions up to 39 reach levels 0..6; 5 and 6 use level 4's scale
+    fc.check_layer_against_reference(model, reference_loglinear_mamba2, 40)
 
 
 def test_lambda_one_equals_the_mamba2_layer(monkeypatch):
@@ -111,26 +86,12 @@ def test_lambda_one_equals_the_mamba2_layer(monkeypatch):
     state = {k: v for k, v in mixer.state_dict().items() if k != "L"}
     state["in_proj.weight"] = state["in_proj.weight"][: base.in_proj.out_features]
     base.load_state_dict(state)
-    t = 75  # more than one chunk of 64: the chunk-level pass is used
-    hidden = torch.randn(2, t, 48, generator=torch.Generator().manual_seed(4))
-    with torch.no_grad():
-        expected = base(hidden, None)
-        assert (mixer(hidden, None) - expected).abs().max() > 1e-3  # lambda != 1 changes the layer
-        monkeypatch.setattr(loglinear_module, "level_scales",
-                            lambda L, dl, levels: torch.ones(*dl.shape[:-1], L.shape[0], levels))
-        out = mixer(hidden, None)
-    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    fc.check_lambda_one_equals_base(mixer, base, loglinear_module, monkeypatch)
 
 
 def test_forward_backward_finite_with_all_grads():
     model = tiny(seed=0).train()
-    x = tokens(2, 37)
-    out = model(x, labels=x, use_cache=False)
-    assert out.logits.shape == (2, 37, VOCAB)
-    assert torch.isfinite(out.loss) and abs(out.loss.item() - math.log(VOCAB)) < 0.5
-    out.loss.backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+    fc.check_forward_backward(model, tokens(2, 37), VOCAB)
     for block in model.model.layers:
         mixer = block.mixer
         assert (mixer.L.grad.abs() > 0).all()  # every (head, level) of L is reached by 37 positions
@@ -139,8 +100,6 @@ def test_forward_backward_finite_with_all_grads():
 
 
 def test_levels_from_max_position_and_no_weight_decay():
-    from training.optim import split_decay_groups
-
     for positions, levels in ((1, 1), (2, 2), (16, 5), (17, 6), (2048, 12), (16384, 15)):
         config = build_config({**TINY, "max_position_embeddings": positions})
         with torch.device("meta"):
@@ -150,117 +109,57 @@ def test_levels_from_max_position_and_no_weight_decay():
     model = tiny(seed=5)
     mixer = model.model.layers[1].mixer
     assert torch.equal(mixer.L.detach(), torch.ones(H, LEVELS))
-    decay, no_decay = split_decay_groups(model, [])
-    ids = {id(p) for p in no_decay}
-    assert all(id(p) in ids for p in (mixer.L, mixer.A_log, mixer.dt_bias, mixer.D))
-    assert id(mixer.in_proj.weight) in {id(p) for p in decay}
+    fc.check_weight_decay_split(model, (mixer.L, mixer.A_log, mixer.dt_bias, mixer.D), (mixer.in_proj.weight,))
 
 
 def test_cached_decode_equals_full_forward_and_state_grows_as_log2():
     model = tiny(seed=2)
     perturb(model, seed=4)
     t = 40  # across positions 4, 8, 16 (the trained maximum) and 32
-    x = tokens(2, t, seed=3)
-    with torch.no_grad():
-        full = model(x, use_cache=False).logits
-        out = model(x[:, :3], use_cache=True)
-        cache = out.get("cache", out.get("past_key_values"))
-        steps, levels = [out.logits], [cache[0]["recurrent_levels"].shape[2]]
-        for a, b in [(3, 4), (4, 5), (5, 12)] + [(i, i + 1) for i in range(12, t)]:  # a chunk continues the state
-            steps.append(model(x[:, a:b], cache=cache, use_cache=True).logits)
-            levels.append(cache[0]["recurrent_levels"].shape[2])
-    assert isinstance(cache, HiloCache) and cache.get_seq_length() == t
+    pieces = [(3, 4), (4, 5), (5, 12)] + [(i, i + 1) for i in range(12, t)]  # a chunk continues the state
+    cache, levels = fc.decode_in_pieces(model, tokens(2, t, seed=3), 3, pieces,
+                                        on_step=lambda cache: cache[0]["recurrent_levels"].shape[2])
     consumed = [3, 4, 5] + list(range(12, t + 1))
     assert levels == [(n - 1).bit_length() + 1 for n in consumed]  # 2 levels at 3 tokens ... 7 at 40
     slot = cache[1]
     assert slot["recurrent_levels"].shape == (2, H, 7, 12, 16) and slot["recurrent_levels"].dtype == torch.float32
     assert slot["recurrent_tokens"].tolist() == [t, t] and slot["conv_state"].shape == (2, 96 + 2 * 12, 3)
     assert "recurrent_state" not in slot
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-4, rtol=0)
 
 
 def test_generate_past_max_position_equals_greedy():
     model = tiny(seed=3)
     perturb(model, seed=5)
-    prompt = tokens(1, 5, seed=6)
-    with torch.no_grad():
-        generated = model.generate(prompt, max_new_tokens=16, do_sample=False, pad_token_id=0)  # to position 20
-    seq = prompt
-    with torch.no_grad():
-        for _ in range(16):
-            seq = torch.cat([seq, model(seq, use_cache=False).logits[:, -1:].argmax(-1)], dim=1)
-    assert torch.equal(generated, seq)
+    fc.check_generate_equals_greedy(model, tokens(1, 5, seed=6), 16)  # to position 20
 
 
 def test_varlen_packed_equals_documents_one_by_one():
     model = tiny(seed=4)
     perturb(model, seed=5)
-    lengths = [5, 1, 19, 2, 9]  # 19 goes past the trained 16 positions; 1 and 2 are shorter than the conv
-    docs = [tokens(1, n, seed=10 + i) for i, n in enumerate(lengths)]
-    packed = torch.cat(docs, dim=1)
-    cu = torch.tensor([0, 5, 6, 25, 27, 36])
-    with torch.no_grad():
-        out = model(packed, cu_seqlens=cu).logits
-        singles = torch.cat([model(d, use_cache=False).logits for d in docs], dim=1)
-        unpacked = model(packed, use_cache=False).logits
-    torch.testing.assert_close(out, singles, atol=1e-5, rtol=0)
-    for s, e in zip(cu[1:-1].tolist(), cu[2:].tolist()):
-        assert (unpacked[:, s:e] - out[:, s:e]).abs().max() > 1e-4
+    # 19 goes past the trained 16 positions; 1 and 2 are shorter than the conv
+    fc.check_varlen_packed(model, tokens, [5, 1, 19, 2, 9])
 
 
 def test_hybrid_with_attention_layers_decodes_and_packs():
     model = tiny(seed=5, num_layers=3, attn_layers=[1])
     assert [type(b.mixer) for b in model.model.layers] == [LogLinearMamba2Mixer, AttentionMixer, LogLinearMamba2Mixer]
-    x = tokens(1, 20, seed=7)
-    with torch.no_grad():
-        full = model(x, use_cache=False).logits
-        out = model(x[:, :6], use_cache=True)
-        cache = out.get("cache", out.get("past_key_values"))
-        steps = [out.logits] + [model(x[:, i:i + 1], cache=cache).logits for i in range(6, 20)]
-        packed = model(x, cu_seqlens=torch.tensor([0, 6, 20])).logits
-        second = model(x[:, 6:], use_cache=False).logits
-    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-4, rtol=0)
+    cache = fc.check_hybrid_decodes_and_packs(model, tokens(1, 20, seed=7))
     assert cache[1]["key"].shape[1] == 20 and "recurrent_levels" in cache[2] and "key" not in cache[0]
-    torch.testing.assert_close(packed[:, 6:], second, atol=1e-5, rtol=0)
 
 
 def test_save_and_auto_load_round_trip(tmp_path):
-    from transformers import AutoModelForCausalLM
-
     model = tiny(seed=6)
     perturb(model, seed=7)
-    model.save_pretrained(tmp_path)
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert isinstance(loaded, HiloForCausalLM) and loaded.config.mixer == "loglinear_mamba2"
+    loaded = fc.check_save_load_round_trip(model, tmp_path, tokens(2, 20, seed=8), mixer="loglinear_mamba2")
     assert isinstance(loaded.model.layers[0].mixer, LogLinearMamba2Mixer)
-    for (n1, p1), (n2, p2) in zip(model.named_parameters(), loaded.named_parameters(), strict=True):
-        assert n1 == n2 and torch.equal(p1, p2), n1
     assert not torch.equal(loaded.model.layers[0].mixer.L, torch.ones(H, LEVELS))
     assert getattr(loaded.model.layers[0].mixer.L, "_no_weight_decay", False)
-    x = tokens(2, 20, seed=8)
-    with torch.no_grad():
-        assert torch.equal(loaded(x).logits, model(x).logits)
 
 
 def test_training_steps_on_a_fixed_batch_lower_the_loss():
-    from omegaconf import OmegaConf
-
-    from training.optim import build_optimizer
-
     model = tiny(seed=7).train()
-    optim_cfg = OmegaConf.create({"name": "adamw", "lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1,
-                                      "no_decay": ["embed", "norm", "bias"], "fused": False})
-    opt = build_optimizer(model, optim_cfg, on_cuda=False)
-    x = tokens(4, 32, seed=9)
-    losses = []
     start = model.model.layers[0].mixer.L.detach().clone()
-    for _ in range(12):
-        loss = model(x, labels=x, use_cache=False).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    assert losses[-1] < 0.7 * losses[0], losses
+    fc.check_training_lowers_loss(model, tokens(4, 32, seed=9))
     assert not torch.equal(model.model.layers[0].mixer.L.detach(), start)
 
 
@@ -271,21 +170,13 @@ def test_flops_per_token_hand_count():
     # (seq_len, chunk, chunk-level passes): 100 needs levels 0..7 (one pass), 4096 levels 0..12 (six)
     for t, c, j in ((1, 1, 0), (40, 40, 0), (64, 64, 0), (65, 64, 1), (100, 64, 1), (4096, 64, 6)):
         assert mixer.flops_per_token(t) == 3 * H * (2 * c * (k + v) + 2 * k * v * (1 + j)) + 6 * 4 * conv
-    n_lin = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
-    assert model.num_flops_per_token(128) == 6 * n_lin + 2 * mixer.flops_per_token(128)
-
-
-def _compose(overrides):
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose(config_name="train", overrides=overrides)
+    fc.check_model_flops(model, mixer)
 
 
 def test_hydra_compose_loglinear_mamba2_760m_and_tiny():
     from omegaconf import OmegaConf
 
-    cfg = _compose(["model=loglinear_mamba2", "model/size=760m", "model.max_position_embeddings=16384"])
+    cfg = fc.compose(["model=loglinear_mamba2", "model/size=760m", "model.max_position_embeddings=16384"])
     assert cfg.name.startswith("loglinear_mamba2-760m-")
     config = build_config({**OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": 1000})
     assert config.mixer == "loglinear_mamba2" and config.hidden_size == 1536 and config.num_layers == 21
@@ -293,40 +184,23 @@ def test_hydra_compose_loglinear_mamba2_760m_and_tiny():
         model = HiloForCausalLM(config)
     mixer = model.model.layers[0].mixer
     assert isinstance(mixer, LogLinearMamba2Mixer) and mixer.num_heads == 48 and mixer.num_levels == 15
-    tiny_cfg = _compose(["model=loglinear_mamba2", "model/size=tiny", "model.attn_layers=[1]"])
+    tiny_cfg = fc.compose(["model=loglinear_mamba2", "model/size=tiny", "model.attn_layers=[1]"])
     config = build_config({**OmegaConf.to_container(tiny_cfg.model, resolve=True), "vocab_size": 100})
     assert config.hidden_size == 128 and config.attn_layers == [1] and config.max_position_embeddings == 1024
 
 
 @pytest.mark.parametrize("size", ["tiny", "125m", "340m", "760m", "1.3b"])
 def test_size_presets_build_with_the_analytic_parameter_count(size):
-    import yaml
-
-    conf = REPO / "conf" / "model"
-    cfg = {**yaml.safe_load((conf / "loglinear_mamba2.yaml").read_text()),
-           **yaml.safe_load((conf / "size" / f"{size}.yaml").read_text()), "vocab_size": 1000}
-    config = build_config(cfg)
-    with torch.device("meta"):
-        model = HiloForCausalLM(config)
+    config, model = fc.preset_model("loglinear_mamba2", size)
     c, inner, n = config.hidden_size, 2 * config.hidden_size, 128
     h, conv_dim = inner // 64, inner + 2 * n
     levels = (config.max_position_embeddings - 1).bit_length() + 1  # 11 at tiny (1024), else 12 (2048)
     mixer = (c * (inner + conv_dim + h + h * levels) + conv_dim * 4 + conv_dim  # in_proj (dl too), conv
              + 3 * h + h * levels + inner + inner * c)                         # A_log, dt_bias, D, L, norm, out_proj
-    block = mixer + 3 * c * config.intermediate_size + 2 * c
-    expected = config.num_layers * block + 2 * 1000 * c + c
-    assert sum(p.numel() for p in model.parameters()) == expected
+    fc.check_parameter_count(model, config, mixer)
 
 
 @pytest.mark.slow
 def test_train_py_runs_loglinear_mamba2(tmp_path):
-    run_dir = tmp_path / "run"
-    res = subprocess.run(
-        [sys.executable, "train.py", "model=loglinear_mamba2", "model/size=tiny", "trainer.max_steps=4",
-         "logger=none", "trainer.seq_len=96", "trainer.batch_size=2", "trainer.val_batches=1",
-         "trainer.progress_bar=false", f"hydra.run.dir={run_dir}"],
-        check=False, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert '"step": 4' in (run_dir / "summary.json").read_text()
-    config = (run_dir / "checkpoints" / "step_00000004" / "model" / "config.json").read_text()
+    config = fc.run_train_py(tmp_path, ["model=loglinear_mamba2", "model/size=tiny"], steps=4, seq_len=96)
     assert "loglinear_mamba2" in config
