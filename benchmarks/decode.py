@@ -260,8 +260,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="model dtype (default: bfloat16 on CUDA, float32 on CPU)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
     ap.add_argument("--append", action="store_true", help="append the table to benchmarks/RESULTS.md")
-    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every model (model.key=value)")
-    args = ap.parse_args(argv)
+    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every model (model.key=value), anywhere "
+                                                 "on the command line")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # key=value words are Hydra overrides wherever they stand (after --families or --contexts too)
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    args = ap.parse_args([a for a in argv if a not in overrides])
+    args.overrides = [*args.overrides, *overrides]
     if args.steps < 1 or args.warmup < 0 or args.batch < 1:
         ap.error("--steps and --batch must be >= 1 and --warmup >= 0")
 
@@ -286,7 +291,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.append:
         name = torch.cuda.get_device_name(device) if on_gpu else (platform.processor() or "CPU")
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        cmd = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+        cmd = "python " + " ".join(["benchmarks/decode.py", *argv])
         with open(RESULTS, "a") as f:
             f.write(f"\n### Decoding, {stamp}, {name}, {str(dtype).removeprefix('torch.')}, batch {args.batch}, "
                     f"torch {torch.__version__}\n\n`{cmd}`\n\n{text}\n")

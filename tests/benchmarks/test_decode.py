@@ -202,8 +202,9 @@ def test_append_writes_results(monkeypatch, tmp_path):
     results = tmp_path / "RESULTS.md"
     results.write_text("# earlier results\n")
     monkeypatch.setattr(decode, "RESULTS", results)
-    decode.main(["--size", "tiny", "--contexts", "8", "--steps", "1", "--warmup", "0", "--verify-tokens", "0",
-                 "--families", "mamba2", "--device", "cpu", "--append"])
+    out = decode.main(["--size", "tiny", "--contexts", "8", "--steps", "1", "--warmup", "0", "--verify-tokens", "0",
+                       "--device", "cpu", "--append", "--families", "mamba2", "model.mixer_kwargs.state_size=16"])
+    assert out[0]["state_bytes"] == 4 * (4 * 16 * 64 * 4 + (256 + 2 * 16) * 3 * 4)  # the override reached the model
     text = results.read_text()
     assert text.startswith("# earlier results\n") and "### Decoding," in text and "float32, batch 1" in text
-    assert "`python " in text and "--families mamba2" in text and "| mamba2 | tiny | 8 |" in text
+    assert "`python benchmarks/decode.py " in text and "--families mamba2 model.mixer_kwargs.state_size=16`" in text and "| mamba2 | tiny | 8 |" in text
