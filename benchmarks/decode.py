@@ -14,7 +14,8 @@ median per-token latency of the timed steps (each step synchronised and timed on
 overhead counts, as it does for a user), its ratio to the shortest context's, the decoding state the cache holds
 afterwards (HiloCache.state_bytes(): the sum of its tensors) next to models.cache.expected_state_bytes (SPEC's
 arithmetic for L + decoded tokens), and the storage the cache actually keeps alive (HiloCache.held_bytes(): larger
-when a state is a view into a bigger tensor). Once per family, at the shortest context, model.generate(...,
+when a state is a view into a bigger tensor), and on CUDA the peak allocated memory of the timed prefill and decode
+(weights included). Once per family, at the shortest context, model.generate(...,
 do_sample=False) must reproduce the manual loop's tokens; with --time-generate, generate()'s own per-token time
 (its Python and host-sync overhead included) is reported next to the loop's.
 
@@ -183,6 +184,8 @@ def measure_family(family: str, size: str, contexts: list[int], steps: int, warm
             times: list[float] = []
             tokens = decode_steps(model, cache, token, decoded, _host_timer(device, times))
             seen, state, held = cache.get_seq_length(), cache.state_bytes(), cache.held_bytes()
+            # peak allocated memory of the timed prefill and decode (weights included), before the checks below
+            peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
             generate_ok = None
             if i == 0 and verify_tokens > 0:
                 if verify_tokens > tokens.shape[1]:  # decode the rest (after the state was measured)
@@ -198,7 +201,7 @@ def measure_family(family: str, size: str, contexts: list[int], steps: int, warm
                 "tokens_seen": seen, "state_bytes": state,
                 "expected_bytes": expected_state_bytes(config, seen, batch, dtype),
                 "held_bytes": held, "held_after_prefill_bytes": held_after_prefill,
-                "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+                "peak_mem_gib": peak,
                 "generate_matches": generate_ok,
                 "generate_ms_per_token": gen_ms,
             })
