@@ -46,7 +46,8 @@ class ShortConv(nn.Module):
             raise ValueError(f"ShortConv state must be [B, C, K-1] = {(b, c, k - 1)}, got {tuple(state.shape)}")
         xt = x.transpose(1, 2)
         ext = torch.cat((state.to(x.dtype), xt), dim=2)  # [B, C, K-1+T]
-        new_state = ext[:, :, ext.shape[2] - (k - 1):]
+        # a copy, not a view: a view would keep the whole [B, C, K-1+T] input of a prefill alive in the cache
+        new_state = ext[:, :, ext.shape[2] - (k - 1):].clone()
         if cu_seqlens is None:
             y = F.conv1d(ext, self.conv.weight, self.conv.bias, groups=c).transpose(1, 2)
         else:

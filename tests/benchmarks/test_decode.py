@@ -208,3 +208,17 @@ def test_append_writes_results(monkeypatch, tmp_path):
     text = results.read_text()
     assert text.startswith("# earlier results\n") and "### Decoding," in text and "float32, batch 1" in text
     assert "`python benchmarks/decode.py " in text and "--families mamba2 model.mixer_kwargs.state_size=16`" in text and "| mamba2 | tiny | 8 |" in text
+
+
+def test_prefill_keeps_no_more_than_the_state_alive():
+    """The cache after a prefill holds exactly its state: no view into the prefill's whole conv input."""
+    import models
+    from models import HiloCache
+
+    model = models.build_model({"vocab_size": 64, "hidden_size": 32, "num_layers": 2, "num_heads": 2,
+                                "mixer": "mamba2", "mixer_kwargs": {"head_dim": 16, "state_size": 8}}).eval()
+    with torch.no_grad():
+        out = model(torch.randint(0, 64, (1, 200)), use_cache=True)
+    cache = out.past_key_values if out.past_key_values is not None else out["cache"]
+    assert isinstance(cache, HiloCache)
+    assert cache.held_bytes() == cache.state_bytes()
