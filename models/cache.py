@@ -27,6 +27,7 @@ class HiloCache:
         self.is_attention = list(is_attention)
         self.layers: list[dict[str, torch.Tensor]] = [{} for _ in self.is_attention]
         self.seen_tokens = 0
+        self._kv_buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> (key, value) storage
 
     @classmethod
     def from_config(cls, config) -> "HiloCache":
@@ -45,13 +46,28 @@ class HiloCache:
         return [not a for a in self.is_attention]
 
     def update_kv(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append key/value [B, T_new, Hkv, D] to layer layer_idx's cache; return the full [B, T_past + T_new, ...]."""
+        """Append key/value [B, T_new, Hkv, D] to layer layer_idx's cache; return the full [B, T_past + T_new, ...].
+
+        The slot's "key"/"value" are views of buffers whose capacity doubles when full, so decoding T tokens
+        copies O(T) values in all (a concatenation per token would copy the whole cache every step: O(T^2))."""
         slot = self.layers[layer_idx]
-        if "key" in slot:
-            key = torch.cat((slot["key"], key), dim=1)
-            value = torch.cat((slot["value"], value), dim=1)
-        slot["key"], slot["value"] = key, value
-        return key, value
+        past = slot["key"].shape[1] if "key" in slot else 0
+        total = past + key.shape[1]
+        buffers = self._kv_buffers.get(layer_idx)
+        if (buffers is None or buffers[0].shape[1] < total or buffers[0].dtype != key.dtype
+                or not _is_prefix_view(slot.get("key"), buffers[0])):
+            capacity = max(total, 2 * (buffers[0].shape[1] if buffers is not None else 0), 64)
+            grown = []
+            for name, new in (("key", key), ("value", value)):
+                buf = new.new_empty(new.shape[0], capacity, *new.shape[2:])
+                if past:
+                    buf[:, :past] = slot[name]
+                grown.append(buf)
+            buffers = self._kv_buffers[layer_idx] = tuple(grown)
+        buffers[0][:, past:total] = key
+        buffers[1][:, past:total] = value
+        slot["key"], slot["value"] = buffers[0][:, :total], buffers[1][:, :total]
+        return slot["key"], slot["value"]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Number of tokens already processed (the position of the next token)."""
@@ -182,3 +198,8 @@ def expected_state_bytes(config, seq_len: int, batch: int = 1, dtype: torch.dtyp
     state by bit_length(seq_len - 1) + 1 levels."""
     return sum(math.prod(shape) * dt.itemsize
                for slot in expected_state_shapes(config, seq_len, batch, dtype) for shape, dt in slot.values())
+
+
+def _is_prefix_view(t: torch.Tensor | None, buffer: torch.Tensor) -> bool:
+    """Whether t is buffer[:, :n] (the slot still points into the buffer: no reorder or repeat replaced it)."""
+    return t is not None and t.data_ptr() == buffer.data_ptr() and t.stride() == buffer.stride()

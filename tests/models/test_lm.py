@@ -239,3 +239,24 @@ def test_training_forward_builds_no_cache():
     model.eval()
     assert model(input_ids=ids).past_key_values is not None  # HF default for inference: a cache to continue from
     assert model(input_ids=ids, use_cache=False).past_key_values is None
+
+
+def test_kv_cache_appends_into_doubling_buffers():
+    from models.cache import HiloCache
+
+    cache = HiloCache([True])
+    gen = torch.Generator().manual_seed(0)
+    keys, values, storages = [], [], set()
+    for t in (5, 1, 1, 70, 1, 1, 200, 1):
+        k, v = torch.randn(2, t, 3, 4, generator=gen), torch.randn(2, t, 3, 4, generator=gen)
+        keys.append(k)
+        values.append(v)
+        full_k, full_v = cache.update_kv(0, k, v)
+        storages.add(full_k.untyped_storage().data_ptr())
+        assert torch.equal(full_k, torch.cat(keys, 1)) and torch.equal(full_v, torch.cat(values, 1))
+    assert len(storages) <= 4  # 64 -> 128 -> 280 -> (no more): amortised growth, not a copy per token
+    # a reorder (beam search) replaces the slot; later appends continue from the reordered rows
+    cache.reorder_cache(torch.tensor([1, 0]))
+    k, v = torch.randn(2, 1, 3, 4, generator=gen), torch.randn(2, 1, 3, 4, generator=gen)
+    full_k, _ = cache.update_kv(0, k, v)
+    assert torch.equal(full_k, torch.cat([torch.cat(keys, 1).flip(0), k], 1))
