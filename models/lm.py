@@ -103,9 +103,13 @@ class HiloModel(HiloPreTrainedModel):
             raise TypeError(f"hilo models decode with models.HiloCache, got {type(cache).__name__}")
         hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         b, t = hidden.shape[:2]
-        if attention_mask is not None and not bool(attention_mask.all()):
-            raise ValueError("hilo models take no padding (attention_mask has zeros): pack documents with "
-                             "cu_seqlens (B == 1) or run unpadded rows")
+        if attention_mask is not None:
+            no_padding = ("hilo models take no padding (attention_mask has zeros): pack documents with cu_seqlens "
+                          "(B == 1) or run unpadded rows")
+            if attention_mask.is_cuda:  # generate() passes a mask every step: check it without a host sync
+                torch._assert_async(attention_mask.all(), no_padding)
+            elif not bool(attention_mask.all()):
+                raise ValueError(no_padding)
         if use_cache is None:  # training forwards never build a decoding cache unless asked to
             use_cache = self.config.use_cache and not self.training
         if cu_seqlens is not None:
