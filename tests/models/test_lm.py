@@ -260,3 +260,15 @@ def test_kv_cache_appends_into_doubling_buffers():
     k, v = torch.randn(2, 1, 3, 4, generator=gen), torch.randn(2, 1, 3, 4, generator=gen)
     full_k, _ = cache.update_kv(0, k, v)
     assert torch.equal(full_k, torch.cat([torch.cat(keys, 1).flip(0), k], 1))
+
+
+def test_padding_masks_are_refused_with_the_fix():
+    import models
+
+    model = models.build_model({"vocab_size": 64, "hidden_size": 32, "num_layers": 1, "num_heads": 2})
+    ids = torch.randint(0, 64, (2, 6))
+    mask = torch.ones_like(ids)
+    model(input_ids=ids, attention_mask=mask)  # all ones: fine
+    mask[0, :2] = 0
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        model(input_ids=ids, attention_mask=mask)
