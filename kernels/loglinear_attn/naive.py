@@ -24,6 +24,16 @@ def _read(lam, q, state):
     return torch.bmm(lq, state.reshape(h, nl * dk, dv))[:, 0]
 
 
+def carry(state: torch.Tensor, pos: int) -> torch.Tensor:
+    """SPEC §2's binary carry before the token at position pos of one sequence (none at 0): with m = the number of
+    trailing zero bits of pos, levels 0..m are added into level m + 1 and cleared. state is [H, L, K, V]."""
+    if pos == 0:
+        return state
+    m = ((pos & -pos).bit_length()) - 1
+    merged = state[:, : m + 1].sum(1, keepdim=True)
+    return torch.cat([torch.zeros_like(state[:, : m + 1]), state[:, m + 1: m + 2] + merged, state[:, m + 2:]], 1)
+
+
 def _acc(x):
     return torch.promote_types(x.dtype, torch.float32)
 
@@ -56,11 +66,7 @@ def loglinear_attn_naive(q, k, v, g, level_scales, scale, initial_state, output_
         outs = []
         for i in range(s, e):
             pos = starts[n] + i - s
-            if pos > 0:
-                m = ((pos & -pos).bit_length()) - 1
-                carry = state[:, : m + 1].sum(1, keepdim=True)
-                state = torch.cat([torch.zeros_like(state[:, : m + 1]), state[:, m + 1: m + 2] + carry,
-                                   state[:, m + 2:]], 1)
+            state = carry(state, pos)
             if gf is not None:
                 state = state * gf[row, i].exp()[:, None, None, None]
             write = kf[row, i][:, :, None] * vf[row, i][:, None, :]

@@ -13,7 +13,7 @@ written to level 0 and o_t = scale * sum_l lambda_t[l] q_t^T S^(l).
 
 import torch
 
-from kernels.loglinear_attn.naive import _pack, _read
+from kernels.loglinear_attn.naive import _pack, _read, carry
 from kernels.loglinear_attn.state import level_of, prior_level, segments
 
 
@@ -35,11 +35,7 @@ def loglinear_delta_rule_naive(q, k, v, beta, g, level_scales, scale, initial_st
         outs = []
         for i in range(s, e):
             pos = starts[n] + i - s
-            if pos > 0:
-                m = ((pos & -pos).bit_length()) - 1
-                carry = state[:, : m + 1].sum(1, keepdim=True)
-                state = torch.cat([torch.zeros_like(state[:, : m + 1]), state[:, m + 1: m + 2] + carry,
-                                   state[:, m + 2:]], 1)
+            state = carry(state, pos)
             kt, bt = kf[row, i], bf[row, i]
             ks = kt[:, None, None, :] @ state  # [H, L, 1, V]
             state = state - bt[:, None, None, None] * kt[:, None, :, None] * ks
