@@ -29,6 +29,7 @@ from .triton_fwd import (
     block_sizes,
     delta_rule_fwd,
     dot_precision,
+    lowp,
     state_block_v,
     state_stages,
 )
@@ -63,7 +64,7 @@ def _intra_kernel(
     # P^T = K Q^T * Gamma^T: build it transposed directly so no transposed tile is materialised.
     b_pt = tl.dot(b_k, tl.trans(b_q), input_precision=PREC) * tl.trans(decay) * scale
     b_du = tl.dot(b_pt.to(b_do.dtype), b_do, input_precision=PREC)
-    tl.store(du_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], b_du, mask=m2)
+    tl.store(du_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], b_du.to(du_ptr.dtype.element_ty), mask=m2)
 
 
 @triton.jit
@@ -107,10 +108,11 @@ def _state_bwd_kernel(
         b_gamma = tl.load(gamma_ptr + tok * H + pid_h, mask=rmask, other=0.0)
         g_last = tl.load(gamma_ptr + last * H + pid_h)
         b_do = tl.load(do_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], mask=m2, other=0.0)
-        b_du = tl.load(du_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], mask=m2, other=0.0)
+        b_du = tl.load(du_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], mask=m2, other=0.0).to(tl.float32)
         b_kbar = (b_k.to(tl.float32) * tl.exp(g_last - b_gamma)[:, None]).to(b_k.dtype)
         b_du += tl.dot(b_kbar, dstate.to(b_k.dtype), input_precision=PREC)
-        tl.store(du_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], b_du, mask=m2)
+        tl.store(du_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], b_du.to(du_ptr.dtype.element_ty),
+                 mask=m2)
         b_qd = (b_q.to(tl.float32) * (tl.exp(b_gamma) * scale)[:, None]).to(b_q.dtype)
         dstate = dstate * tl.exp(g_last) + tl.dot(tl.trans(b_qd), b_do, input_precision=PREC)
         dstate -= tl.dot(tl.trans(b_w), b_du.to(b_w.dtype), input_precision=PREC)
@@ -192,14 +194,14 @@ def _grads_qk_kernel(
             b_kb += tl.dot(b_u, tl.trans(b_dh), input_precision=PREC)
             b_dw -= tl.dot(b_du, tl.trans(b_h), input_precision=PREC)
             b_dgl += tl.sum(b_dh.to(tl.float32) * b_h.to(tl.float32), 1)
-        tl.store(dw_ptr + kptrs, b_dw, mask=mk)
+        tl.store(dw_ptr + kptrs, b_dw.to(dw_ptr.dtype.element_ty), mask=mk)
         b_q = tl.load(q_ptr + kptrs, mask=mk, other=0.0)
         b_k = tl.load(k_ptr + kptrs, mask=mk, other=0.0)
         b_dq = b_dqs * (e_gamma * scale)[:, None] + tl.dot(b_dpm, b_k, input_precision=PREC)
         tl.store(dq_ptr + kptrs, b_dq.to(dq_ptr.dtype.element_ty), mask=mk)
         # State write Kbar^T U with Kbar = diag(e^{gamma_C - gamma}) K, and the carried e^{gamma_C} S.
         b_dk = tl.dot(tl.trans(b_dpm), b_q, input_precision=PREC) + b_kb * e_end[:, None]
-        tl.store(dk_ptr + kptrs, b_dk, mask=mk)
+        tl.store(dk_ptr + kptrs, b_dk.to(dk_ptr.dtype.element_ty), mask=mk)
         b_dgam += e_gamma * scale * tl.sum(b_q.to(tl.float32) * b_dqs, 1)
         b_term = e_end * tl.sum(b_k.to(tl.float32) * b_kb, 1)
         b_dgam -= b_term
@@ -214,7 +216,7 @@ def _grads_wy_kernel(
     dk_ptr, dv_ptr, dbeta_ptr, dg_ptr,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     C: tl.constexpr, KB: tl.constexpr, BV: tl.constexpr,
-    HAS_G: tl.constexpr, PREC: tl.constexpr,
+    HAS_G: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr,
 ):
     """Through the UT transform: dv, dbeta, the rest of dk and dgamma; then dg = reverse cumsum of dgamma.
 
@@ -232,8 +234,10 @@ def _grads_wy_kernel(
     rmask = tok < end
     b_beta = tl.load(beta_ptr + tok * H + pid_h, mask=rmask, other=0.0).to(tl.float32)
     b_gamma = tl.load(gamma_ptr + tok * H + pid_h, mask=rmask, other=0.0)
+    # Operand dtype of the products: the input dtype under LOWP (fp32 accumulation), else fp32 (tf32 or ieee).
+    mdt = k_ptr.dtype.element_ty if LOWP else tl.float32
     b_tt = tl.trans(tl.load(tinv_ptr + (tok[:, None] * H + pid_h) * C + rows[None, :], mask=rmask[:, None],
-                            other=0.0))
+                            other=0.0)).to(mdt)
 
     b_da = tl.zeros([C, C], dtype=tl.float32)
     b_dbeta = tl.zeros([C], dtype=tl.float32)
@@ -243,19 +247,19 @@ def _grads_wy_kernel(
         vptrs = (tok[:, None] * H + pid_h) * V + offs_v[None, :]
         b_v = tl.load(v_ptr + vptrs, mask=m2, other=0.0).to(tl.float32)
         b_ut = tl.load(ut_ptr + vptrs, mask=m2, other=0.0).to(tl.float32)
-        b_du = tl.load(du_ptr + vptrs, mask=m2, other=0.0)
+        b_du = tl.load(du_ptr + vptrs, mask=m2, other=0.0).to(mdt)
         b_dy = tl.dot(b_tt, b_du, input_precision=PREC)
         tl.store(dv_ptr + vptrs, (b_dy * b_beta[:, None]).to(dv_ptr.dtype.element_ty), mask=m2)
         b_dbeta += tl.sum(b_dy * b_v, 1)
-        b_da -= tl.dot(b_dy, tl.trans(b_ut), input_precision=PREC)
+        b_da -= tl.dot(b_dy.to(mdt), tl.trans(b_ut.to(mdt)), input_precision=PREC)
     b_kk = tl.zeros([C, C], dtype=tl.float32)
     for k0 in range(0, K, KB):
         offs_k = k0 + tl.arange(0, KB)
         mk = rmask[:, None] & (offs_k < K)[None, :]
         kptrs = (tok[:, None] * H + pid_h) * K + offs_k[None, :]
-        b_dx = tl.dot(b_tt, tl.load(dw_ptr + kptrs, mask=mk, other=0.0), input_precision=PREC)
-        b_w = tl.load(w_ptr + kptrs, mask=mk, other=0.0).to(tl.float32)
-        b_da -= tl.dot(b_dx, tl.trans(b_w), input_precision=PREC)
+        b_dx = tl.dot(b_tt, tl.load(dw_ptr + kptrs, mask=mk, other=0.0).to(mdt), input_precision=PREC)
+        b_w = tl.load(w_ptr + kptrs, mask=mk, other=0.0).to(mdt)
+        b_da -= tl.dot(b_dx.to(mdt), tl.trans(b_w), input_precision=PREC)
         b_k = tl.load(k_ptr + kptrs, mask=mk, other=0.0)
         b_kk += tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
     e_gamma = tl.exp(b_gamma)
@@ -265,6 +269,7 @@ def _grads_wy_kernel(
     b_kkd = b_kk * dstrict
     b_da = tl.where(strict, b_da, 0.0)
     b_ga = b_da * b_beta[:, None] * dstrict
+    b_gam = b_ga.to(mdt)
     b_dbeta += tl.sum(b_da * b_kkd, 1)
     b_d = b_da * b_kkd * b_beta[:, None]
     b_dgam = tl.load(dgam_ptr + tok * H + pid_h, mask=rmask, other=0.0) + tl.sum(b_d, 1) - tl.sum(b_d, 0)
@@ -274,10 +279,12 @@ def _grads_wy_kernel(
         offs_k = k0 + tl.arange(0, KB)
         mk = rmask[:, None] & (offs_k < K)[None, :]
         kptrs = (tok[:, None] * H + pid_h) * K + offs_k[None, :]
-        b_dx = tl.dot(b_tt, tl.load(dw_ptr + kptrs, mask=mk, other=0.0), input_precision=PREC)
-        b_k = tl.load(k_ptr + kptrs, mask=mk, other=0.0).to(tl.float32)
-        b_dk = tl.load(dk_part_ptr + kptrs, mask=mk, other=0.0) + b_dx * b_xw[:, None]
-        b_dk += tl.dot(b_ga, b_k, input_precision=PREC) + tl.dot(tl.trans(b_ga), b_k, input_precision=PREC)
+        b_dx = tl.dot(b_tt, tl.load(dw_ptr + kptrs, mask=mk, other=0.0).to(mdt), input_precision=PREC)
+        b_k = tl.load(k_ptr + kptrs, mask=mk, other=0.0)
+        b_dk = tl.load(dk_part_ptr + kptrs, mask=mk, other=0.0).to(tl.float32) + b_dx * b_xw[:, None]
+        b_dk += tl.dot(b_gam, b_k.to(mdt), input_precision=PREC) + tl.dot(tl.trans(b_gam), b_k.to(mdt),
+                                                                         input_precision=PREC)
+        b_k = b_k.to(tl.float32)
         tl.store(dk_ptr + kptrs, b_dk.to(dk_ptr.dtype.element_ty), mask=mk)
         b_tmp = e_gamma * tl.sum(b_dx * b_k, 1)
         b_dbeta += b_tmp
@@ -301,7 +308,9 @@ def delta_rule_bwd(q, k, v, beta, g, scale, want_dh0, bounds, table, choff, save
     bk, bv = block_sizes(dk, dv)
     prec = dot_precision(q.dtype)
     dev = q.device
-    du = torch.empty(total, h, dv, device=dev, dtype=torch.float32)
+    low = lowp(q.dtype, "lowp_bwd")
+    mid = q.dtype if low else torch.float32  # dtype of the large intermediates dU, dW, partial dk
+    du = torch.empty(total, h, dv, device=dev, dtype=mid)
     _intra_kernel[(triton.cdiv(dv, bv), rows, h)](
         q, k, gamma, do, table, du, scale, H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, PREC=prec,
         num_warps=NUM_WARPS["intra"],
@@ -316,8 +325,8 @@ def delta_rule_bwd(q, k, v, beta, g, scale, want_dh0, bounds, table, choff, save
         PREC=prec, num_warps=NUM_WARPS["state_bwd"], num_stages=state_stages(bk),
     )
     dq = torch.empty_like(q)
-    dk_part = torch.empty(total, h, dk, device=dev, dtype=torch.float32)
-    dw = torch.empty(total, h, dk, device=dev, dtype=torch.float32)
+    dk_part = torch.empty(total, h, dk, device=dev, dtype=mid)
+    dw = torch.empty(total, h, dk, device=dev, dtype=mid)
     dgam = torch.empty(total, h, device=dev, dtype=torch.float32)
     _grads_qk_kernel[(rows, h)](
         q, k, gamma, u, hs, dh, do, du, table, dq, dk_part, dw, dgam, scale,
@@ -331,7 +340,7 @@ def delta_rule_bwd(q, k, v, beta, g, scale, want_dh0, bounds, table, choff, save
     _grads_wy_kernel[(rows, h)](
         k, v, beta, gamma, tinv, w, ut, du, dw, dk_part, dgam, table, dkk, dvv, dbeta,
         dg if dg is not None else dbeta,
-        H=h, K=dk, V=dv, C=CHUNK, KB=min(bk, 64), BV=bv, HAS_G=g is not None, PREC=prec,
+        H=h, K=dk, V=dv, C=CHUNK, KB=min(bk, 64), BV=bv, HAS_G=g is not None, PREC=prec, LOWP=low,
         num_warps=NUM_WARPS["grads_wy"],
         num_stages=NUM_STAGES["grads_wy"],
     )

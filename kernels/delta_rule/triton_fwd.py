@@ -11,11 +11,43 @@ launches:
 Chunk-start states are stored in the input dtype (fp32 inputs: fp32), accumulated in fp32.
 """
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 CHUNK = 64
+
+# Build switches, read at every launch (so benchmarks/delta_rule_variants.py can compare them in one process), and
+# overridable from the environment: HILO_DELTA_RULE="lowp_bwd=0,fused_bwd=0,state_bv_min=32". None of them changes
+# anything for fp32 inputs except the fused backward (same math, fewer launches).
+#   lowp_bwd:     16-bit inputs: the backward's dot operands in the input dtype (fp32 accumulation) and its large
+#                 intermediates (dU, dW, partial dk) stored in the input dtype instead of fp32 / tf32.
+#   lowp_prepare: 16-bit inputs: W = T X and U~ = T Y in the forward's prepare kernel with T and X, Y rounded to the
+#                 input dtype (as fla does) instead of tf32 products of fp32 tiles. T itself is always fp32.
+#   fused_bwd:    one chunk-parallel backward kernel (grads) instead of grads_qk + grads_wy: dW, partial dk and
+#                 dgamma never go through HBM, and dA = -dY U^T needs no pass over W (see triton_bwd).
+#   state_bv_min: smallest V-block of the sequential state passes when the (sequence, head) pairs do not fill
+#                 the GPU (16: up to 8 programs per pair at V = 128; 32 was the first build's choice).
+OPTIONS = {"lowp_bwd": True, "lowp_prepare": False, "fused_bwd": True, "state_bv_min": 16}
+
+
+def _apply_env_options():
+    spec = os.environ.get("HILO_DELTA_RULE", "").strip()
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        key, _, val = item.partition("=")
+        if key not in OPTIONS:
+            raise ValueError(f"HILO_DELTA_RULE: unknown option {key!r}; expected one of {sorted(OPTIONS)}")
+        OPTIONS[key] = int(val) if key == "state_bv_min" else val.strip().lower() in ("1", "true", "yes", "on")
+
+
+_apply_env_options()
+
+
+def lowp(dtype: torch.dtype, option: str) -> bool:
+    """Whether a 16-bit path is on for inputs of `dtype` (never for fp32)."""
+    return dtype != torch.float32 and bool(OPTIONS[option])
 # Warps per program of each launch (forward and backward), chosen on an H200 at K = V = 128.
 NUM_WARPS = {"prepare": 4, "state": 4, "output": 4, "intra": 4, "state_bwd": 8, "grads_qk": 8, "grads_wy": 8}
 NUM_STAGES = {"grads_qk": 3, "grads_wy": 2}
@@ -77,7 +109,7 @@ def _prepare_kernel(
     gamma_ptr, tinv_ptr, w_ptr, ut_ptr,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     C: tl.constexpr, KB: tl.constexpr, BV: tl.constexpr,
-    HAS_G: tl.constexpr, PREC: tl.constexpr,
+    HAS_G: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr,
 ):
     pid_c = tl.program_id(0)
     pid_h = tl.program_id(1)
@@ -144,6 +176,8 @@ def _prepare_kernel(
     _store_block(blk, r16, lim, 3, 3, t33, H, C)
     tl.debug_barrier()
     b_t = tl.load(t_base, mask=rmask[:, None], other=0.0)
+    if LOWP:
+        b_t = b_t.to(k_ptr.dtype.element_ty)
 
     b_xw = b_beta * tl.exp(b_gamma)
     for k0 in range(0, K, KB):
@@ -151,14 +185,14 @@ def _prepare_kernel(
         mk = rmask[:, None] & (offs_k < K)[None, :]
         kptrs = (tok[:, None] * H + pid_h) * K + offs_k[None, :]
         b_x = tl.load(k_ptr + kptrs, mask=mk, other=0.0).to(tl.float32) * b_xw[:, None]
-        b_w = tl.dot(b_t, b_x, input_precision=PREC)
+        b_w = tl.dot(b_t, b_x.to(b_t.dtype), input_precision=PREC)
         tl.store(w_ptr + kptrs, b_w.to(w_ptr.dtype.element_ty), mask=mk)
     for v0 in range(0, V, BV):
         offs_v = v0 + tl.arange(0, BV)
         vmask = offs_v < V
         m2 = rmask[:, None] & vmask[None, :]
         b_v = tl.load(v_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], mask=m2, other=0.0)
-        b_u = tl.dot(b_t, b_v.to(tl.float32) * b_beta[:, None], input_precision=PREC)
+        b_u = tl.dot(b_t, (b_v.to(tl.float32) * b_beta[:, None]).to(b_t.dtype), input_precision=PREC)
         tl.store(ut_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], b_u.to(ut_ptr.dtype.element_ty),
                  mask=m2)
 
@@ -291,7 +325,8 @@ def delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, b
     ut = torch.empty(total, h, dv, device=dev, dtype=q.dtype)
     _prepare_kernel[(rows, h)](
         k, v, beta, g if g is not None else beta, table, gamma, tinv, w, ut,
-        H=h, K=dk, V=dv, C=CHUNK, KB=min(bk, 64), BV=bv, HAS_G=g is not None, PREC=prec, num_warps=NUM_WARPS["prepare"],
+        H=h, K=dk, V=dv, C=CHUNK, KB=min(bk, 64), BV=bv, HAS_G=g is not None, PREC=prec,
+        LOWP=lowp(q.dtype, "lowp_prepare"), num_warps=NUM_WARPS["prepare"],
     )
     hs = torch.empty(rows, h, dk, dv, device=dev, dtype=q.dtype)
     u = torch.empty(total, h, dv, device=dev, dtype=q.dtype)
