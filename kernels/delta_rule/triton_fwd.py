@@ -286,13 +286,19 @@ _SM_COUNT: dict = {}
 
 
 def state_block_v(dv: int, pairs: int, device: torch.device, which: str) -> int:
-    """V-block of a sequential state pass for `pairs` (sequence, head) pairs (no dependence on T)."""
+    """V-block of a sequential state pass for `pairs` (sequence, head) pairs (no dependence on T).
+
+    V columns of the state are independent, so a pass splits V across programs freely (K cannot be split: U = U~ - W S
+    contracts over it). While pairs * cdiv(V, BV) is below the multiprocessor count the block is halved, down to
+    OPTIONS["state_bv_min"] (16 at the least, the smallest tl.dot width): at T = 32768, B = 1, H = 16, V = 128 that is
+    128 programs of [K, 16] instead of 32 of [K, 64]."""
     bv = min(STATE_BV[which], max(16, triton.next_power_of_2(dv)))
     if device.type == "cuda":
         if device not in _SM_COUNT:
             _SM_COUNT[device] = torch.cuda.get_device_properties(device).multi_processor_count
-        if pairs * triton.cdiv(dv, bv) < _SM_COUNT[device]:
-            bv = min(bv, 32)
+        floor = max(16, int(OPTIONS["state_bv_min"]))
+        while bv > floor and pairs * triton.cdiv(dv, bv) < _SM_COUNT[device]:
+            bv //= 2
     return bv
 
 
