@@ -26,6 +26,7 @@ from .triton_fwd import (
     CHUNK,
     NUM_STAGES,
     NUM_WARPS,
+    OPTIONS,
     block_sizes,
     delta_rule_fwd,
     dot_precision,
@@ -297,6 +298,141 @@ def _grads_wy_kernel(
         tl.store(dg_ptr + tok * H + pid_h, b_dg, mask=rmask)
 
 
+@triton.jit
+def _grads_kernel(
+    q_ptr, k_ptr, v_ptr, beta_ptr, gamma_ptr, tinv_ptr, u_ptr, h_ptr, dh_ptr, do_ptr, du_ptr, table_ptr,
+    dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, scale,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    C: tl.constexpr, KB: tl.constexpr, BV: tl.constexpr, BV2: tl.constexpr,
+    HAS_G: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr,
+):
+    """grads_qk and grads_wy in one program per (chunk, head): dq, dk, dv, dbeta, dg; dW, dgamma and partial dk
+    stay in registers.
+
+    dA needs no pass over W: dA = -(dX W^T + dY U~^T) with dX W^T = T^T dW W^T = -T^T dU S^T W^T = -dY (W S)^T,
+    and U = U~ - W S, so dA = -dY U^T (U the forward's pseudo-values). So dA, dv and the dbeta term of Y come from
+    one pass over V (with dP = dO U^T), K K^T and Q K^T from one pass over K, and then each K-block of dq and dk is
+    final after its own inner pass over V (dW = -dU S^T, dX = T^T dW)."""
+    pid_c = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    start = tl.load(table_ptr + pid_c * 3).to(tl.int64)
+    end = tl.load(table_ptr + pid_c * 3 + 1).to(tl.int64)
+    if end <= start:
+        return
+    rows = tl.arange(0, C)
+    tok = start + rows
+    rmask = tok < end
+    b_beta = tl.load(beta_ptr + tok * H + pid_h, mask=rmask, other=0.0).to(tl.float32)
+    b_gamma = tl.load(gamma_ptr + tok * H + pid_h, mask=rmask, other=0.0)
+    last = end - start - 1
+    g_last = tl.load(gamma_ptr + (end - 1) * H + pid_h)
+    dt = q_ptr.dtype.element_ty
+    # Operand dtype of the UT-transform products: the input dtype under LOWP (fp32 accumulation), else fp32.
+    mdt = dt if LOWP else tl.float32
+    h_base = pid_c.to(tl.int64) * H * K * V + pid_h * K * V
+    # T^T loaded transposed: b_tt[i, j] = T[j, i] (T is stored one row per token).
+    b_tt = tl.load(tinv_ptr + (tok[None, :] * H + pid_h) * C + rows[:, None], mask=rmask[None, :],
+                   other=0.0).to(mdt)
+
+    # Pass over V: dP = dO U^T; dY = T^T dU -> dv = diag(beta) dY, dbeta (Y term), dA = -dY U^T.
+    b_dp = tl.zeros([C, C], dtype=tl.float32)
+    b_da = tl.zeros([C, C], dtype=tl.float32)
+    b_dbeta = tl.zeros([C], dtype=tl.float32)
+    for v0 in range(0, V, BV):
+        offs_v = v0 + tl.arange(0, BV)
+        m2 = rmask[:, None] & (offs_v < V)[None, :]
+        vptrs = (tok[:, None] * H + pid_h) * V + offs_v[None, :]
+        b_do = tl.load(do_ptr + vptrs, mask=m2, other=0.0)
+        b_u = tl.load(u_ptr + vptrs, mask=m2, other=0.0)
+        b_du = tl.load(du_ptr + vptrs, mask=m2, other=0.0).to(mdt)
+        b_v = tl.load(v_ptr + vptrs, mask=m2, other=0.0).to(tl.float32)
+        b_dp += tl.dot(b_do, tl.trans(b_u), input_precision=PREC)
+        b_dy = tl.dot(b_tt, b_du, input_precision=PREC)
+        tl.store(dv_ptr + vptrs, (b_dy * b_beta[:, None]).to(dv_ptr.dtype.element_ty), mask=m2)
+        b_dbeta += tl.sum(b_dy * b_v, 1)
+        b_da -= tl.dot(b_dy.to(mdt), tl.trans(b_u.to(mdt)), input_precision=PREC)
+    # Pass over K: Q K^T and K K^T.
+    b_qk = tl.zeros([C, C], dtype=tl.float32)
+    b_kk = tl.zeros([C, C], dtype=tl.float32)
+    for k0 in range(0, K, KB):
+        offs_k = k0 + tl.arange(0, KB)
+        mk = rmask[:, None] & (offs_k < K)[None, :]
+        kptrs = (tok[:, None] * H + pid_h) * K + offs_k[None, :]
+        b_k = tl.load(k_ptr + kptrs, mask=mk, other=0.0)
+        b_qk += tl.dot(tl.load(q_ptr + kptrs, mask=mk, other=0.0), tl.trans(b_k), input_precision=PREC)
+        b_kk += tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
+    incl = rows[:, None] >= rows[None, :]
+    decay = tl.exp(tl.where(incl, b_gamma[:, None] - b_gamma[None, :], float("-inf")))
+    e_gamma = tl.exp(b_gamma)
+    e_end = tl.where(rmask, tl.exp(g_last - b_gamma), 0.0)
+    # Intra-chunk output term P = scale Q K^T * Gamma * M.
+    b_e = b_dp * b_qk * decay * scale
+    b_dgam = tl.sum(b_e, 1) - tl.sum(b_e, 0)
+    b_dpm = (b_dp * decay * scale).to(dt)
+    # A = diag(beta) (K K^T * Gamma) on the strictly lower part.
+    strict = rows[:, None] > rows[None, :]
+    dstrict = tl.exp(tl.where(strict, b_gamma[:, None] - b_gamma[None, :], float("-inf")))
+    b_kkd = b_kk * dstrict
+    b_da = tl.where(strict, b_da, 0.0)
+    b_dbeta += tl.sum(b_da * b_kkd, 1)
+    b_d = b_da * b_kkd * b_beta[:, None]
+    b_dgam += tl.sum(b_d, 1) - tl.sum(b_d, 0)
+    b_ga = (b_da * b_beta[:, None] * dstrict).to(mdt)
+    # X = diag(beta e^gamma) K.
+    b_xw = b_beta * e_gamma
+    b_glast = tl.zeros([C], dtype=tl.float32)
+
+    for k0 in range(0, K, KB):
+        offs_k = k0 + tl.arange(0, KB)
+        kmask = offs_k < K
+        mk = rmask[:, None] & kmask[None, :]
+        kptrs = (tok[:, None] * H + pid_h) * K + offs_k[None, :]
+        b_dqs = tl.zeros([C, KB], dtype=tl.float32)
+        b_kb = tl.zeros([C, KB], dtype=tl.float32)
+        b_dw = tl.zeros([C, KB], dtype=tl.float32)
+        b_dgl = tl.zeros([KB], dtype=tl.float32)
+        for v0 in range(0, V, BV2):
+            offs_v = v0 + tl.arange(0, BV2)
+            vmask = offs_v < V
+            m2 = rmask[:, None] & vmask[None, :]
+            vptrs = (tok[:, None] * H + pid_h) * V + offs_v[None, :]
+            b_do = tl.load(do_ptr + vptrs, mask=m2, other=0.0)
+            b_u = tl.load(u_ptr + vptrs, mask=m2, other=0.0)
+            b_du = tl.load(du_ptr + vptrs, mask=m2, other=0.0).to(dt)
+            smask = kmask[:, None] & vmask[None, :]
+            s_off = h_base + offs_k[:, None] * V + offs_v[None, :]
+            b_h = tl.load(h_ptr + s_off, mask=smask, other=0.0)
+            b_dh = tl.load(dh_ptr + s_off, mask=smask, other=0.0)
+            b_dqs += tl.dot(b_do, tl.trans(b_h), input_precision=PREC)
+            b_kb += tl.dot(b_u, tl.trans(b_dh), input_precision=PREC)
+            b_dw -= tl.dot(b_du, tl.trans(b_h), input_precision=PREC)
+            b_dgl += tl.sum(b_dh.to(tl.float32) * b_h.to(tl.float32), 1)
+        b_q = tl.load(q_ptr + kptrs, mask=mk, other=0.0)
+        b_k = tl.load(k_ptr + kptrs, mask=mk, other=0.0)
+        b_dq = b_dqs * (e_gamma * scale)[:, None] + tl.dot(b_dpm, b_k, input_precision=PREC)
+        tl.store(dq_ptr + kptrs, b_dq.to(dq_ptr.dtype.element_ty), mask=mk)
+        b_dx = tl.dot(b_tt, b_dw.to(mdt), input_precision=PREC)
+        # Output term, state write Kbar^T U (Kbar = diag(e^{gamma_C - gamma}) K), X and A terms.
+        b_dk = tl.dot(tl.trans(b_dpm), b_q, input_precision=PREC) + b_kb * e_end[:, None] + b_dx * b_xw[:, None]
+        b_km = b_k.to(mdt)
+        b_dk += tl.dot(b_ga, b_km, input_precision=PREC) + tl.dot(tl.trans(b_ga), b_km, input_precision=PREC)
+        tl.store(dk_ptr + kptrs, b_dk.to(dk_ptr.dtype.element_ty), mask=mk)
+        b_kf = b_k.to(tl.float32)
+        b_dgam += e_gamma * scale * tl.sum(b_q.to(tl.float32) * b_dqs, 1)
+        b_term = e_end * tl.sum(b_kf * b_kb, 1)
+        b_dgam -= b_term
+        b_glast += tl.exp(g_last) * tl.sum(b_dgl, 0) + tl.sum(b_term, 0)
+        b_tmp = e_gamma * tl.sum(b_dx * b_kf, 1)
+        b_dbeta += b_tmp
+        b_dgam += b_beta * b_tmp
+    b_dgam += tl.where(rows == last, b_glast, 0.0)
+    tl.store(dbeta_ptr + tok * H + pid_h, b_dbeta, mask=rmask)
+    if HAS_G:
+        b_dgam = tl.where(rmask, b_dgam, 0.0)
+        b_dg = tl.sum(b_dgam, 0) - tl.cumsum(b_dgam, axis=0) + b_dgam
+        tl.store(dg_ptr + tok * H + pid_h, b_dg, mask=rmask)
+
+
 def delta_rule_bwd(q, k, v, beta, g, scale, want_dh0, bounds, table, choff, saved, do, dht):
     """Gradients (dq, dk, dv, dbeta fp32, dg fp32 or None, dh0 fp32 or None unless want_dh0) on the packed
     [L, H, *] layout."""
@@ -325,6 +461,18 @@ def delta_rule_bwd(q, k, v, beta, g, scale, want_dh0, bounds, table, choff, save
         PREC=prec, num_warps=NUM_WARPS["state_bwd"], num_stages=state_stages(bk),
     )
     dq = torch.empty_like(q)
+    if OPTIONS["fused_bwd"]:
+        dkk = torch.empty_like(k)
+        dvv = torch.empty_like(v)
+        dbeta = torch.empty(total, h, device=dev, dtype=torch.float32)
+        dg = torch.empty(total, h, device=dev, dtype=torch.float32) if g is not None else None
+        _grads_kernel[(rows, h)](
+            q, k, v, beta, gamma, tinv, u, hs, dh, do, du, table, dq, dkk, dvv, dbeta,
+            dg if dg is not None else dbeta, scale,
+            H=h, K=dk, V=dv, C=CHUNK, KB=min(bk, 64), BV=bv, BV2=min(bv, 32), HAS_G=g is not None, PREC=prec,
+            LOWP=low, num_warps=NUM_WARPS["grads"], num_stages=NUM_STAGES["grads"],
+        )
+        return dq, dkk, dvv, dbeta, dg, dh0
     dk_part = torch.empty(total, h, dk, device=dev, dtype=mid)
     dw = torch.empty(total, h, dk, device=dev, dtype=mid)
     dgam = torch.empty(total, h, device=dev, dtype=torch.float32)

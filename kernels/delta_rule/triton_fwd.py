@@ -49,8 +49,9 @@ def lowp(dtype: torch.dtype, option: str) -> bool:
     """Whether a 16-bit path is on for inputs of `dtype` (never for fp32)."""
     return dtype != torch.float32 and bool(OPTIONS[option])
 # Warps per program of each launch (forward and backward), chosen on an H200 at K = V = 128.
-NUM_WARPS = {"prepare": 4, "state": 4, "output": 4, "intra": 4, "state_bwd": 8, "grads_qk": 8, "grads_wy": 8}
-NUM_STAGES = {"grads_qk": 3, "grads_wy": 2}
+NUM_WARPS = {"prepare": 4, "state": 4, "output": 4, "intra": 4, "state_bwd": 8, "grads_qk": 8, "grads_wy": 8,
+             "grads": 8}
+NUM_STAGES = {"grads_qk": 3, "grads_wy": 2, "grads": 2}  # "grads" (the fused backward): not yet tuned on the GPU
 # V-block of the sequential state passes when N * H fills the GPU; with fewer (sequence, head) pairs than
 # multiprocessors (long single sequences) the passes take 32-wide V-blocks, twice the programs in flight.
 STATE_BV = {"state": 64, "state_bwd": 64}
