@@ -519,3 +519,76 @@ def test_paper_chunk_formulas_are_not_hla2():
     assert error_ratio(fig2, ref) > 0.1
     own = torch.einsum("bhts,bhtv->bthv", (a * a).tril(), vh)  # j = t: (sum_{i <= t} (q_t.k_i)^2) v_t
     assert error_ratio(ref - fig2, own) < F64
+
+
+# The fused one-pass hla2 kernels (backend "fused"): fp32 under the interpreter against the float64 oracles.
+
+def _fused_vs_references(q, k, v, g, h0, decay, normalize=False, scale=1.0, cu=None, seed=30):
+    """Outputs, final S and F and every gradient (q, k, v, g, initial S and F) of "fused" in fp32 against the
+    float64 token recurrence ("naive") and composition ("torch"): error ratios <= 1e-4 (<= 1e-9 between the two
+    references)."""
+    gen = torch.Generator().manual_seed(seed)
+    do = torch.randn(v.shape, generator=gen, dtype=torch.float64)
+    dst = [torch.randn(x.shape, generator=gen, dtype=torch.float64) for x in h0]
+
+    def run(backend, dtype):
+        leaves = [None if x is None else x.to(dtype).requires_grad_() for x in (q, k, v, g, *h0)]
+        o, fin = hla2(*leaves[:4], decay=decay, normalize=normalize, scale=scale,
+                      initial_state=HLA2State(*leaves[4:]), output_final_state=True, cu_seqlens=cu, backend=backend)
+        loss = (o * do.to(o)).sum() + sum((f * d.to(f)).sum() for f, d in zip(fin, dst, strict=True))
+        inputs = [x for x in leaves if x is not None]
+        return [o, *fin], list(torch.autograd.grad(loss, inputs))
+
+    out_f, grad_f = run("fused", torch.float32)
+    assert out_f[0].dtype == torch.float32 and all(x.dtype == torch.float32 for x in out_f[1:])
+    out_n, grad_n = run("naive", torch.float64)
+    out_c, grad_c = run("torch", torch.float64)
+    names = ["o", "S", "F"] + [n for n, x in zip(["dq", "dk", "dv", "dg"], (q, k, v, g), strict=True)
+                                if x is not None] + ["dS0", "dF0"]
+    for name, a, b, c in zip(names, out_f + grad_f, out_n + grad_n, out_c + grad_c, strict=True):
+        assert error_ratio(c, b) < 1e-9, name
+        assert error_ratio(a, b) < 1e-4, name
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("decay", ["d1", "d2"])
+@pytest.mark.parametrize("gate", ["strong", "weak", "zero", None])
+def test_fused_hla2_matches_float64(decay, gate):
+    """T = 75 crosses the 64-token chunks; B = 2 rows, an initial state, scale != 1, zeroed and absent gates."""
+    q, k, v, g = make(2, 75, 2, 20, 12, "weak" if gate == "zero" else gate, seed=31)
+    g = torch.zeros_like(g) if gate == "zero" else g
+    h0 = random_state("hla2", 2, 2, 20, 12, seed=32)
+    _fused_vs_references(q, k, v, g, h0, decay, scale=0.8)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("decay", ["d1", "d2"])
+def test_fused_hla2_varlen_odd_dims(decay):
+    """Documents of 1, 15 and 130 tokens packed in one row (the last spans three chunks), K = 60, V = 36."""
+    cu = torch.tensor([0, 1, 16, 146])
+    q, k, v, g = make(1, 146, 2, 60, 36, "strong", seed=33)
+    q, k = 0.5 * q, 0.5 * k
+    h0 = random_state("hla2", 3, 2, 60, 36, seed=34)
+    _fused_vs_references(q, k, v, g, h0, decay, cu=cu)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
+def test_fused_hla2_normalize():
+    """normalize=True: the denominator rides as a V + 1-th value column of F (non-negative feature maps)."""
+    q, k, v, g = make(1, 70, 2, 12, 7, "weak", seed=35)
+    q, k = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
+    h0 = random_state("hla2", 1, 2, 12, 8, seed=36)
+    h0 = HLA2State(h0.S.abs(), h0.F.abs())
+    _fused_vs_references(q, k, v, g, h0, "d1", normalize=True)
+
+
+def test_fused_backend_errors():
+    q, k, v, _ = make(1, 5, 1, 4, 3, None)
+    with pytest.raises(ValueError, match="hla2 only"):
+        ahla(q.float(), k.float(), v.float(), backend="fused")
+    with pytest.raises(TypeError, match="float32"):
+        hla2(q, k, v, backend="fused")
+    if INTERPRET:
+        wide = torch.zeros(1, 5, 1, 130)
+        with pytest.raises(ValueError, match="up to 128"):
+            hla2(wide, wide, v.float(), backend="fused")
