@@ -6,10 +6,12 @@ times beside SDPA (flash and cuDNN backends) at SPEC §9's shapes (B*T = 32,768 
     python benchmarks/kernels.py --append                # also writes the table to benchmarks/RESULTS.md
 
 Each op is one entry of CASES (an OpCase): how to make its inputs, how to call it, and which gradients it
-has with their SPEC §2 tolerances. Correctness compares the "triton" backend on bf16 inputs with the "naive"
-backend (the token recurrence) on the same values in fp32, for the output, the final state and every
-gradient, on a small odd-length batch and on a packed varlen batch. Times are medians of
-triton.testing.do_bench in ms. Imports only torch, triton and kernels.
+has with their SPEC §2 tolerances. Correctness compares the op's GPU backend (OpCase.backend, "triton" unless
+named) on bf16 inputs with the "naive" backend (the token recurrence) on the same values in fp32, for the
+output, the final state and every gradient, on a small odd-length batch and on a packed varlen batch. An op may
+name baselines (other backends of the same op, e.g. hla2's two-pass composition beside its fused kernel): they
+are checked and timed in rows of their own. Times are medians of triton.testing.do_bench in ms. Imports only
+torch, triton and kernels.
 """
 from __future__ import annotations
 
@@ -35,12 +37,16 @@ GATE_TOL = 2e-2
 @dataclass
 class OpCase:
     """make(B, T, H, D, device, seed) -> dict of fp32 input tensors (names in call order; g/beta fp32 always,
-    'initial_state' [N, H, D, D] optional); call(inputs, cu_seqlens, backend) -> (o, final_state).
-    grad_tol maps each differentiable input name to its gradient tolerance."""
+    'initial_state' [N, H, D, D] optional); call(inputs, cu_seqlens, backend) -> (o, final_state tensor).
+    grad_tol maps each differentiable input name to its gradient tolerance. backend is the one checked and
+    timed; baselines maps extra row labels to other backends of the same op, checked and timed beside it."""
 
     make: Callable[..., dict]
     call: Callable[..., tuple]
     grad_tol: dict = field(default_factory=dict)
+    oracle: str = "naive"  # the log-linear ops: "torch" (their token recurrence is too slow at the check shapes)
+    backend: str = "triton"
+    baselines: dict = field(default_factory=dict)
 
 
 def _qkv(b, t, h, d, device, gen):
@@ -88,12 +94,97 @@ def _call_delta_rule(x, cu_seqlens, backend):
                       output_final_state=True, cu_seqlens=cu_seqlens, backend=backend)
 
 
+def _make_hla2(b, t, h, d, device, seed=0, n_state=None):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q, k, v = _qkv(b, t, h, d, device, gen)
+    # As the HLA layer feeds it: L2-normalised q and k (scale 1), a Mamba-2-like per-token decay.
+    q, k = (torch.nn.functional.normalize(x, dim=-1) for x in (q, k))
+    g = -0.3 * torch.rand(b, t, h, device=device, generator=gen)
+    out = {"q": q, "k": k, "v": v, "g": g}
+    if n_state is not None:  # HLA2State(S [N, H, D, D], F [N, H, D, D]) side by side in one tensor
+        out["initial_state"] = 0.1 * torch.randn(n_state, h, d, 2 * d, device=device, generator=gen)
+    return out
+
+
+def _call_hla2(x, cu_seqlens, backend):
+    from kernels import hla2
+    from kernels.hla import HLA2State
+
+    h0 = x.get("initial_state")
+    d = x["q"].shape[-1]
+    h0 = None if h0 is None else HLA2State(h0[..., :d], h0[..., d:])
+    o, state = hla2(x["q"], x["k"], x["v"], x["g"], initial_state=h0, output_final_state=True,
+                    cu_seqlens=cu_seqlens, backend=backend)
+    return o, torch.cat([state.S, state.F], dim=-1)
+
+
+PRIOR_TOKENS = 100  # log-linear checks: the initial state's sequences already consumed this many tokens
+
+
+def _with_levels(x, b, t, h, d, device, gen, n_state):
+    """Add level_scales (softplus-like values around 1) and, with n_state, the initial per-level state."""
+    from kernels.loglinear_attn import num_levels
+
+    nl = num_levels(t + (PRIOR_TOKENS if n_state is not None else 0))
+    x.pop("initial_state", None)
+    x["level_scales"] = 0.5 + torch.rand(b, t, h, nl, device=device, generator=gen)
+    if n_state is not None:
+        x["initial_levels"] = torch.randn(n_state, h, nl, d, d, device=device, generator=gen) / nl
+    return x
+
+
+def _prior(x):
+    from kernels.loglinear_attn import LogLinearState
+
+    levels = x.get("initial_levels")
+    if levels is None:
+        return None
+    return LogLinearState(levels, torch.full((levels.shape[0],), PRIOR_TOKENS, device=levels.device))
+
+
+def _make_loglinear_attn(b, t, h, d, device, seed=0, n_state=None):
+    x = _make_linear_attn(b, t, h, d, device, seed, n_state)
+    return _with_levels(x, b, t, h, d, device, torch.Generator(device=device).manual_seed(seed + 1), n_state)
+
+
+def _call_loglinear_attn(x, cu_seqlens, backend):
+    from kernels import loglinear_attn
+
+    o, st = loglinear_attn(x["q"], x["k"], x["v"], x["g"], x["level_scales"], initial_state=_prior(x),
+                           output_final_state=True, cu_seqlens=cu_seqlens, backend=backend)
+    return o, st.levels
+
+
+def _make_loglinear_delta_rule(b, t, h, d, device, seed=0, n_state=None):
+    x = _make_delta_rule(b, t, h, d, device, seed, n_state)
+    return _with_levels(x, b, t, h, d, device, torch.Generator(device=device).manual_seed(seed + 1), n_state)
+
+
+def _call_loglinear_delta_rule(x, cu_seqlens, backend):
+    from kernels import loglinear_delta_rule
+
+    o, st = loglinear_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"], x["level_scales"],
+                                 initial_state=_prior(x), output_final_state=True, cu_seqlens=cu_seqlens,
+                                 backend=backend)
+    return o, st.levels
+
+
 CASES: dict[str, OpCase] = {
     "linear_attn": OpCase(_make_linear_attn, _call_linear_attn,
                           {"q": QKV_TOL, "k": QKV_TOL, "v": QKV_TOL, "g": GATE_TOL, "initial_state": QKV_TOL}),
     "delta_rule": OpCase(_make_delta_rule, _call_delta_rule,
                          {"q": QKV_TOL, "k": QKV_TOL, "v": QKV_TOL, "beta": GATE_TOL, "g": GATE_TOL,
                           "initial_state": QKV_TOL}),
+    "loglinear_attn": OpCase(_make_loglinear_attn, _call_loglinear_attn,
+                             {"q": QKV_TOL, "k": QKV_TOL, "v": QKV_TOL, "g": GATE_TOL, "level_scales": GATE_TOL,
+                              "initial_levels": QKV_TOL}, oracle="torch"),
+    "loglinear_delta_rule": OpCase(_make_loglinear_delta_rule, _call_loglinear_delta_rule,
+                                   {"q": QKV_TOL, "k": QKV_TOL, "v": QKV_TOL, "beta": GATE_TOL, "g": GATE_TOL,
+                                    "level_scales": GATE_TOL, "initial_levels": QKV_TOL}, oracle="torch"),
+    # the fused one-pass kernel, with the two-pass composition over linear_attn's Triton kernels beside it
+    "hla2": OpCase(_make_hla2, _call_hla2,
+                   {"q": QKV_TOL, "k": QKV_TOL, "v": QKV_TOL, "g": GATE_TOL, "initial_state": QKV_TOL},
+                   backend="fused", baselines={"hla2_compose": "triton"}),
 }
 
 
@@ -101,7 +192,7 @@ def _leaves(inputs, dtype):
     """Detached leaves requiring grad: q/k/v/beta-like activations in `dtype`, g and states in fp32."""
     out = {}
     for name, x in inputs.items():
-        keep_fp32 = name in ("g", "initial_state") or x.dtype != torch.float32
+        keep_fp32 = name in ("g", "initial_state", "level_scales", "initial_levels") or x.dtype != torch.float32
         out[name] = x.detach().to(torch.float32 if keep_fp32 else dtype).requires_grad_()
     return out
 
@@ -118,8 +209,14 @@ def _run_with_grads(case, inputs, cu, backend, dtype, seed=11):
     return o, s, dict(zip(names, grads))
 
 
+def _variants(name: str, case: OpCase) -> list[tuple[str, str]]:
+    """(row label, backend) of the op's own backend and its baselines."""
+    return [(name, case.backend), *case.baselines.items()]
+
+
 def check(name: str, case: OpCase, device: str) -> list[tuple[str, str, float, float]]:
-    """Rows (shape, quantity, error ratio, tolerance) for bf16 triton vs fp32 naive."""
+    """Rows (shape, quantity, error ratio, tolerance) for bf16 on the op's backend vs fp32 naive; the shape
+    label names the baseline for a baseline's rows."""
     rows = []
     shapes = [("B2 T777 H4 D128", 2, 777, 4, 128, None), ("varlen 1,15,700,333 H4 D128", 1, 1049, 4, 128,
                                                              [0, 1, 16, 716, 1049])]
@@ -127,13 +224,15 @@ def check(name: str, case: OpCase, device: str) -> list[tuple[str, str, float, f
         n = b if bounds is None else len(bounds) - 1
         cu = None if bounds is None else torch.tensor(bounds, device=device, dtype=torch.int32)
         inputs = case.make(b, t, h, d, device, seed=0, n_state=n)
-        o, s, g = _run_with_grads(case, inputs, cu, "triton", torch.bfloat16)
-        ro, rs, rg = _run_with_grads(case, inputs, cu, "naive", torch.float32)
-        rows.append((label, "o", error_ratio(o, ro), OUT_TOL))
-        rows.append((label, "final_state", error_ratio(s, rs), OUT_TOL))
-        for gname, tol in case.grad_tol.items():
-            if gname in g:
-                rows.append((label, "d" + gname, error_ratio(g[gname], rg[gname]), tol))
+        ro, rs, rg = _run_with_grads(case, inputs, cu, case.oracle, torch.float32)
+        for variant, backend in _variants(name, case):
+            shape = label if variant == name else f"{label} ({variant})"
+            o, s, g = _run_with_grads(case, inputs, cu, backend, torch.bfloat16)
+            rows.append((shape, "o", error_ratio(o, ro), OUT_TOL))
+            rows.append((shape, "final_state", error_ratio(s, rs), OUT_TOL))
+            for gname, tol in case.grad_tol.items():
+                if gname in g:
+                    rows.append((shape, "d" + gname, error_ratio(g[gname], rg[gname]), tol))
     return rows
 
 
@@ -154,16 +253,17 @@ def _sdpa_fn(backend_name, b, t, h, d, device):
     return fwd, fwd_bwd, [q, k, v]
 
 
-def _op_fn(case, b, t, h, d, device):
+def _op_fn(case, b, t, h, d, device, backend=None):
+    backend = backend or case.backend
     x = _leaves(case.make(b, t, h, d, device, seed=0), torch.bfloat16)
-    o, _ = case.call(x, None, "triton")
+    o, _ = case.call(x, None, backend)
     do = torch.randn_like(o)
 
     def fwd():
-        return case.call(x, None, "triton")
+        return case.call(x, None, backend)
 
     def fwd_bwd():
-        o, _ = case.call(x, None, "triton")
+        o, _ = case.call(x, None, backend)
         o.backward(do)
 
     return fwd, fwd_bwd, list(x.values())
@@ -175,7 +275,9 @@ def bench(ops, seqlens, tokens, heads, dim, device):
     rows = []
     for t in seqlens:
         b = max(tokens // t, 1)
-        entries = [(op, (lambda op=op, b=b, t=t: _op_fn(CASES[op], b, t, heads, dim, device))) for op in ops]
+        entries = [(label, (lambda op=op, backend=backend, b=b, t=t: _op_fn(CASES[op], b, t, heads, dim, device,
+                                                                             backend)))
+                   for op in ops for label, backend in _variants(op, CASES[op])]
         entries += [(f"sdpa_{kind}", (lambda kind=kind, b=b, t=t: _sdpa_fn(kind, b, t, heads, dim, device)))
                     for kind in ("flash", "cudnn")]
         for label, build in entries:
@@ -198,8 +300,9 @@ def profile(ops, seqlen, tokens, heads, dim, device):
     from torch.profiler import profile as torch_profile
 
     b = max(tokens // seqlen, 1)
-    for op in ops:
-        _, fwd_bwd, _ = _op_fn(CASES[op], b, seqlen, heads, dim, device)
+    runs = [(name, label, backend) for name in ops for label, backend in _variants(name, CASES[name])]
+    for op, label, backend in runs:
+        _, fwd_bwd, _ = _op_fn(CASES[op], b, seqlen, heads, dim, device, backend)
         for _ in range(3):
             fwd_bwd()
         torch.cuda.synchronize()
@@ -207,7 +310,7 @@ def profile(ops, seqlen, tokens, heads, dim, device):
             for _ in range(5):
                 fwd_bwd()
             torch.cuda.synchronize()
-        print(f"{op} T={seqlen} B={b}: CUDA time per kernel over 5 forward+backward calls")
+        print(f"{label} T={seqlen} B={b}: CUDA time per kernel over 5 forward+backward calls")
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15))
 
 
