@@ -5,35 +5,33 @@
 with G_t = sum_{r <= t} g_r and t, s positions counted from 0 in each document (or from initial_state.tokens).
 With every lambda equal to 1 it is kernels.linear_attn.
 
-Backends: "torch" (kernels.loglinear_attn.chunk: chunks of 64 aligned to absolute positions, one dense masked block
-per chunk for levels 0..6 and one carried state per higher level; exact, differentiable by autograd; the default)
-and "naive" (the binary-carry recurrence token by token: the oracle). There is no Triton backend yet: "triton"
-raises. `loglinear_attn_quadratic` (naive.py) is the O(T^2) definition, used by the tests.
+Backends: "triton" (triton_fwd / triton_bwd: an intra-chunk kernel for levels 0..6 and one level-scan kernel that
+carries every chunk-level state of a (sequence, head, V-block) in one program; forward and backward; the default on
+CUDA, on CPU tensors it runs under TRITON_INTERPRET=1), "torch" (kernels.loglinear_attn.chunk: chunks of 64 aligned
+to absolute positions, one dense masked block per chunk for levels 0..6 and one carried state per higher level;
+exact, differentiable by autograd; the default elsewhere) and "naive" (the binary-carry recurrence token by token:
+the oracle). `loglinear_attn_quadratic` (naive.py) is the O(T^2) definition, used by the tests.
 """
 
 import torch
 
-from kernels.common.validate import check_recurrent_inputs
+from kernels.common.validate import check_recurrent_inputs, resolve_backend
 
 from .chunk import loglinear_chunk, prepare_linear
 from .naive import loglinear_attn_naive, loglinear_attn_quadratic
 from .state import LogLinearState, check_loglinear_inputs, num_levels
 from .step import loglinear_attn_step
 
-BACKENDS = ("torch", "naive")
+BACKENDS = ("triton", "torch", "naive")
 
 __all__ = ["BACKENDS", "LogLinearState", "final_state", "loglinear_attn", "loglinear_attn_quadratic", "loglinear_attn_step",
            "num_levels", "resolve_loglinear_backend"]
 
 
-def resolve_loglinear_backend(op: str, backend: str | None) -> str:
-    """None -> "torch"; "torch" and "naive" as given; anything else (incl. "triton", not built yet) raises."""
-    if backend is None:
-        return "torch"
-    if backend not in BACKENDS:
-        raise ValueError(f"{op}: backend {backend!r} is not available; expected one of {BACKENDS} or None "
-                         "(no Triton kernels for the log-linear operators yet)")
-    return backend
+def resolve_loglinear_backend(op: str, backend: str | None, device: torch.device) -> str:
+    """None -> "triton" on CUDA, "torch" elsewhere; "triton" on CPU tensors needs TRITON_INTERPRET=1 (set before
+    kernels is imported); an unknown name raises (kernels.common.validate.resolve_backend)."""
+    return resolve_backend(op, backend, device)
 
 
 def loglinear_attn(
@@ -59,11 +57,12 @@ def loglinear_attn(
     positions tokens, tokens + 1, ... . The final state has the same structure (tokens + this call's lengths) and
     equals the recurrent form's state, so forward(a + b) == forward(b, initial_state=forward(a).final).
     cu_seqlens [N+1] packs N documents in B == 1; positions restart at 0 (or at tokens[n]) in each.
-    Gradients flow to q, k, v, g, level_scales and initial_state.levels.
+    Gradients flow to q, k, v, g, level_scales and initial_state.levels. backend: "triton", "torch", "naive" or
+    None (triton on CUDA, torch otherwise).
     """
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"loglinear_attn: q must be a torch.Tensor, got {type(q).__name__}")
-    backend = resolve_loglinear_backend("loglinear_attn", backend)
+    backend = resolve_loglinear_backend("loglinear_attn", backend, q.device)
     n = check_recurrent_inputs("loglinear_attn", q, k, v, g=g, cu_seqlens=cu_seqlens, backend=backend)
     starts = check_loglinear_inputs("loglinear_attn", q, v, level_scales, initial_state, n, cu_seqlens)
     if scale is None:
@@ -72,6 +71,11 @@ def loglinear_attn(
     if backend == "naive":
         o, levels = loglinear_attn_naive(q, k, v, g, level_scales, scale, initial_state, output_final_state,
                                          cu_seqlens, starts)
+    elif backend == "triton":
+        from .triton_bwd import loglinear_attn_triton
+
+        o, levels = loglinear_attn_triton(q, k, v, g, level_scales, scale, initial_state, output_final_state,
+                                          cu_seqlens, starts)
     else:
         o, levels = loglinear_chunk(q, k, v, None, g, level_scales, scale, initial_state, output_final_state,
                                     cu_seqlens, starts, prepare_linear, q.dtype)

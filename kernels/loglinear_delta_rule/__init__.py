@@ -53,7 +53,9 @@ def loglinear_delta_rule(
         raise TypeError(f"loglinear_delta_rule: q must be a torch.Tensor, got {type(q).__name__}")
     if not isinstance(beta, torch.Tensor):
         raise TypeError(f"loglinear_delta_rule: beta must be a torch.Tensor [B, T, H], got {type(beta).__name__}")
-    backend = resolve_loglinear_backend("loglinear_delta_rule", backend)
+    backend = resolve_loglinear_backend("loglinear_delta_rule", backend if backend is not None else "torch", q.device)
+    if backend == "triton":
+        raise ValueError("loglinear_delta_rule: backend 'triton' is not available yet; use backend='torch'")
     n = check_recurrent_inputs("loglinear_delta_rule", q, k, v, g=g, beta=beta, cu_seqlens=cu_seqlens,
                                backend=backend)
     starts = check_loglinear_inputs("loglinear_delta_rule", q, v, level_scales, initial_state, n, cu_seqlens)

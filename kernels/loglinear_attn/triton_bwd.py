@@ -1,0 +1,293 @@
+"""Triton backward of log-linear attention, the autograd.Function tying it to triton_fwd, and the backend entry.
+
+Two launches (notation of triton_fwd; P[t, s] = scale q_t.k_s exp(gc_t - gc_s) [s <= t], W[t, s] = P * Lambda):
+  1. `_intra_bwd`, one program per (chunk, head): dW = do v^T, dv = W^T do, dlambda_t[l] = sum_{s: level l}
+     (dW * P)[t, s] for l = 0..6, dP = dW * Lambda, dq = dP k * ..., dk = dP^T q * ... (plain stores, fp32).
+  2. `_level_scan_bwd`, one program per (V-block, sequence, head, direction), the two directions running at once:
+     - direction 0 walks the chunks forward, recomputing R exactly as the forward does, and adds
+       dq_t += scale exp(gc_t) sum_j w_tj (do_t R_j^T) and dlambda_t[6 + j] += [bit j-1 of c] do_t . (q_eff_t R_j);
+     - direction 1 walks them backward carrying dR [K, NJ * BV] (all chunk levels, one tile), starting from the
+       final-state gradient: at chunk c, with v_w the write-masked values stacked per level,
+           dv += sum_j (kd dR_j)[write j],   dk += exp(gl - gc) * (v_w dR^T),   dR <- exp(gl) dR + q_eff^T (w * do),
+       then levels reset at c get dR_j = 0.
+     dq and dk sum over V-blocks with fp32 atomics; dv is owned by one program.
+Recomputing R in direction 0 keeps the backward's memory at the forward's (no per-chunk level states stored).
+Gate gradient: every decay is exp(G_t - G_s) with q_t carrying exp(G_t) and k_s exp(-G_s) (G the in-document
+cumsum of g), so dL/dG_t = q_t . dq_t - k_t . dk_t (+ sum_j <R_j, dR_j> of the final chunk-level states at a
+document's last token), and dg_t = sum_{s >= t in its document} dL/dG_s (as kernels.linear_attn.triton_bwd).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from .state import CHUNK_LEVELS, level_of, prior_level, segments
+from .triton_fwd import (
+    CHUNK,
+    CHUNK_LEVELS_C,
+    LevelLayout,
+    _chunk_rows,
+    _in_chunk_lambda,
+    _in_chunk_levels,
+    _scan_chunk,
+    dot_precision,
+    intra_fwd,
+    level_scan_fwd,
+    pow2,
+)
+
+
+@triton.jit(do_not_specialize=["NL"])
+def _intra_bwd(q, k, v, g, lam, do, dq, dk, dv, dlam, chunks, scale, NL,
+               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+               BV: tl.constexpr, HAS_G: tl.constexpr, PREC: tl.constexpr):
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    base, lo, hi = _chunk_rows(chunks, i_c)
+    o_t = base + tl.arange(0, C)
+    m_t = (o_t >= lo) & (o_t < hi)
+    o_k = tl.arange(0, BK)
+    m_tk = m_t[:, None] & (o_k[None, :] < K)
+    qb = tl.load(q + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
+    kb = tl.load(k + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
+    o_i = tl.arange(0, C)
+    causal = o_i[:, None] >= o_i[None, :]
+    if HAS_G:
+        gc = tl.cumsum(tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32), 0)
+        decay = tl.exp(tl.where(causal, gc[:, None] - gc[None, :], float("-inf"))) * scale
+    else:
+        decay = tl.where(causal, scale, 0.0)
+    p = tl.dot(qb, tl.trans(kb), input_precision=PREC) * decay
+    lev = _in_chunk_levels(C)
+    lam_mat = _in_chunk_lambda(lam, o_t, m_t, i_h, lev, NL, H, C)
+    w_t = tl.trans(p * lam_mat)
+    d_w = tl.zeros([C, C], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_tv = m_t[:, None] & (o_v[None, :] < V)
+        vb = tl.load(v + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0)
+        dob = tl.load(do + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0)
+        d_w += tl.dot(dob, tl.trans(vb), input_precision=PREC)
+        dvb = tl.dot(w_t.to(dob.dtype), dob, input_precision=PREC)
+        tl.store(dv + (o_t[:, None] * H + i_h) * V + o_v[None, :], dvb, mask=m_tv)
+    d_lam = d_w * p
+    for lv in tl.static_range(0, 7):
+        tl.store(dlam + (o_t * H + i_h) * NL + lv, tl.sum(tl.where(lev == lv, d_lam, 0.0), 1),
+                 mask=m_t & ((tl.zeros_like(o_t) + lv) < NL))
+    d_s = (d_w * lam_mat * decay).to(qb.dtype)
+    tl.store(dq + (o_t[:, None] * H + i_h) * K + o_k[None, :], tl.dot(d_s, kb, input_precision=PREC), mask=m_tk)
+    tl.store(dk + (o_t[:, None] * H + i_h) * K + o_k[None, :], tl.dot(tl.trans(d_s), qb, input_precision=PREC),
+             mask=m_tk)
+
+
+@triton.jit(do_not_specialize=["NL"])
+def _level_scan_bwd(q, k, v, g, lam, do, drfin, dq, dk, dv, dlam, seqs, scale, NL,
+                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+                    BV: tl.constexpr, NJ: tl.constexpr, HAS_G: tl.constexpr, HAS_DRFIN: tl.constexpr,
+                    PREC: tl.constexpr):
+    i_v, i_nh, direction = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_n, i_h = i_nh // H, i_nh % H
+    bos = tl.load(seqs + i_n * 3).to(tl.int64)
+    eos = tl.load(seqs + i_n * 3 + 1).to(tl.int64)
+    p0 = tl.load(seqs + i_n * 3 + 2).to(tl.int64)
+    front = p0 % C
+    nchunks = (front + eos - bos + C - 1) // C
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    cols = tl.arange(0, NJ * BV)
+    col_j = cols // BV
+    col_v = i_v * BV + cols % BV
+    m_col = col_v < V
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_j = tl.arange(0, NJ)
+    if direction == 0:
+        state = tl.zeros([BK, NJ * BV], dtype=tl.float32)
+        for i in range(nchunks):
+            c = p0 // C + i
+            o_t, m_t, q_eff, kd, decay, keep, read, w = _scan_chunk(
+                q, k, g, lam, bos, eos, bos - front + i * C, c, i_h, o_k, col_j, scale, NL, H, K, C, HAS_G)
+            state = tl.where(keep[None, :], state, 0.0)
+            do_cols = tl.load(do + (o_t[:, None] * H + i_h) * V + col_v[None, :],
+                              mask=m_t[:, None] & m_col[None, :], other=0.0).to(tl.float32)
+            d_q = tl.dot(do_cols * w, tl.trans(state), input_precision=PREC)
+            if HAS_G:
+                gc = tl.cumsum(tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32), 0)
+                d_q *= (tl.exp(gc) * scale)[:, None]
+            else:
+                d_q *= scale
+            tl.atomic_add(dq + (o_t[:, None] * H + i_h) * K + o_k[None, :], d_q, mask=m_t[:, None] & m_k[None, :])
+            reads = tl.dot(q_eff, state, input_precision=PREC) * do_cols * read.to(tl.float32)[None, :]
+            d_w = tl.sum(tl.reshape(reads, [C, NJ, BV]), 2)
+            lev = CHUNK_LEVELS_C + 1 + o_j
+            tl.atomic_add(dlam + (o_t[:, None] * H + i_h) * NL + lev[None, :], d_w,
+                          mask=m_t[:, None] & (lev < NL)[None, :])
+            v_w = tl.load(v + (o_t[:, None] * H + i_h) * V + col_v[None, :],
+                          mask=m_t[:, None] & (m_col & ~read)[None, :], other=0.0).to(tl.float32)
+            state = state * decay + tl.dot(tl.trans(kd), v_w, input_precision=PREC)
+    else:
+        d_state = tl.zeros([BK, NJ * BV], dtype=tl.float32)
+        if HAS_DRFIN:
+            c_last = (p0 + eos - bos - 1) // C
+            on = (((c_last >> col_j) & 1) == 1) & m_col
+            ptr = drfin + ((i_nh.to(tl.int64) * NJ + col_j[None, :]) * K + o_k[:, None]) * V + col_v[None, :]
+            d_state += tl.load(ptr, mask=m_k[:, None] & on[None, :], other=0.0)
+            d_state = tl.where(nchunks > 0, d_state, 0.0)
+        for it in range(nchunks):
+            i = nchunks - 1 - it
+            c = p0 // C + i
+            o_t, m_t, q_eff, kd, decay, keep, read, w = _scan_chunk(
+                q, k, g, lam, bos, eos, bos - front + i * C, c, i_h, o_k, col_j, scale, NL, H, K, C, HAS_G)
+            v_w = tl.load(v + (o_t[:, None] * H + i_h) * V + col_v[None, :],
+                          mask=m_t[:, None] & (m_col & ~read)[None, :], other=0.0).to(tl.float32)
+            d_vw = tl.dot(kd, d_state, input_precision=PREC) * (~read).to(tl.float32)[None, :]
+            m_tv = m_t[:, None] & (o_v[None, :] < V)
+            dv_ptr = dv + (o_t[:, None] * H + i_h) * V + o_v[None, :]
+            tl.store(dv_ptr, tl.load(dv_ptr, mask=m_tv, other=0.0) + tl.sum(tl.reshape(d_vw, [C, NJ, BV]), 1),
+                     mask=m_tv)
+            d_kd = tl.dot(v_w, tl.trans(d_state), input_precision=PREC)
+            if HAS_G:
+                gb = tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
+                d_kd *= tl.exp(tl.sum(gb, 0) - tl.cumsum(gb, 0))[:, None]
+            tl.atomic_add(dk + (o_t[:, None] * H + i_h) * K + o_k[None, :], d_kd, mask=m_t[:, None] & m_k[None, :])
+            do_cols = tl.load(do + (o_t[:, None] * H + i_h) * V + col_v[None, :],
+                              mask=m_t[:, None] & m_col[None, :], other=0.0).to(tl.float32)
+            d_state = d_state * decay + tl.dot(tl.trans(q_eff), do_cols * w, input_precision=PREC)
+            d_state = tl.where(keep[None, :], d_state, 0.0)
+
+
+def _segment_reverse_cumsum(x: torch.Tensor, lay: LevelLayout) -> torch.Tensor:
+    """dg_t = sum_{s >= t in t's document} x_s for x [TT, H] (float64 scan along the token axis)."""
+    xt = x.t().to(torch.float64)
+    csum = torch.cumsum(xt, 1)
+    last = lay.last_of_seq[lay.seq_of_token]
+    return (csum[:, last] - csum + xt).t().to(torch.float32)
+
+
+class LogLinearAttnFunction(torch.autograd.Function):
+    """(q, k, v, g, lam) -> (o fp32 [B, T, H, V] without the prior levels' reads, final chunk-level states
+    [N, H, NJ, K, V] fp32 or None)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, lam, lay, scale, want_final):
+        b, t, h, dk = q.shape
+        dv = v.shape[-1]
+        qf, kf, vf = (x.reshape(b * t, h, x.shape[-1]).contiguous() for x in (q, k, v))
+        gf = None if g is None else g.reshape(b * t, h).float().contiguous()
+        lf = lam.reshape(b * t, h, lam.shape[-1]).float().contiguous()
+        o = torch.empty(b * t, h, dv, device=q.device, dtype=torch.float32)
+        intra_fwd(qf, kf, vf, gf, lf, scale, lay, o)
+        rfin = None
+        if lay.nj:
+            rfin = level_scan_fwd(qf, kf, vf, gf, lf, scale, lay, o, want_final)
+        ctx.save_for_backward(qf, kf, vf, gf, lf, rfin)
+        ctx.lay, ctx.scale, ctx.shape, ctx.lam_dtype = lay, scale, (b, t, h, dk, dv), lam.dtype
+        return o.reshape(b, t, h, dv), rfin
+
+    @staticmethod
+    def backward(ctx, do, drfin):
+        qf, kf, vf, gf, lf, rfin = ctx.saved_tensors
+        lay, scale = ctx.lay, ctx.scale
+        b, t, h, dk_, dv_ = ctx.shape
+        do = do.reshape(b * t, h, dv_).to(vf.dtype).contiguous()
+        dq = torch.zeros(b * t, h, dk_, device=qf.device, dtype=torch.float32)
+        dk = torch.zeros_like(dq)
+        dv = torch.zeros(b * t, h, dv_, device=qf.device, dtype=torch.float32)
+        dlam = torch.zeros_like(lf)
+        nl = lf.shape[-1]
+        prec = dot_precision(qf.dtype)
+        gate = gf if gf is not None else qf
+        if lay.rows:
+            _intra_bwd[(lay.rows, h)](qf, kf, vf, gate, lf, do, dq, dk, dv, dlam, lay.chunks, scale, nl, H=h, K=dk_,
+                                      V=dv_, C=CHUNK, BK=pow2(dk_), BV=min(64, pow2(dv_)), HAS_G=gf is not None,
+                                      PREC=prec, num_warps=8, num_stages=1)
+        if lay.nj:
+            bv = lay.scan_block_v(dv_)
+            has_drfin = drfin is not None and rfin is not None
+            _level_scan_bwd[(triton.cdiv(dv_, bv), lay.n * h, 2)](
+                qf, kf, vf, gate, lf, do, drfin.contiguous() if has_drfin else qf, dq, dk, dv, dlam, lay.seqs,
+                scale, nl, H=h, K=dk_, V=dv_, C=CHUNK, BK=pow2(dk_), BV=bv, NJ=lay.NJ, HAS_G=gf is not None,
+                HAS_DRFIN=has_drfin, PREC=prec, num_warps=8, num_stages=1)
+        dg = None
+        if gf is not None:
+            d_big_g = (qf.float() * dq).sum(-1) - (kf.float() * dk).sum(-1)
+            if drfin is not None and rfin is not None:
+                term = (rfin * drfin).sum((2, 3, 4)) * lay.nonempty_mask[:, None]
+                d_big_g = d_big_g.index_add(0, lay.last_of_seq, term)
+            dg = _segment_reverse_cumsum(d_big_g, lay).reshape(b, t, h)
+        return (dq.reshape(b, t, h, dk_).to(qf.dtype), dk.reshape(b, t, h, dk_).to(kf.dtype),
+                dv.reshape(b, t, h, dv_).to(vf.dtype), dg, dlam.reshape(b, t, h, nl).to(ctx.lam_dtype),
+                None, None, None)
+
+
+def _prior_reads(q, g, lam, prior, segs, starts, scale):
+    """scale * sum_l lambda_t[max(l, bit_length(t xor (p0 - 1)))] exp(G_t) q_t^T prior_l for every sequence that
+    continues a state (p0 > 0): [B, T, H, V] fp32, or None when no sequence does (torch, differentiable)."""
+    b, t, h, dk = q.shape
+    nl = lam.shape[-1]
+    out = None
+    for n, (row, s, e) in enumerate(segs):
+        if starts[n] == 0 or e == s:
+            continue
+        if out is None:
+            out = q.new_zeros(b, t, h, prior.shape[-1], dtype=torch.float32)
+        pos = starts[n] + torch.arange(e - s, device=q.device)
+        idx = prior_level(pos, starts[n], nl)  # [len, L]
+        lam_p = torch.gather(lam[row, s:e].float(), 2, idx[:, None, :].expand(e - s, h, nl))  # [len, H, L]
+        if g is not None:
+            lam_p = lam_p * g[row, s:e].float().cumsum(0).exp()[..., None]
+        u = (lam_p[..., None] * q[row, s:e].float()[:, :, None, :]).transpose(0, 1).reshape(h, e - s, nl * dk)
+        out[row, s:e] = scale * (u @ prior[n].float().reshape(h, nl * dk, -1)).transpose(0, 1)
+    return out
+
+
+def _final_levels(k, v, g, rfin, prior, segs, starts, nl, nj):
+    """The final LogLinearState levels [N, H, L, K, V] fp32 (torch, differentiable): levels 0..6 from each
+    sequence's last chunk, levels 7.. from the level scan, plus the prior levels moved to their bucket as seen from
+    the last position (see chunk.py)."""
+    h, dk, dv = k.shape[2], k.shape[3], v.shape[3]
+    finals = []
+    for n, (row, s, e) in enumerate(segs):
+        p0 = starts[n]
+        has_prior = prior is not None and p0 > 0
+        if e == s:
+            finals.append(prior[n].float() if has_prior else k.new_zeros(h, nl, dk, dv, dtype=torch.float32))
+            continue
+        p_end = p0 + e - s - 1
+        s0 = max(s, e - 1 - p_end % CHUNK)
+        kf, vf = k[row, s0:e].float(), v[row, s0:e].float()
+        pos = p0 + (torch.arange(s0, e, device=k.device) - s)
+        onehot = (level_of(torch.tensor(p_end, device=k.device), pos)[:, None]
+                  == torch.arange(nl, device=k.device)[None]).float()  # [m, L]
+        if g is not None:
+            big_g = g[row, s0:e].float().cumsum(0)
+            kf = kf * (big_g[-1] - big_g).exp()[..., None]
+        final = torch.einsum("sl,shk,shv->hlkv", onehot, kf, vf)
+        if nj:
+            upper = torch.cat([rfin[n, :, :nj], final.new_zeros(h, nl - CHUNK_LEVELS - 1 - nj, dk, dv)], 1)
+            final = torch.cat([final[:, : CHUNK_LEVELS + 1], final[:, CHUNK_LEVELS + 1:] + upper], 1)
+        if has_prior:
+            idx_end = prior_level(torch.tensor([p_end], device=k.device), p0, nl)[0]
+            move = (idx_end[:, None] == torch.arange(nl, device=k.device)[None]).float()  # [from, to]
+            moved = prior[n].float() if g is None else prior[n].float() * g[row, s:e].float().sum(0).exp()[
+                :, None, None, None]
+            final = final + torch.einsum("lm,hlkv->hmkv", move, moved)
+        finals.append(final)
+    return torch.stack(finals, 0)
+
+
+def loglinear_attn_triton(q, k, v, g, level_scales, scale, initial_state, output_final_state, cu_seqlens, starts):
+    """Triton backend of kernels.loglinear_attn: returns (o [B, T, H, V] in q's dtype, final levels
+    [N, H, L, K, V] fp32 or None). The kernels compute everything a call's own tokens contribute; an initial
+    state's reads and the final levels 0..6 are torch code around them (exact, differentiable)."""
+    b, t, h, _ = q.shape
+    nl = level_scales.shape[-1]
+    segs = segments(b, t, cu_seqlens)
+    lay = LevelLayout(segs, starts, t, q.device)
+    o, rfin = LogLinearAttnFunction.apply(q, k, v, g, level_scales, lay, scale, output_final_state)
+    prior = None
+    if initial_state is not None and any(p > 0 for p in starts):
+        prior = initial_state.levels
+        extra = _prior_reads(q, g, level_scales, prior, segs, starts, scale)
+        if extra is not None:
+            o = o + extra
+    final = _final_levels(k, v, g, rfin, prior, segs, starts, nl, lay.nj) if output_final_state else None
+    return o.to(q.dtype), final

@@ -1,0 +1,233 @@
+"""Triton forward of log-linear attention: an intra-chunk kernel and one level-scan kernel (SPEC §4's fast form).
+
+Chunks of C = 64 tokens are aligned to absolute positions, as in chunk.py: a sequence that starts at position p0
+(after an initial state) has a first chunk of 64 - p0 mod 64 tokens. Tensors are viewed on one packed token axis
+[B*T, H, D]; `LevelLayout` holds, built on the host from the bounds the validation already read, the per-sequence
+table (bos, eos, p0) and the per-chunk table (base, lo, hi): tokens base .. base + 63 are in-chunk offsets 0..63,
+of which lo .. hi - 1 are real. Two launches:
+
+  1. `_intra_fwd`, one program per (V-block, chunk, head), all chunks in parallel, levels 0..6:
+         o = scale * ((q k^T * exp(gc_t - gc_s) [s <= t]) * Lambda) v,   Lambda[t, s] = lambda_t[bit_length(t xor s)]
+     with gc the in-chunk inclusive cumsum of g and t, s in-chunk offsets (Lambda built in-kernel).
+  2. `_level_scan_fwd`, one program per (V-block, sequence, head), walks the sequence's chunks in order and carries
+     every chunk-level state at once in one register tile R [K, NJ * BV] (level j = 1..NJ in columns
+     (j - 1) * BV .. j * BV - 1; level 6 + j of SPEC's Fenwick hierarchy). Chunk c (absolute index):
+         reset level j if c mod 2^j == 0;
+         o_t += sum_j [bit j-1 of c] lambda_t[6 + j] (scale exp(gc_t) q_t) R_j     (one tl.dot, then a sum over j)
+         R <- exp(gl) R + [bit j-1 of c clear] (k * exp(gl - gc))^T v             (gl: the chunk's total log decay)
+     The read and the write are one tl.dot each on the stacked tile. At the end it stores the final chunk-level
+     states R_j * [bit j-1 of the last chunk set] (the levels 7.. of the final state).
+Both accumulate in fp32 and write an fp32 output (the caller casts). NJ, the number of chunk levels, is the next
+power of two of the levels the longest sequence reaches, so a handful of variants compile; nothing specialises on T.
+The prior levels of an initial state and the final levels 0..6 are exact torch code around these kernels
+(triton_bwd.loglinear_attn_triton).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from .state import CHUNK_LEVELS
+
+CHUNK = 1 << CHUNK_LEVELS
+CHUNK_LEVELS_C = tl.constexpr(CHUNK_LEVELS)
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs multiply in full fp32 ("ieee": tf32 would miss the 1e-4 fp32 tolerance); 16-bit inputs tf32."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def pow2(x: int, lo: int = 16) -> int:
+    return max(lo, triton.next_power_of_2(max(int(x), 1)))
+
+
+class LevelLayout:
+    """Sequences and chunks of a call on the packed axis, and the chunk-level count (host-built, then on device).
+
+    seqs int32 [N, 3] (bos, eos, p0); chunks int32 [rows, 3] (base, lo, hi); nj the chunk levels reached
+    (max over sequences of bit_length(last chunk index)); seq_of_token int64 [B*T] (on device)."""
+
+    def __init__(self, segs, starts, t: int, device):
+        self.n = len(segs)
+        self.total = (max(r for r, _, _ in segs) + 1) * t if segs else 0
+        seq_rows, chunk_rows, nj = [], [], 0
+        self.last_tokens, self.nonempty = [], []
+        for (row, s, e), p0 in zip(segs, starts):
+            bos, eos = row * t + s, row * t + e
+            seq_rows.append((bos, eos, p0))
+            front = p0 % CHUNK
+            nchunks = -(-(front + eos - bos) // CHUNK)
+            for i in range(nchunks):
+                base = bos - front + i * CHUNK
+                chunk_rows.append((base, max(base, bos), min(base + CHUNK, eos)))
+            if eos > bos:
+                nj = max(nj, ((p0 + eos - bos - 1) // CHUNK).bit_length())
+            self.last_tokens.append(max(eos - 1, 0))
+            self.nonempty.append(eos > bos)
+        self.seqs = torch.tensor(seq_rows, dtype=torch.int32).reshape(-1, 3).to(device)
+        self.chunks = torch.tensor(chunk_rows, dtype=torch.int32).reshape(-1, 3).to(device)
+        self.rows = len(chunk_rows)
+        self.nj = nj
+        self.NJ = triton.next_power_of_2(max(nj, 1))
+        lengths = torch.tensor([e - s for _, s, e in segs], dtype=torch.int64)
+        ids = torch.repeat_interleave(torch.arange(self.n, dtype=torch.int64), lengths)
+        # rows of a [B, T] batch are all covered (no gaps), so token order == sequence order
+        self.seq_of_token = ids.to(device)
+        self.last_of_seq = torch.tensor(self.last_tokens, dtype=torch.int64, device=device)
+        self.nonempty_mask = torch.tensor(self.nonempty, dtype=torch.bool, device=device)
+
+    def scan_block_v(self, dv: int) -> int:
+        """V-block of the level scans: the stacked tile R is [K, NJ * BV] with NJ * BV about 128 columns."""
+        bv = min(max(128 // self.NJ, 8), 32, pow2(dv, lo=8))
+        return max(bv, 16 // self.NJ)
+
+
+@triton.jit
+def _chunk_rows(chunks, i_c):
+    """(base, lo, hi) of chunk row i_c: tokens base + 0..63 are in-chunk offsets 0..63, real in [lo, hi)."""
+    base = tl.load(chunks + i_c * 3).to(tl.int64)
+    lo = tl.load(chunks + i_c * 3 + 1).to(tl.int64)
+    hi = tl.load(chunks + i_c * 3 + 2).to(tl.int64)
+    return base, lo, hi
+
+
+@triton.jit
+def _in_chunk_levels(C: tl.constexpr):
+    """[C, C] int32 bit_length(t xor s) of in-chunk offsets (C <= 64, so levels 0..6)."""
+    o_i = tl.arange(0, C)
+    x = o_i[:, None] ^ o_i[None, :]
+    lev = (x >= 1).to(tl.int32)
+    for b in tl.static_range(1, 6):
+        lev += (x >= (1 << b)).to(tl.int32)
+    return lev
+
+
+@triton.jit
+def _in_chunk_lambda(lam, o_t, m_t, i_h, lev, NL, H: tl.constexpr, C: tl.constexpr):
+    """Lambda[t, s] = lambda_t[lev[t, s]] for levels 0..6 (levels >= NL never occur on real pairs)."""
+    out = tl.zeros([C, C], dtype=tl.float32)
+    for lv in tl.static_range(0, 7):
+        lam_l = tl.load(lam + (o_t * H + i_h) * NL + lv, mask=m_t & ((tl.zeros_like(o_t) + lv) < NL), other=0.0).to(tl.float32)
+        out = tl.where(lev == lv, lam_l[:, None], out)
+    return out
+
+
+@triton.jit(do_not_specialize=["NL"])
+def _intra_fwd(q, k, v, g, lam, o, chunks, scale, NL,
+               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+               BV: tl.constexpr, HAS_G: tl.constexpr, PREC: tl.constexpr):
+    i_v, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    base, lo, hi = _chunk_rows(chunks, i_c)
+    o_t = base + tl.arange(0, C)
+    m_t = (o_t >= lo) & (o_t < hi)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_tk = m_t[:, None] & (o_k[None, :] < K)
+    m_tv = m_t[:, None] & (o_v[None, :] < V)
+    qb = tl.load(q + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
+    kb = tl.load(k + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
+    scores = tl.dot(qb, tl.trans(kb), input_precision=PREC)
+    o_i = tl.arange(0, C)
+    causal = o_i[:, None] >= o_i[None, :]
+    if HAS_G:
+        gc = tl.cumsum(tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32), 0)
+        scores *= tl.exp(tl.where(causal, gc[:, None] - gc[None, :], float("-inf")))
+    lev = _in_chunk_levels(C)
+    scores = tl.where(causal, scores, 0.0) * _in_chunk_lambda(lam, o_t, m_t, i_h, lev, NL, H, C) * scale
+    vb = tl.load(v + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0)
+    acc = tl.dot(scores.to(vb.dtype), vb, input_precision=PREC)
+    tl.store(o + (o_t[:, None] * H + i_h) * V + o_v[None, :], acc, mask=m_tv)
+
+
+@triton.jit
+def _scan_chunk(q, k, g, lam, bos, eos, base, c, i_h, o_k, col_j, scale, NL,
+                H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, HAS_G: tl.constexpr):
+    """Per-chunk pieces of the level scans: tokens, masks, q_eff = scale exp(gc) q, kd = exp(gl - gc) k (fp32),
+    the chunk's decay exp(gl), the per-column read weights lambda_t[6 + j] [bit j-1 of c] and the masks
+    keep (level j survives: c mod 2^j != 0) and read (bit j-1 of c)."""
+    o_t = base + tl.arange(0, C)
+    m_t = (o_t >= bos) & (o_t < eos)
+    m_tk = m_t[:, None] & (o_k[None, :] < K)
+    qb = tl.load(q + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
+    kb = tl.load(k + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
+    if HAS_G:
+        gb = tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
+        gc = tl.cumsum(gb, 0)
+        gl = tl.sum(gb, 0)
+        q_eff = qb * (tl.exp(gc) * scale)[:, None]
+        kd = kb * tl.exp(gl - gc)[:, None]
+        decay = tl.exp(gl)
+    else:
+        q_eff = qb * scale
+        kd = kb
+        decay = 1.0
+    keep = (c % (2 << col_j)) != 0
+    read = ((c >> col_j) & 1) == 1
+    lev = CHUNK_LEVELS_C + 1 + col_j
+    w = tl.load(lam + (o_t[:, None] * H + i_h) * NL + lev[None, :],
+                mask=m_t[:, None] & (lev < NL)[None, :] & read[None, :], other=0.0).to(tl.float32)
+    return o_t, m_t, q_eff, kd, decay, keep, read, w
+
+
+@triton.jit(do_not_specialize=["NL"])
+def _level_scan_fwd(q, k, v, g, lam, o, rfin, seqs, scale, NL,
+                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+                    BV: tl.constexpr, NJ: tl.constexpr, HAS_G: tl.constexpr, STORE_FINAL: tl.constexpr,
+                    PREC: tl.constexpr):
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // H, i_nh % H
+    bos = tl.load(seqs + i_n * 3).to(tl.int64)
+    eos = tl.load(seqs + i_n * 3 + 1).to(tl.int64)
+    p0 = tl.load(seqs + i_n * 3 + 2).to(tl.int64)
+    front = p0 % C
+    nchunks = (front + eos - bos + C - 1) // C
+    o_k = tl.arange(0, BK)
+    cols = tl.arange(0, NJ * BV)
+    col_j = cols // BV
+    col_v = i_v * BV + cols % BV
+    m_col = col_v < V
+    o_v = i_v * BV + tl.arange(0, BV)
+    state = tl.zeros([BK, NJ * BV], dtype=tl.float32)
+    for i in range(nchunks):
+        c = p0 // C + i
+        o_t, m_t, q_eff, kd, decay, keep, read, w = _scan_chunk(
+            q, k, g, lam, bos, eos, bos - front + i * C, c, i_h, o_k, col_j, scale, NL, H, K, C, HAS_G)
+        state = tl.where(keep[None, :], state, 0.0)
+        reads = tl.dot(q_eff, state, input_precision=PREC) * w
+        inter = tl.sum(tl.reshape(reads, [C, NJ, BV]), 1)
+        m_tv = m_t[:, None] & (o_v[None, :] < V)
+        out_ptr = o + (o_t[:, None] * H + i_h) * V + o_v[None, :]
+        tl.store(out_ptr, tl.load(out_ptr, mask=m_tv, other=0.0) + inter, mask=m_tv)
+        v_w = tl.load(v + (o_t[:, None] * H + i_h) * V + col_v[None, :],
+                      mask=m_t[:, None] & (m_col & ~read)[None, :], other=0.0).to(tl.float32)
+        state = state * decay + tl.dot(tl.trans(kd), v_w, input_precision=PREC)
+    if STORE_FINAL:
+        c_last = (p0 + eos - bos - 1) // C
+        on = (((c_last >> col_j) & 1) == 1) & (nchunks > 0)
+        ptr = rfin + ((i_nh.to(tl.int64) * NJ + col_j[None, :]) * K + o_k[:, None]) * V + col_v[None, :]
+        tl.store(ptr, tl.where(on[None, :], state, 0.0), mask=(o_k[:, None] < K) & m_col[None, :])
+
+
+def intra_fwd(q, k, v, g, lam, scale, lay: LevelLayout, o):
+    """o [TT, H, V] fp32 <- the levels 0..6 part (q, k [TT, H, K], v [TT, H, V], g [TT, H] or None, lam
+    [TT, H, L] fp32, all contiguous)."""
+    h, dk, dv = q.shape[1], q.shape[2], v.shape[2]
+    if lay.rows == 0:
+        return
+    bv = min(64, pow2(dv))
+    _intra_fwd[(triton.cdiv(dv, bv), lay.rows, h)](
+        q, k, v, g if g is not None else q, lam, o, lay.chunks, scale, lam.shape[-1], H=h, K=dk, V=dv, C=CHUNK,
+        BK=pow2(dk), BV=bv, HAS_G=g is not None, PREC=dot_precision(q.dtype), num_warps=4, num_stages=2)
+
+
+def level_scan_fwd(q, k, v, g, lam, scale, lay: LevelLayout, o, store_final: bool):
+    """o += the chunk-level reads; returns the final chunk-level states [N, H, NJ, K, V] fp32 (or None)."""
+    h, dk, dv = q.shape[1], q.shape[2], v.shape[2]
+    rfin = torch.empty(lay.n, h, lay.NJ, dk, dv, device=q.device, dtype=torch.float32) if store_final else None
+    bv = lay.scan_block_v(dv)
+    _level_scan_fwd[(triton.cdiv(dv, bv), lay.n * h)](
+        q, k, v, g if g is not None else q, lam, o, rfin if rfin is not None else o, lay.seqs, scale, lam.shape[-1],
+        H=h, K=dk, V=dv, C=CHUNK, BK=pow2(dk), BV=bv, NJ=lay.NJ, HAS_G=g is not None, STORE_FINAL=store_final,
+        PREC=dot_precision(q.dtype), num_warps=8, num_stages=1)
+    return rfin
