@@ -582,6 +582,42 @@ def test_fused_hla2_normalize():
     _fused_vs_references(q, k, v, g, h0, "d1", normalize=True)
 
 
+@pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("decay", ["d1", "d2"])
+def test_fused_hla2_without_states(decay):
+    """No initial state and no final state (the kernels' other branches): o and every grad against the
+    float64 masked matrices through autograd, on two rows of 130 tokens."""
+    q, k, v, g = make(2, 130, 2, 16, 8, "weak", seed=37)
+    gen = torch.Generator().manual_seed(38)
+    do = torch.randn(v.shape, generator=gen, dtype=torch.float64)
+
+    def grads(fn, dtype):
+        leaves = [x.to(dtype).requires_grad_() for x in (q, k, v, g)]
+        o = fn(*leaves)
+        return [o, *torch.autograd.grad((o * do.to(o)).sum(), leaves)]
+
+    got = grads(lambda *x: hla2(*x, decay=decay, backend="fused")[0], torch.float32)
+    ref = grads(lambda *x: hla_masked("hla2", *x, decay=decay), torch.float64)
+    for name, a, b in zip(["o", "dq", "dk", "dv", "dg"], got, ref, strict=True):
+        assert error_ratio(a, b) < 1e-4, name
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
+def test_fused_hla2_low_precision_inputs():
+    """bf16 / fp16 inputs: o and grads in the inputs' dtype, states fp32, close to the float64 definition."""
+    q, k, v, g = make(1, 70, 2, 16, 8, "weak", seed=39)
+    for dtype, tol in ((torch.bfloat16, 1e-2), (torch.float16, 2e-3)):
+        leaves = [x.to(dtype).requires_grad_() for x in (q, k, v)]
+        o, st = hla2(*leaves, g.float(), backend="fused", output_final_state=True)
+        assert o.dtype == dtype and all(x.dtype == torch.float32 for x in st)
+        dq, = torch.autograd.grad(o.float().square().sum(), leaves[:1])
+        assert dq.dtype == dtype
+        exact = [x.detach().double().requires_grad_() for x in leaves]
+        ref = hla_masked("hla2", *exact, g)
+        ref_dq, = torch.autograd.grad(ref.square().sum(), exact[:1])
+        assert error_ratio(o, ref) < tol and error_ratio(dq, ref_dq) < 2 * tol, dtype
+
+
 def test_fused_backend_errors():
     q, k, v, _ = make(1, 5, 1, 4, 3, None)
     with pytest.raises(ValueError, match="hla2 only"):
