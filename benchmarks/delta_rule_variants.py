@@ -7,8 +7,9 @@ and T=32768 B=1 (H16 D128, bf16), and per-kernel times from torch.profiler.
     python benchmarks/delta_rule_variants.py --variants old new   # a subset
     python benchmarks/delta_rule_variants.py --no-profile
 
-Variants are cumulative: "old" is the build before the switches existed (fp32/tf32 backward intermediates, two
-backward kernels, state V-blocks down to 32), each later one turns one more switch on; "new" is the default OPTIONS.
+Variants: "old" is the build before the switches existed (fp32/tf32 backward intermediates, two backward kernels,
+state V-blocks down to 32); lowp_bwd, fused and new each turn one more switch on ("new" is the default OPTIONS);
+lowp_prepare adds the optional 16-bit prepare products; the last ones retune warps/stages of the new build.
 Imports only torch, triton, kernels and benchmarks.kernels.
 """
 from __future__ import annotations
@@ -28,16 +29,31 @@ from kernels.common import error_ratio
 from kernels.delta_rule import triton_fwd
 
 DEFAULTS = dict(triton_fwd.OPTIONS)
+WARPS, STAGES = dict(triton_fwd.NUM_WARPS), dict(triton_fwd.NUM_STAGES)
 OLD = {"lowp_bwd": False, "lowp_prepare": False, "fused_bwd": False, "state_bv_min": 32}
+# name -> OPTIONS, plus optional "_warps" / "_stages" overrides of triton_fwd.NUM_WARPS / NUM_STAGES (launch tuning).
 VARIANTS = {
     "old": OLD,
     "lowp_bwd": {**OLD, "lowp_bwd": True},
     "fused": {**OLD, "lowp_bwd": True, "fused_bwd": True},
+    "new": DEFAULTS,  # = fused + state V-blocks down to 16
+    "lowp_prepare": {**DEFAULTS, "lowp_prepare": True},
     "fused_tf32": {**OLD, "fused_bwd": True},  # the fused kernel alone, with fp32 (tf32) operands
-    "bv16": {**OLD, "lowp_bwd": True, "fused_bwd": True, "state_bv_min": 16},
-    "lowp_prepare": {**OLD, "lowp_bwd": True, "fused_bwd": True, "state_bv_min": 16, "lowp_prepare": True},
-    "new": DEFAULTS,
+    # launch tuning of the new default build (only the listed entries change)
+    "new_grads_s3": {**DEFAULTS, "_stages": {"grads": 3}},
+    "new_grads_w4": {**DEFAULTS, "_warps": {"grads": 4}},
+    "new_state_w4": {**DEFAULTS, "_warps": {"state_bwd": 4}},
 }
+BUDGET_S = 150  # variants that would start after this many seconds are skipped (the run must stay under 3 min)
+
+
+def apply_variant(spec: dict):
+    triton_fwd.OPTIONS.clear()
+    triton_fwd.OPTIONS.update({k: v for k, v in spec.items() if not k.startswith("_")})
+    for table, base, key in ((triton_fwd.NUM_WARPS, WARPS, "_warps"), (triton_fwd.NUM_STAGES, STAGES, "_stages")):
+        table.clear()
+        table.update(base)
+        table.update(spec.get(key, {}))
 QUANTITIES = ["o", "final_state", "dq", "dk", "dv", "dbeta", "dg", "dinitial_state"]
 TOLS = [OUT_TOL, OUT_TOL, QKV_TOL, QKV_TOL, QKV_TOL, GATE_TOL, GATE_TOL, QKV_TOL]
 SHAPES = [("B2 T777", 2, 777, None), ("varlen 1,15,700,333", 1, 1049, [0, 1, 16, 716, 1049])]
@@ -132,8 +148,10 @@ def main(argv=None):
     print(f"fp32 oracle ready ({time.time() - t0:.0f} s)", flush=True)
     results = {}
     for name in args.variants:
-        triton_fwd.OPTIONS.clear()
-        triton_fwd.OPTIONS.update(VARIANTS[name])
+        if time.time() - t0 > BUDGET_S:
+            print(f"[{name}] skipped: past the {BUDGET_S} s budget", flush=True)
+            continue
+        apply_variant(VARIANTS[name])
         t1 = time.time()
         try:
             chk = None if refs is None else check(refs)
@@ -149,8 +167,7 @@ def main(argv=None):
             bad = [q for q, w, tol in zip(QUANTITIES, worst, TOLS) if w > tol]
             line += "  correctness " + ("ok" if not bad else "FAILS " + ",".join(bad))
         print(line, flush=True)
-    triton_fwd.OPTIONS.clear()
-    triton_fwd.OPTIONS.update(DEFAULTS)
+    apply_variant(DEFAULTS)
 
     if refs is not None:
         print("\nbf16 triton vs fp32 naive, error ratios (tolerances: o/S 5e-3, dq/dk/dv/dh0 1e-2, dbeta/dg 2e-2)")
