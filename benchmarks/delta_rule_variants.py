@@ -9,7 +9,8 @@ and T=32768 B=1 (H16 D128, bf16), and per-kernel times from torch.profiler.
 
 Variants: "old" is the build before the switches existed (fp32/tf32 backward intermediates, two backward kernels,
 state V-blocks down to 32); lowp_bwd, fused and new each turn one more switch on ("new" is the default OPTIONS);
-lowp_prepare adds the optional 16-bit prepare products; the last ones retune warps/stages of the new build.
+prep_tf32 / prep_bf16 swap the new build's prepare products (hi/lo split) for the old tf32 ones / fla-like bf16 ones;
+the last ones retune warps/stages of the new build.
 Imports only torch, triton, kernels and benchmarks.kernels.
 """
 from __future__ import annotations
@@ -30,14 +31,15 @@ from kernels.delta_rule import triton_fwd
 
 DEFAULTS = dict(triton_fwd.OPTIONS)
 WARPS, STAGES = dict(triton_fwd.NUM_WARPS), dict(triton_fwd.NUM_STAGES)
-OLD = {"lowp_bwd": False, "lowp_prepare": False, "fused_bwd": False, "state_bv_min": 32}
+OLD = {"lowp_bwd": False, "prepare_mode": 0, "fused_bwd": False, "state_bv_min": 32}
 # name -> OPTIONS, plus optional "_warps" / "_stages" overrides of triton_fwd.NUM_WARPS / NUM_STAGES (launch tuning).
 VARIANTS = {
     "old": OLD,
     "lowp_bwd": {**OLD, "lowp_bwd": True},
     "fused": {**OLD, "lowp_bwd": True, "fused_bwd": True},
-    "new": DEFAULTS,  # = fused + state V-blocks down to 16
-    "lowp_prepare": {**DEFAULTS, "lowp_prepare": True},
+    "bv16": {**OLD, "lowp_bwd": True, "fused_bwd": True, "state_bv_min": 16},
+    "new": DEFAULTS,  # = bv16 + prepare products as hi/lo bf16 splits (prepare_mode 2)
+    "prep_bf16": {**DEFAULTS, "prepare_mode": 1},
     "fused_tf32": {**OLD, "fused_bwd": True},  # the fused kernel alone, with fp32 (tf32) operands
     # launch tuning of the new default build (only the listed entries change)
     "new_grads_s3": {**DEFAULTS, "_stages": {"grads": 3}},

@@ -24,13 +24,15 @@ CHUNK = 64
 # anything for fp32 inputs except the fused backward (same math, fewer launches).
 #   lowp_bwd:     16-bit inputs: the backward's dot operands in the input dtype (fp32 accumulation) and its large
 #                 intermediates (dU, dW, partial dk) stored in the input dtype instead of fp32 / tf32.
-#   lowp_prepare: 16-bit inputs: W = T X and U~ = T Y in the forward's prepare kernel with T and X, Y rounded to the
-#                 input dtype (as fla does) instead of tf32 products of fp32 tiles. T itself is always fp32.
+#   prepare_mode: 16-bit inputs: how the forward's prepare kernel forms W = T X and U~ = T Y (T itself is always
+#                 solved in fp32): 0 tf32 products of fp32 tiles (the first build); 1 T and X, Y rounded to the input
+#                 dtype (as fla does; adds a bf16 rounding to W and U~); 2 T diag(.) split into hi + lo input-dtype
+#                 parts against the exact K, V tiles (two 16-bit products, more accurate than tf32).
 #   fused_bwd:    one chunk-parallel backward kernel (grads) instead of grads_qk + grads_wy: dW, partial dk and
 #                 dgamma never go through HBM, and dA = -dY U^T needs no pass over W (see triton_bwd).
 #   state_bv_min: smallest V-block of the sequential state passes when the (sequence, head) pairs do not fill
 #                 the GPU (16: up to 8 programs per pair at V = 128; 32 was the first build's choice).
-OPTIONS = {"lowp_bwd": True, "lowp_prepare": False, "fused_bwd": True, "state_bv_min": 16}
+OPTIONS = {"lowp_bwd": True, "prepare_mode": 2, "fused_bwd": True, "state_bv_min": 16}
 
 
 def _apply_env_options():
@@ -39,7 +41,8 @@ def _apply_env_options():
         key, _, val = item.partition("=")
         if key not in OPTIONS:
             raise ValueError(f"HILO_DELTA_RULE: unknown option {key!r}; expected one of {sorted(OPTIONS)}")
-        OPTIONS[key] = int(val) if key == "state_bv_min" else val.strip().lower() in ("1", "true", "yes", "on")
+        ints = ("state_bv_min", "prepare_mode")
+        OPTIONS[key] = int(val) if key in ints else val.strip().lower() in ("1", "true", "yes", "on")
 
 
 _apply_env_options()
@@ -110,7 +113,7 @@ def _prepare_kernel(
     gamma_ptr, tinv_ptr, w_ptr, ut_ptr,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     C: tl.constexpr, KB: tl.constexpr, BV: tl.constexpr,
-    HAS_G: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr,
+    HAS_G: tl.constexpr, PREC: tl.constexpr, MODE: tl.constexpr,
 ):
     pid_c = tl.program_id(0)
     pid_h = tl.program_id(1)
@@ -177,23 +180,40 @@ def _prepare_kernel(
     _store_block(blk, r16, lim, 3, 3, t33, H, C)
     tl.debug_barrier()
     b_t = tl.load(t_base, mask=rmask[:, None], other=0.0)
-    if LOWP:
-        b_t = b_t.to(k_ptr.dtype.element_ty)
-
+    dt = k_ptr.dtype.element_ty
     b_xw = b_beta * tl.exp(b_gamma)
+    if MODE == 2:
+        # W = (T diag(beta e^gamma)) K and U~ = (T diag(beta)) V with K, V exact in the input dtype and the fp32
+        # left factor split into hi + lo input-dtype parts: two 16-bit products, ~2^-16 relative error (tf32: 2^-11).
+        b_tw = b_t * b_xw[None, :]
+        b_tw_hi = b_tw.to(dt)
+        b_tw_lo = (b_tw - b_tw_hi.to(tl.float32)).to(dt)
+        b_tu = b_t * b_beta[None, :]
+        b_tu_hi = b_tu.to(dt)
+        b_tu_lo = (b_tu - b_tu_hi.to(tl.float32)).to(dt)
+    elif MODE == 1:
+        b_t = b_t.to(dt)
+
     for k0 in range(0, K, KB):
         offs_k = k0 + tl.arange(0, KB)
         mk = rmask[:, None] & (offs_k < K)[None, :]
         kptrs = (tok[:, None] * H + pid_h) * K + offs_k[None, :]
-        b_x = tl.load(k_ptr + kptrs, mask=mk, other=0.0).to(tl.float32) * b_xw[:, None]
-        b_w = tl.dot(b_t, b_x.to(b_t.dtype), input_precision=PREC)
+        if MODE == 2:
+            b_k = tl.load(k_ptr + kptrs, mask=mk, other=0.0)
+            b_w = tl.dot(b_tw_hi, b_k, input_precision=PREC) + tl.dot(b_tw_lo, b_k, input_precision=PREC)
+        else:
+            b_x = tl.load(k_ptr + kptrs, mask=mk, other=0.0).to(tl.float32) * b_xw[:, None]
+            b_w = tl.dot(b_t, b_x.to(b_t.dtype), input_precision=PREC)
         tl.store(w_ptr + kptrs, b_w.to(w_ptr.dtype.element_ty), mask=mk)
     for v0 in range(0, V, BV):
         offs_v = v0 + tl.arange(0, BV)
         vmask = offs_v < V
         m2 = rmask[:, None] & vmask[None, :]
         b_v = tl.load(v_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], mask=m2, other=0.0)
-        b_u = tl.dot(b_t, (b_v.to(tl.float32) * b_beta[:, None]).to(b_t.dtype), input_precision=PREC)
+        if MODE == 2:
+            b_u = tl.dot(b_tu_hi, b_v, input_precision=PREC) + tl.dot(b_tu_lo, b_v, input_precision=PREC)
+        else:
+            b_u = tl.dot(b_t, (b_v.to(tl.float32) * b_beta[:, None]).to(b_t.dtype), input_precision=PREC)
         tl.store(ut_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], b_u.to(ut_ptr.dtype.element_ty),
                  mask=m2)
 
@@ -333,7 +353,7 @@ def delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, b
     _prepare_kernel[(rows, h)](
         k, v, beta, g if g is not None else beta, table, gamma, tinv, w, ut,
         H=h, K=dk, V=dv, C=CHUNK, KB=min(bk, 64), BV=bv, HAS_G=g is not None, PREC=prec,
-        LOWP=lowp(q.dtype, "lowp_prepare"), num_warps=NUM_WARPS["prepare"],
+        MODE=0 if q.dtype == torch.float32 else int(OPTIONS["prepare_mode"]), num_warps=NUM_WARPS["prepare"],
     )
     hs = torch.empty(rows, h, dk, dv, device=dev, dtype=q.dtype)
     u = torch.empty(total, h, dv, device=dev, dtype=q.dtype)
