@@ -46,18 +46,24 @@ class LevelLayout:
     """Sequences and chunks of a call on the packed axis, and the chunk-level count (host-built, then on device).
 
     seqs int32 [N, 3] (bos, eos, p0); chunks int32 [rows, 3] (base, lo, hi); nj the chunk levels reached
-    (max over sequences of bit_length(last chunk index)); seq_of_token int64 [B*T] (on device)."""
+    (max over sequences of bit_length(last chunk index)); seq_of_token int64 [B*T] (on device). For chunk-major
+    tensors ([rows, C, ...], the delta rule's per-chunk pieces): seq_chunks int32 [N, 3] (first row, chunk count,
+    absolute index of the first chunk) and chunk_pos int64 [B*T], each token's flat index row * C + offset."""
 
     def __init__(self, segs, starts, t: int, device):
         self.n = len(segs)
         self.total = (max(r for r, _, _ in segs) + 1) * t if segs else 0
-        seq_rows, chunk_rows, nj = [], [], 0
-        self.last_tokens, self.nonempty = [], []
+        seq_rows, chunk_rows, seq_chunks, positions, nj = [], [], [], [], 0
+        self.last_tokens, self.nonempty, self.first_rows, self.chunk_counts = [], [], [], []
         for (row, s, e), p0 in zip(segs, starts):
             bos, eos = row * t + s, row * t + e
             seq_rows.append((bos, eos, p0))
             front = p0 % CHUNK
             nchunks = -(-(front + eos - bos) // CHUNK)
+            seq_chunks.append((len(chunk_rows), nchunks, p0 // CHUNK))
+            self.first_rows.append(len(chunk_rows))
+            self.chunk_counts.append(nchunks)
+            positions.append(torch.arange(eos - bos, dtype=torch.int64) + len(chunk_rows) * CHUNK + front)
             for i in range(nchunks):
                 base = bos - front + i * CHUNK
                 chunk_rows.append((base, max(base, bos), min(base + CHUNK, eos)))
@@ -67,6 +73,8 @@ class LevelLayout:
             self.nonempty.append(eos > bos)
         self.seqs = torch.tensor(seq_rows, dtype=torch.int32).reshape(-1, 3).to(device)
         self.chunks = torch.tensor(chunk_rows, dtype=torch.int32).reshape(-1, 3).to(device)
+        self.seq_chunks = torch.tensor(seq_chunks, dtype=torch.int32).reshape(-1, 3).to(device)
+        self.chunk_pos = torch.cat(positions).to(device)
         self.rows = len(chunk_rows)
         self.nj = nj
         self.NJ = triton.next_power_of_2(max(nj, 1))
@@ -77,10 +85,12 @@ class LevelLayout:
         self.last_of_seq = torch.tensor(self.last_tokens, dtype=torch.int64, device=device)
         self.nonempty_mask = torch.tensor(self.nonempty, dtype=torch.bool, device=device)
 
-    def scan_block_v(self, dv: int) -> int:
-        """V-block of the level scans: the stacked tile R is [K, NJ * BV] with NJ * BV about 128 columns."""
-        bv = min(max(128 // self.NJ, 8), 32, pow2(dv, lo=8))
-        return max(bv, 16 // self.NJ)
+    def scan_block_v(self, dv: int, stacked: int | None = None) -> int:
+        """V-block of the level scans: the stacked tile R is [K, S * BV] (S = NJ stacked levels unless given) with
+        S * BV about 128 columns."""
+        stacked = stacked or self.NJ
+        bv = min(max(128 // stacked, 8), 32, pow2(dv, lo=8))
+        return max(bv, 16 // stacked)
 
 
 @triton.jit

@@ -6,9 +6,12 @@
 with t, s positions counted from 0 in each document (or from initial_state.tokens). With every lambda equal to 1 it
 is kernels.delta_rule. The state is kernels.loglinear_attn.LogLinearState (per-level K x V states + token count).
 
-Backends: "torch" (chunked: WY/UT per chunk, one dense masked block for levels 0..6 and one carried state per higher
-level, all moved by the chunk's Householder product; exact, differentiable; the default) and "naive" (the
-binary-carry recurrence token by token: the oracle). No Triton backend yet: "triton" raises.
+Backends: "triton" (triton_fwd / triton_bwd: the per-chunk WY/UT pieces and the levels 0..6 block as batched torch
+ops, the level scan, which carries every chunk level of a (sequence, head, V-block) in one program and moves them by
+the chunk's Householder product, as a Triton forward and backward; the default on CUDA, on CPU tensors it runs under
+TRITON_INTERPRET=1), "torch" (chunked: WY/UT per chunk, one dense masked block for levels 0..6 and one carried state
+per higher level, all moved by the chunk's Householder product; exact, differentiable; the default elsewhere) and
+"naive" (the binary-carry recurrence token by token: the oracle).
 `loglinear_delta_rule_quadratic` (naive.py) is the O(T^2) definition used by the tests.
 """
 
@@ -47,21 +50,23 @@ def loglinear_delta_rule(
     tokens [N] int64), exactly the recurrent form's per-level states after `tokens` tokens (see
     kernels.loglinear_attn.state), so forward(a + b) == forward(b, initial_state=forward(a).final).
     cu_seqlens [N+1] packs N documents in B == 1 (positions restart in each). Gradients flow to q, k, v, beta, g,
-    level_scales and initial_state.levels.
+    level_scales and initial_state.levels. backend: "triton", "torch", "naive" or None (triton on CUDA, torch
+    otherwise).
     """
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"loglinear_delta_rule: q must be a torch.Tensor, got {type(q).__name__}")
     if not isinstance(beta, torch.Tensor):
         raise TypeError(f"loglinear_delta_rule: beta must be a torch.Tensor [B, T, H], got {type(beta).__name__}")
-    backend = resolve_loglinear_backend("loglinear_delta_rule", backend if backend is not None else "torch", q.device)
-    if backend == "triton":
-        raise ValueError("loglinear_delta_rule: backend 'triton' is not available yet; use backend='torch'")
+    backend = resolve_loglinear_backend("loglinear_delta_rule", backend, q.device)
     n = check_recurrent_inputs("loglinear_delta_rule", q, k, v, g=g, beta=beta, cu_seqlens=cu_seqlens,
                                backend=backend)
     starts = check_loglinear_inputs("loglinear_delta_rule", q, v, level_scales, initial_state, n, cu_seqlens)
     if scale is None:
         scale = q.shape[-1] ** -0.5
     scale = float(scale)
-    fn = loglinear_delta_rule_naive if backend == "naive" else loglinear_delta_rule_chunk
+    if backend == "triton":
+        from .triton_bwd import loglinear_delta_rule_triton as fn
+    else:
+        fn = loglinear_delta_rule_naive if backend == "naive" else loglinear_delta_rule_chunk
     o, levels = fn(q, k, v, beta, g, level_scales, scale, initial_state, output_final_state, cu_seqlens, starts)
     return o, final_state(levels, q, cu_seqlens, starts) if output_final_state else None

@@ -1,7 +1,9 @@
-"""loglinear_delta_rule: the O(T^2) definition (float64) vs the binary-carry recurrence vs the chunked WY path for
-outputs, final per-level states and every gradient (q, k, v, beta, g, level_scales, initial levels); varlen with
-short and empty documents; continuing from a final state; lambda == 1 is delta_rule; the decode step equals the
-forward with a state of bit_length(t) + 1 levels; input errors."""
+"""loglinear_delta_rule: the O(T^2) definition (float64) vs the binary-carry recurrence vs the chunked WY path vs the
+Triton level scan (interpreter on CPU, fp32) for outputs, final per-level states and every gradient (q, k, v, beta,
+g, level_scales, initial levels); varlen with short and empty documents; continuing from a final state; lambda == 1
+is delta_rule; the decode step equals the forward with a state of bit_length(t) + 1 levels; input errors."""
+
+import os
 
 import pytest
 import torch
@@ -14,7 +16,10 @@ from kernels.loglinear_delta_rule import loglinear_delta_rule_quadratic, logline
 
 TOL = 1e-4
 SCALE = 0.3
-H, DK, DV = 2, 12, 10
+H, DK, DV = 2, 12, 10  # non-powers of two: the Triton kernels mask their padded tiles
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+triton_only = pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
 NAMES = ("q", "k", "v", "beta", "g", "lam")
 
 
@@ -42,12 +47,14 @@ def prior_state(tokens, nl, seed):
 
 
 def run(backend, x, cu=None, init=None, dtype=torch.float32, seed=1):
-    """Forward with `backend` ("quadratic", "naive", "torch") and the gradients of sum(o * do) + sum(levels * dl)
-    with respect to q, k, v, beta, g, level_scales (and the initial levels)."""
-    leaves = [x[n].detach().to(dtype).requires_grad_() for n in NAMES]
+    """Forward with `backend` ("quadratic", "naive", "torch", "triton") and the gradients of
+    sum(o * do) + sum(levels * dl) with respect to q, k, v, beta, g, level_scales (and the initial levels)."""
+    dev = DEV if backend == "triton" else "cpu"
+    leaves = [x[n].detach().to(dev, dtype).requires_grad_() for n in NAMES]
+    cu = None if cu is None else cu.to(dev)
     prior = None
     if init is not None:
-        prior = LogLinearState(init.levels.detach().to(dtype).requires_grad_(), init.tokens)
+        prior = LogLinearState(init.levels.detach().to(dev, dtype).requires_grad_(), init.tokens.to(dev))
         leaves.append(prior.levels)
     if backend == "quadratic":
         n = leaves[0].shape[0] if cu is None else len(cu) - 1
@@ -61,7 +68,8 @@ def run(backend, x, cu=None, init=None, dtype=torch.float32, seed=1):
     do = torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o)
     dl = torch.randn(levels.shape, generator=gen, dtype=torch.float64).to(levels)
     grads = torch.autograd.grad((o * do).sum() + (levels * dl).sum(), leaves, allow_unused=True)
-    return o, levels, [torch.zeros_like(x) if d is None else d for x, d in zip(leaves, grads)]
+    grads = [torch.zeros_like(x) if d is None else d for x, d in zip(leaves, grads)]
+    return o.cpu(), levels.cpu(), [d.cpu() for d in grads]
 
 
 def assert_close(got, ref, what):
@@ -171,6 +179,55 @@ def test_decode_step_equals_forward_and_state_grows_logarithmically():
     assert final_ref.levels[:, :, both.levels.shape[2]:].abs().max() == 0
 
 
+# Triton level scan (interpreter on CPU): T = 75 ends in chunk 1 (one chunk level), 300 in chunk 4 (three chunk
+# levels, a padded fourth column of the stacked state), 64 exactly one chunk (no level scan).
+@triton_only
+@pytest.mark.parametrize("t,decay,unit_k", [(64, "zero", True), (75, "strong", False), (300, "mid", True)])
+def test_triton_matches_definition(t, decay, unit_k):
+    x = make(2, t, seed=t, decay=decay, unit_k=unit_k)
+    ref = run("quadratic", x, dtype=torch.float64)
+    assert_close(run("triton", x), ref, f"triton T={t}")
+
+
+@triton_only
+def test_triton_varlen_short_documents_and_initial_state():
+    lengths = [1, 15, 0, 75, 1, 130]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    x = make(1, int(cu[-1]), seed=7, nl=num_levels(130 + 130))
+    init = prior_state([0, 5, 3, 64, 100, 130], nl=x["lam"].shape[-1], seed=8)
+    for prior in (None, init):
+        ref = run("quadratic", x, cu=cu, init=prior, dtype=torch.float64)
+        assert_close(run("triton", x, cu=cu, init=prior), ref, f"triton varlen prior={prior is not None}")
+
+
+@triton_only
+def test_triton_rows_at_different_positions_and_no_gate():
+    x = make(3, 70, seed=3, nl=9)
+    init = prior_state([0, 37, 129], nl=9, seed=4)
+    ref = run("quadratic", x, init=init, dtype=torch.float64)
+    assert_close(run("triton", x, init=init), ref, "triton rows with their own start")
+    args = [x[n].float().to(DEV) for n in NAMES]
+    args[4] = None
+    o, st = loglinear_delta_rule(*args, output_final_state=True, backend="triton")
+    cpu = [None if a is None else a.cpu() for a in args]
+    cpu[4] = torch.zeros(3, 70, H)
+    o_ref, st_ref = loglinear_delta_rule(*cpu, output_final_state=True, backend="torch")
+    assert error_ratio(o.cpu(), o_ref) <= TOL and error_ratio(st.levels.cpu(), st_ref.levels) <= TOL
+
+
+@triton_only
+def test_triton_unit_level_scales_is_delta_rule():
+    lengths = [1, 15, 200, 64]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()]).to(DEV)
+    x = {n: val.float().to(DEV) for n, val in make(1, int(cu[-1]), seed=5, nl=num_levels(200)).items()}
+    args = [x[n] for n in NAMES[:5]]
+    o, st = loglinear_delta_rule(*args, torch.ones_like(x["lam"]), output_final_state=True, cu_seqlens=cu,
+                                 backend="triton")
+    ob, sb = delta_rule(*args, output_final_state=True, cu_seqlens=cu, backend="torch")
+    assert error_ratio(o, ob) <= TOL
+    assert error_ratio(st.levels.sum(2), sb) <= TOL
+
+
 def test_input_errors():
     x = {n: val.float() for n, val in make(1, 75, seed=2).items()}
     args = [x[n] for n in NAMES[:5]]
@@ -178,8 +235,8 @@ def test_input_errors():
         loglinear_delta_rule(*args, x["lam"][..., :6])
     with pytest.raises(ValueError, match="level_scales must have shape"):
         loglinear_delta_rule(*args, x["lam"][:, :10])
-    with pytest.raises(ValueError, match="not available"):
-        loglinear_delta_rule(*args, x["lam"], backend="triton")
+    with pytest.raises(ValueError, match="unknown backend"):
+        loglinear_delta_rule(*args, x["lam"], backend="cuda")
     with pytest.raises(ValueError, match="beta must have shape"):
         loglinear_delta_rule(x["q"], x["k"], x["v"], x["beta"][:, :10], x["g"], x["lam"])
     late = LogLinearState(torch.zeros(1, H, 8, DK, DV), torch.tensor([100]))

@@ -1,0 +1,223 @@
+"""Triton backward of the log-linear delta rule's level scan, its autograd.Function, and the "triton" backend.
+
+`_delta_level_scan_bwd`, one program per (V-block, sequence, head), walks the chunks backward carrying dR [K, S * BV]
+(all stacked states), starting from the final states' gradient; with R the state entering chunk c (stored by the
+forward) and the forward step R' = M where(keep, R, 0) + zcols v_w (mode 0; no write in mode 1):
+    dM += dR' R^T,   dzcols += dR' v_w^T,   dv += sum_j (zcols^T dR'_j)[write j]           (the write)
+    dR = M^T dR' + q_eff^T (w * do),   dq_eff += (w * do) R^T,   dw_tj = do_t . (q_eff_t R_j)   (the read)
+    dR <- where(keep, dR, 0)
+dM, dzcols, dq_eff and the weights' gradients sum over V-blocks with fp32 atomics; dv is owned by one program. In
+mode 1 the gradient left at the first chunk is the initial levels' gradient.
+
+The "triton" backend (`loglinear_delta_rule_triton`): the per-chunk pieces (E, q_eff, M, zcols: the WY/UT form of
+chunk.prepare_delta) and the levels 0..6 block (E * Lambda) V are batched torch ops over all chunks at once,
+differentiated by autograd (a first version: only the level scan, the sequential part, is a custom Triton forward
+and backward); the prior levels of an initial state run through the same scan kernel in mode 1; the final levels
+0..6 come from the last chunk's zcols. Memory: the forward keeps the state entering every chunk, NJ K x V fp32
+matrices per chunk and head (the backward's dM needs them).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.loglinear_attn.state import CHUNK_LEVELS, level_of, prior_level, segments
+from kernels.loglinear_attn.triton_fwd import CHUNK, CHUNK_LEVELS_C, LevelLayout, pow2
+
+from .chunk import prepare_delta
+from .triton_fwd import _scan_masks, delta_level_scan_fwd, dot_precision, scan_sizes
+
+
+@triton.jit(do_not_specialize=["NL", "NW", "ROWS"])
+def _delta_level_scan_bwd(q_eff, mat, zcols, v, lam, wts, rs, dout, drfin, dq_eff, dmat, dzcols, dv, dlam, dwts,
+                          dr0, seq_chunks, NL, NW, ROWS,
+                          K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                          S: tl.constexpr, NS: tl.constexpr, H: tl.constexpr, MODE: tl.constexpr,
+                          HAS_DRFIN: tl.constexpr, STORE_DR0: tl.constexpr, PREC: tl.constexpr):
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // H, i_nh % H
+    row0 = tl.load(seq_chunks + i_n * 3).to(tl.int64)
+    nchunks = tl.load(seq_chunks + i_n * 3 + 1)
+    c0 = tl.load(seq_chunks + i_n * 3 + 2).to(tl.int64)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_c = tl.arange(0, C)
+    cols = tl.arange(0, S * BV)
+    col_j = cols // BV
+    col_v = i_v * BV + cols % BV
+    m_col = col_v < V
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_j = tl.arange(0, S)
+    st_off = (col_j[None, :] * K + o_k[:, None]) * V + col_v[None, :]
+    m_st = m_k[:, None] & (m_col & (col_j < NS))[None, :]
+    d_state = tl.zeros([BK, S * BV], dtype=tl.float32)
+    if HAS_DRFIN:
+        d_state += tl.load(drfin + i_nh.to(tl.int64) * NS * K * V + st_off, mask=m_st, other=0.0)
+        if MODE == 0:
+            c_last = c0 + nchunks - 1
+            on = (((c_last >> col_j) & 1) == 1) & (nchunks > 0)
+            d_state = tl.where(on[None, :], d_state, 0.0)
+    for it in range(nchunks):
+        i = nchunks - 1 - it
+        c = c0 + i
+        hr = i_h * ROWS + row0 + i
+        keep, read, w = _scan_masks(lam, wts, hr, c, o_c, col_j, NL, NW, C, MODE)
+        state = tl.load(rs + hr * NS * K * V + st_off, mask=m_st, other=0.0)
+        m_kk = m_k[:, None] & m_k[None, :]
+        if MODE == 0:
+            zc = tl.load(zcols + (hr * K + o_k[:, None]) * C + o_c[None, :], mask=m_k[:, None], other=0.0)
+            v_w = tl.load(v + (hr * C + o_c[:, None]) * V + col_v[None, :], mask=(m_col & ~read)[None, :],
+                          other=0.0)
+            tl.atomic_add(dzcols + (hr * K + o_k[:, None]) * C + o_c[None, :],
+                          tl.dot(d_state, tl.trans(v_w), input_precision=PREC), mask=m_k[:, None])
+            d_vw = tl.dot(tl.trans(zc), d_state, input_precision=PREC) * (~read).to(tl.float32)[None, :]
+            tl.store(dv + (hr * C + o_c[:, None]) * V + o_v[None, :], tl.sum(tl.reshape(d_vw, [C, S, BV]), 1),
+                     mask=(o_v < V)[None, :])
+        tl.atomic_add(dmat + (hr * K + o_k[:, None]) * K + o_k[None, :],
+                      tl.dot(d_state, tl.trans(state), input_precision=PREC), mask=m_kk)
+        m = tl.load(mat + (hr * K + o_k[:, None]) * K + o_k[None, :], mask=m_kk, other=0.0)
+        d_state = tl.dot(tl.trans(m), d_state, input_precision=PREC)
+        qe = tl.load(q_eff + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+        do_cols = tl.load(dout + (hr * C + o_c[:, None]) * V + col_v[None, :], mask=m_col[None, :], other=0.0)
+        do_w = do_cols * w
+        tl.atomic_add(dq_eff + (hr * C + o_c[:, None]) * K + o_k[None, :],
+                      tl.dot(do_w, tl.trans(state), input_precision=PREC), mask=m_k[None, :])
+        d_w = tl.sum(tl.reshape(tl.dot(qe, state, input_precision=PREC) * do_cols, [C, S, BV]), 2)
+        if MODE == 0:
+            lev = CHUNK_LEVELS_C + 1 + o_j
+            bits = ((c >> o_j) & 1) == 1
+            tl.atomic_add(dlam + (hr * C + o_c[:, None]) * NL + lev[None, :], d_w,
+                          mask=((lev < NL) & bits)[None, :])
+        else:
+            tl.atomic_add(dwts + (hr * C + o_c[:, None]) * NW + o_j[None, :], d_w, mask=(o_j < NW)[None, :])
+        d_state += tl.dot(tl.trans(qe), do_w, input_precision=PREC)
+        d_state = tl.where(keep[None, :], d_state, 0.0)
+    if STORE_DR0:
+        tl.store(dr0 + i_nh.to(tl.int64) * NS * K * V + st_off, d_state, mask=m_st)
+
+
+class DeltaLevelScanFunction(torch.autograd.Function):
+    """(q_eff, M, zcols, v, lam or prior weights, r0) -> (reads [H, rows, C, V], final states [N, H, NS, K, V])."""
+
+    @staticmethod
+    def forward(ctx, q_eff, mat, zcols, v, lam, wts, r0, lay, mode, in_dtype):
+        q_eff, mat, zcols, v, lam = (x.contiguous() for x in (q_eff, mat, zcols, v, lam))
+        wts = None if wts is None else wts.contiguous()
+        r0 = None if r0 is None else r0.contiguous()
+        out, rfin, rs = delta_level_scan_fwd(q_eff, mat, zcols, v, lam, wts, r0, lay, mode, in_dtype)
+        ctx.save_for_backward(q_eff, mat, zcols, v, lam, wts, rs)
+        ctx.lay, ctx.mode, ctx.in_dtype, ctx.has_r0 = lay, mode, in_dtype, r0 is not None
+        return out, rfin
+
+    @staticmethod
+    def backward(ctx, dout, drfin):
+        q_eff, mat, zcols, v, lam, wts, rs = ctx.saved_tensors
+        lay, mode = ctx.lay, ctx.mode
+        h, rows, _, dk = q_eff.shape
+        dv_ = v.shape[-1]
+        nl = lam.shape[-1]
+        nw = wts.shape[-1] if wts is not None else 1
+        s, ns, bv = scan_sizes(lay, mode, nw if mode == 1 else nl, dv_)
+        dq_eff, dmat, dzcols = torch.zeros_like(q_eff), torch.zeros_like(mat), torch.zeros_like(zcols)
+        dv = torch.zeros_like(v)
+        dlam = torch.zeros_like(lam)
+        dwts = None if wts is None else torch.zeros_like(wts)
+        dr0 = torch.zeros(lay.n, h, ns, dk, dv_, device=v.device, dtype=torch.float32) if ctx.has_r0 else None
+        _delta_level_scan_bwd[(triton.cdiv(dv_, bv), lay.n * h)](
+            q_eff, mat, zcols, v, lam, wts if wts is not None else lam, rs, dout.contiguous(),
+            drfin.contiguous() if drfin is not None else rs, dq_eff, dmat, dzcols, dv, dlam,
+            dwts if dwts is not None else dlam, dr0 if dr0 is not None else dlam, lay.seq_chunks, nl, nw, rows,
+            K=dk, V=dv_, C=CHUNK, BK=pow2(dk), BV=bv, S=s, NS=ns, H=h, MODE=mode, HAS_DRFIN=drfin is not None,
+            STORE_DR0=dr0 is not None, PREC=dot_precision(ctx.in_dtype), num_warps=8, num_stages=1)
+        return dq_eff, dmat, dzcols, (dv if mode == 0 else None), (dlam if mode == 0 else None), dwts, dr0, None, \
+            None, None
+
+
+def _to_chunks(x, lay: LevelLayout):
+    """[TT, H, D] token-major -> [H, rows, C, D] chunk-major with zeros in the padding (differentiable)."""
+    tt, h, d = x.shape
+    flat = x.new_zeros(lay.rows * CHUNK, h, d).index_copy(0, lay.chunk_pos, x)
+    return flat.reshape(lay.rows, CHUNK, h, d).permute(2, 0, 1, 3)
+
+
+def _prior_weights(lam, segs, starts, t):
+    """Per token [TT, H, L]: lambda_t[max(l, bit_length(t xor (p0 - 1)))] for sequences with p0 > 0, else 0."""
+    tt, h, nl = lam.shape
+    idx = torch.zeros(tt, nl, dtype=torch.int64)
+    on = torch.zeros(tt, dtype=torch.bool)
+    for (row, s, e), p0 in zip(segs, starts):
+        if p0 > 0 and e > s:
+            idx[row * t + s: row * t + e] = prior_level(p0 + torch.arange(e - s), p0, nl)
+            on[row * t + s: row * t + e] = True
+    idx, on = idx.to(lam.device), on.to(lam.device)
+    return torch.gather(lam, 2, idx[:, None, :].expand(tt, h, nl)) * on[:, None, None]
+
+
+def loglinear_delta_rule_triton(q, k, v, beta, g, level_scales, scale, initial_state, output_final_state,
+                                cu_seqlens, starts):
+    """Triton backend of kernels.loglinear_delta_rule: (o [B, T, H, V] in v's dtype, final levels
+    [N, H, L, K, V] fp32 or None)."""
+    b, t, h, dk = q.shape
+    dv = v.shape[-1]
+    nl = level_scales.shape[-1]
+    segs = segments(b, t, cu_seqlens)
+    lay = LevelLayout(segs, starts, t, q.device)
+    if lay.rows == 0:
+        o = v.new_zeros(b, t, h, dv)
+        return o, (None if not output_final_state else _empty_finals(initial_state, starts, h, nl, dk, dv, q))
+    flat = (lambda x: x.reshape(b * t, h, -1).float())
+    qc = _to_chunks(flat(q) * scale, lay)
+    kc, vc = _to_chunks(flat(k), lay), _to_chunks(flat(v), lay)
+    gc = _to_chunks(flat(g) if g is not None else q.new_zeros(b * t, h, 1, dtype=torch.float32), lay)[..., 0]
+    bc = _to_chunks(flat(beta), lay)[..., 0]
+    lam_tok = flat(level_scales)
+    lc = _to_chunks(lam_tok, lay)
+    e, q_eff, mat, _, zcols = prepare_delta(qc, kc, vc, gc.cumsum(-1), bc)
+    nl_int = max(nl, CHUNK_LEVELS + 1)
+    offs = torch.arange(CHUNK, device=q.device)
+    lev_in = level_of(offs[:, None], offs[None, :]).clamp(max=nl_int - 1)
+    lc_int = torch.nn.functional.pad(lc, (0, nl_int - nl))
+    lam_in = torch.gather(lc_int, -1, lev_in.expand(h, lay.rows, CHUNK, CHUNK))
+    o = (e * lam_in) @ vc  # [H, rows, C, V]
+    rfin = None
+    if lay.nj:
+        inter, rfin = DeltaLevelScanFunction.apply(q_eff, mat, zcols, vc, lc, None, None, lay, 0, q.dtype)
+        o = o + inter
+    has_prior = initial_state is not None and any(p > 0 for p in starts)
+    pfin = None
+    if has_prior:
+        wts = _to_chunks(_prior_weights(lam_tok, segs, starts, t), lay)
+        inter, pfin = DeltaLevelScanFunction.apply(q_eff, mat, zcols, vc, lc, wts, initial_state.levels.float(),
+                                                   lay, 1, q.dtype)
+        o = o + inter
+    o = o.permute(1, 2, 0, 3).reshape(lay.rows * CHUNK, h, dv)[lay.chunk_pos].reshape(b, t, h, dv)
+    if not output_final_state:
+        return o.to(v.dtype), None
+    finals = []
+    for n, ((row, s, e_), p0) in enumerate(zip(segs, starts)):
+        prior_n = initial_state.levels[n].float() if has_prior and p0 > 0 else None
+        if e_ == s:
+            finals.append(prior_n if prior_n is not None else q.new_zeros(h, nl, dk, dv, dtype=torch.float32))
+            continue
+        last = lay.first_rows[n] + lay.chunk_counts[n] - 1
+        p_end = p0 + e_ - s - 1
+        lev_end = level_of(torch.tensor(p_end % CHUNK, device=q.device), offs)
+        onehot = ((lev_end[:, None] == torch.arange(nl, device=q.device)[None])
+                  & (offs <= p_end % CHUNK)[:, None]).float()  # [C, L]
+        final = torch.einsum("hks,sl,hsv->hlkv", zcols[:, last], onehot, vc[:, last])
+        if lay.nj:
+            upper = torch.cat([rfin[n, :, :lay.nj], final.new_zeros(h, nl - CHUNK_LEVELS - 1 - lay.nj, dk, dv)], 1)
+            final = torch.cat([final[:, : CHUNK_LEVELS + 1], final[:, CHUNK_LEVELS + 1:] + upper], 1)
+        if prior_n is not None:
+            idx_end = prior_level(torch.tensor([p_end], device=q.device), p0, nl)[0]
+            move = (idx_end[:, None] == torch.arange(nl, device=q.device)[None]).float()  # [from, to]
+            final = final + torch.einsum("lm,hlkv->hmkv", move, pfin[n])
+        finals.append(final)
+    return o.to(v.dtype), torch.stack(finals, 0)
+
+
+def _empty_finals(initial_state, starts, h, nl, dk, dv, q):
+    """Final levels when every sequence is empty: the initial levels (or zeros) unchanged."""
+    if initial_state is not None:
+        return initial_state.levels.float()
+    return q.new_zeros(len(starts), h, nl, dk, dv, dtype=torch.float32)

@@ -1,0 +1,118 @@
+"""Triton level scan of the log-linear delta rule (forward): every chunk-level state of a (sequence, head, V-block) in
+one program, moved chunk to chunk by the chunk's Householder product with one tl.dot.
+
+Inputs are chunk-major, [H, rows, ...] fp32 (the per-chunk pieces of kernels.loglinear_delta_rule.chunk.prepare_delta
+on the chunks of kernels.loglinear_attn.triton_fwd.LevelLayout): q_eff [C, K] (q_eff_t S = q_t^T P_{t<-chunk start} S),
+M [K, K] (a state through the chunk: S -> M S), zcols [K, C] (column s = P_{end<-s} beta_s k_s), v [C, V].
+`_delta_level_scan_fwd`, one program per (V-block, sequence, head), carries R [K, S * BV], S stacked states:
+  mode 0 (chunk levels, S = NJ): level j = 1..NJ resets at chunks c with c mod 2^j == 0, is read when bit j-1 of c
+      is set (weights lambda_t[6 + j]) and written otherwise:
+          R <- where(keep, R, 0);  o_t += sum_j w_tj q_eff_t R_j;  R <- M R + zcols v_w       (three tl.dot)
+  mode 1 (the prior levels of an initial state, S >= L): R starts at the state's levels, is never reset nor written,
+      and query t reads level l with an explicit weight lambda_t[max(l, bit_length(t xor (p0 - 1)))]:  R <- M R.
+It stores the state entering each chunk (after the reset; the backward's dM needs it) and the final states (mode 0:
+R_j [bit j-1 of the last chunk set], the levels 7.. of the final state; mode 1: R, the prior moved to the last token).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.loglinear_attn.triton_fwd import CHUNK, CHUNK_LEVELS_C, LevelLayout, pow2
+
+
+@triton.jit
+def _scan_masks(lam, wts, hr, c, o_c, col_j, NL, NW, C: tl.constexpr, MODE: tl.constexpr):
+    """keep [S*BV] (the state survives entering chunk c), read [S*BV] and the read weights w [C, S*BV]."""
+    if MODE == 0:
+        keep = (c % (2 << col_j)) != 0
+        read = ((c >> col_j) & 1) == 1
+        lev = CHUNK_LEVELS_C + 1 + col_j
+        w = tl.load(lam + (hr * C + o_c[:, None]) * NL + lev[None, :], mask=((lev < NL) & read)[None, :],
+                    other=0.0)
+    else:
+        keep = col_j >= 0
+        read = col_j < NW
+        w = tl.load(wts + (hr * C + o_c[:, None]) * NW + col_j[None, :], mask=read[None, :], other=0.0)
+    return keep, read, w
+
+
+@triton.jit(do_not_specialize=["NL", "NW", "ROWS"])
+def _delta_level_scan_fwd(q_eff, mat, zcols, v, lam, wts, r0, out, rfin, rs, seq_chunks, NL, NW, ROWS,
+                          K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                          S: tl.constexpr, NS: tl.constexpr, H: tl.constexpr, MODE: tl.constexpr,
+                          HAS_R0: tl.constexpr, STORE_FINAL: tl.constexpr, PREC: tl.constexpr):
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // H, i_nh % H
+    row0 = tl.load(seq_chunks + i_n * 3).to(tl.int64)
+    nchunks = tl.load(seq_chunks + i_n * 3 + 1)
+    c0 = tl.load(seq_chunks + i_n * 3 + 2).to(tl.int64)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_c = tl.arange(0, C)
+    cols = tl.arange(0, S * BV)
+    col_j = cols // BV
+    col_v = i_v * BV + cols % BV
+    m_col = col_v < V
+    o_v = i_v * BV + tl.arange(0, BV)
+    # states [NS stored levels, K, V] per (sequence or row, head)
+    st_off = (col_j[None, :] * K + o_k[:, None]) * V + col_v[None, :]
+    m_st = m_k[:, None] & (m_col & (col_j < NS))[None, :]
+    state = tl.zeros([BK, S * BV], dtype=tl.float32)
+    if HAS_R0:
+        state += tl.load(r0 + i_nh.to(tl.int64) * NS * K * V + st_off, mask=m_st, other=0.0)
+    for i in range(nchunks):
+        c = c0 + i
+        hr = i_h * ROWS + row0 + i
+        keep, read, w = _scan_masks(lam, wts, hr, c, o_c, col_j, NL, NW, C, MODE)
+        state = tl.where(keep[None, :], state, 0.0)
+        tl.store(rs + hr * NS * K * V + st_off, state, mask=m_st)
+        qe = tl.load(q_eff + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+        reads = tl.dot(qe, state, input_precision=PREC) * w
+        tl.store(out + (hr * C + o_c[:, None]) * V + o_v[None, :], tl.sum(tl.reshape(reads, [C, S, BV]), 1),
+                 mask=(o_v < V)[None, :])
+        m = tl.load(mat + (hr * K + o_k[:, None]) * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)
+        state = tl.dot(m, state, input_precision=PREC)
+        if MODE == 0:
+            zc = tl.load(zcols + (hr * K + o_k[:, None]) * C + o_c[None, :], mask=m_k[:, None], other=0.0)
+            v_w = tl.load(v + (hr * C + o_c[:, None]) * V + col_v[None, :], mask=(m_col & ~read)[None, :],
+                          other=0.0)
+            state += tl.dot(zc, v_w, input_precision=PREC)
+    if STORE_FINAL:
+        if MODE == 0:
+            c_last = c0 + nchunks - 1
+            on = (((c_last >> col_j) & 1) == 1) & (nchunks > 0)
+            state = tl.where(on[None, :], state, 0.0)
+        tl.store(rfin + i_nh.to(tl.int64) * NS * K * V + st_off, state, mask=m_st)
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs: exact fp32 products; 16-bit inputs (whose pieces are still fp32 here): tf32."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def scan_sizes(lay: LevelLayout, mode: int, nl: int, dv: int):
+    """(S stacked states, NS stored levels, BV) of a mode-0 (chunk levels) or mode-1 (prior levels) scan."""
+    if mode == 0:
+        return lay.NJ, lay.nj, lay.scan_block_v(dv)
+    stacked = triton.next_power_of_2(nl)
+    return stacked, nl, lay.scan_block_v(dv, stacked)
+
+
+def delta_level_scan_fwd(q_eff, mat, zcols, v, lam, wts, r0, lay: LevelLayout, mode: int, in_dtype):
+    """out [H, rows, C, V] (the scan's reads), rfin [N, H, NS, K, V] (final states), rs [H, rows, NS, K, V]
+    (states entering each chunk); all fp32."""
+    h, rows, _, dk = q_eff.shape
+    dv = v.shape[-1]
+    nl = lam.shape[-1]
+    nw = wts.shape[-1] if wts is not None else 1
+    s, ns, bv = scan_sizes(lay, mode, nw if mode == 1 else nl, dv)
+    dev = q_eff.device
+    out = torch.zeros(h, rows, CHUNK, dv, device=dev, dtype=torch.float32)
+    rfin = torch.zeros(lay.n, h, ns, dk, dv, device=dev, dtype=torch.float32)
+    rs = torch.empty(h, rows, ns, dk, dv, device=dev, dtype=torch.float32)
+    _delta_level_scan_fwd[(triton.cdiv(dv, bv), lay.n * h)](
+        q_eff, mat, zcols, v, lam, wts if wts is not None else lam, r0 if r0 is not None else rfin, out, rfin, rs,
+        lay.seq_chunks, nl, nw, rows, K=dk, V=dv, C=CHUNK, BK=pow2(dk), BV=bv, S=s, NS=ns, H=h, MODE=mode,
+        HAS_R0=r0 is not None, STORE_FINAL=True, PREC=dot_precision(in_dtype), num_warps=8, num_stages=1)
+    return out, rfin, rs
