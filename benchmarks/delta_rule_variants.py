@@ -8,9 +8,9 @@ and T=32768 B=1 (H16 D128, bf16), and per-kernel times from torch.profiler.
     python benchmarks/delta_rule_variants.py --no-profile
 
 Variants: "old" is the build before the switches existed (fp32/tf32 backward intermediates, two backward kernels,
-state V-blocks down to 32); lowp_bwd, fused and new each turn one more switch on ("new" is the default OPTIONS);
-prep_tf32 / prep_bf16 swap the new build's prepare products (hi/lo split) for the old tf32 ones / fla-like bf16 ones;
-the last ones retune warps/stages of the new build.
+state V-blocks down to 32, tf32 prepare products, separate intra kernel); lowp_bwd, fused, bv16, prep_split and new
+each turn one more switch on ("new" is the default OPTIONS); intra_never / intra_always / prep_bf16 change one switch
+of the new build; the last ones retune warps, stages or state V-blocks of the new build.
 Imports only torch, triton, kernels and benchmarks.kernels.
 """
 from __future__ import annotations
@@ -30,16 +30,21 @@ from kernels.common import error_ratio
 from kernels.delta_rule import triton_fwd
 
 DEFAULTS = dict(triton_fwd.OPTIONS)
-WARPS, STAGES = dict(triton_fwd.NUM_WARPS), dict(triton_fwd.NUM_STAGES)
-OLD = {"lowp_bwd": False, "prepare_mode": 0, "fused_bwd": False, "state_bv_min": 32}
-# name -> OPTIONS, plus optional "_warps" / "_stages" overrides of triton_fwd.NUM_WARPS / NUM_STAGES (launch tuning).
+WARPS, STAGES, SBV = dict(triton_fwd.NUM_WARPS), dict(triton_fwd.NUM_STAGES), dict(triton_fwd.STATE_BV)
+OLD = {"lowp_bwd": False, "prepare_mode": 0, "fused_bwd": False, "state_bv_min": 32, "intra_in_state_bwd": 0}
+# name -> OPTIONS, plus optional "_warps" / "_stages" / "_state_bv" overrides of triton_fwd.NUM_WARPS / NUM_STAGES /
+# STATE_BV (launch tuning).
 VARIANTS = {
     "old": OLD,
     "lowp_bwd": {**OLD, "lowp_bwd": True},
     "fused": {**OLD, "lowp_bwd": True, "fused_bwd": True},
     "bv16": {**OLD, "lowp_bwd": True, "fused_bwd": True, "state_bv_min": 16},
-    "new": DEFAULTS,  # = bv16 + prepare products as hi/lo bf16 splits (prepare_mode 2)
+    "prep_split": {**OLD, "lowp_bwd": True, "fused_bwd": True, "state_bv_min": 16, "prepare_mode": 2},
+    "new": DEFAULTS,  # = prep_split + intra folded into the reverse state pass when it needs no V split
+    "intra_never": {**DEFAULTS, "intra_in_state_bwd": 0},
+    "intra_always": {**DEFAULTS, "intra_in_state_bwd": 1},
     "prep_bf16": {**DEFAULTS, "prepare_mode": 1},
+    "new_state_bv128": {**DEFAULTS, "_state_bv": {"state": 128, "state_bwd": 128}},
     "fused_tf32": {**OLD, "fused_bwd": True},  # the fused kernel alone, with fp32 (tf32) operands
     # launch tuning of the new default build (only the listed entries change)
     "new_grads_s3": {**DEFAULTS, "_stages": {"grads": 3}},
@@ -52,7 +57,8 @@ BUDGET_S = 150  # variants that would start after this many seconds are skipped 
 def apply_variant(spec: dict):
     triton_fwd.OPTIONS.clear()
     triton_fwd.OPTIONS.update({k: v for k, v in spec.items() if not k.startswith("_")})
-    for table, base, key in ((triton_fwd.NUM_WARPS, WARPS, "_warps"), (triton_fwd.NUM_STAGES, STAGES, "_stages")):
+    for table, base, key in ((triton_fwd.NUM_WARPS, WARPS, "_warps"), (triton_fwd.NUM_STAGES, STAGES, "_stages"),
+                             (triton_fwd.STATE_BV, SBV, "_state_bv")):
         table.clear()
         table.update(base)
         table.update(spec.get(key, {}))

@@ -27,6 +27,7 @@ from .triton_fwd import (
     NUM_STAGES,
     NUM_WARPS,
     OPTIONS,
+    STATE_BV,
     block_sizes,
     delta_rule_fwd,
     dot_precision,
@@ -74,8 +75,10 @@ def _state_bwd_kernel(
     dh_ptr, dh0_ptr, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, PREC: tl.constexpr,
+    HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, PREC: tl.constexpr, INTRA: tl.constexpr,
 ):
+    """Reverse pass over a document's chunks. INTRA: also form dU_intra = scale P^T dO here (work independent of
+    dS, off the recurrence's critical path) instead of reading it from the intra kernel's output."""
     pid_v = tl.program_id(0)
     pid_h = tl.program_id(1)
     pid_n = tl.program_id(2)
@@ -109,7 +112,14 @@ def _state_bwd_kernel(
         b_gamma = tl.load(gamma_ptr + tok * H + pid_h, mask=rmask, other=0.0)
         g_last = tl.load(gamma_ptr + last * H + pid_h)
         b_do = tl.load(do_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], mask=m2, other=0.0)
-        b_du = tl.load(du_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], mask=m2, other=0.0).to(tl.float32)
+        if INTRA:
+            incl = rows[:, None] >= rows[None, :]
+            decay_t = tl.exp(tl.where(incl, b_gamma[:, None] - b_gamma[None, :], float("-inf")))
+            b_pt = tl.dot(b_k, tl.trans(b_q), input_precision=PREC) * tl.trans(decay_t) * scale
+            b_du = tl.dot(b_pt.to(b_do.dtype), b_do, input_precision=PREC)
+        else:
+            b_du = tl.load(du_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], mask=m2,
+                           other=0.0).to(tl.float32)
         b_kbar = (b_k.to(tl.float32) * tl.exp(g_last - b_gamma)[:, None]).to(b_k.dtype)
         b_du += tl.dot(b_kbar, dstate.to(b_k.dtype), input_precision=PREC)
         tl.store(du_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], b_du.to(du_ptr.dtype.element_ty),
@@ -447,18 +457,23 @@ def delta_rule_bwd(q, k, v, beta, g, scale, want_dh0, bounds, table, choff, save
     low = lowp(q.dtype, "lowp_bwd")
     mid = q.dtype if low else torch.float32  # dtype of the large intermediates dU, dW, partial dk
     du = torch.empty(total, h, dv, device=dev, dtype=mid)
-    _intra_kernel[(triton.cdiv(dv, bv), rows, h)](
-        q, k, gamma, do, table, du, scale, H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, PREC=prec,
-        num_warps=NUM_WARPS["intra"],
-    )
+    sbv = state_block_v(dv, n * h, dev, "state_bwd")
+    mode = int(OPTIONS["intra_in_state_bwd"])
+    # auto: only when the pass needs no V split to fill the GPU (short documents, many programs: throughput-bound);
+    # long documents with few (sequence, head) pairs keep the sequential pass as light as possible.
+    intra_fused = mode == 1 or (mode == 2 and sbv >= min(STATE_BV["state_bwd"], dv))
+    if not intra_fused:
+        _intra_kernel[(triton.cdiv(dv, bv), rows, h)](
+            q, k, gamma, do, table, du, scale, H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, PREC=prec,
+            num_warps=NUM_WARPS["intra"],
+        )
     dh = torch.empty(rows, h, dk, dv, device=dev, dtype=q.dtype)
     dh0 = torch.empty(n, h, dk, dv, device=dev, dtype=torch.float32) if want_dh0 else None
-    sbv = state_block_v(dv, n * h, dev, "state_bwd")
     _state_bwd_kernel[(triton.cdiv(dv, sbv), h, n)](
         q, k, gamma, w, do, du, bounds, choff, dht if dht is not None else gamma,
         dh, dh0 if dh0 is not None else gamma, scale,
         H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=sbv, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
-        PREC=prec, num_warps=NUM_WARPS["state_bwd"], num_stages=state_stages(bk),
+        PREC=prec, INTRA=intra_fused, num_warps=NUM_WARPS["state_bwd"], num_stages=state_stages(bk),
     )
     dq = torch.empty_like(q)
     if OPTIONS["fused_bwd"]:

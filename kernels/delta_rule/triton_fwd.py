@@ -32,7 +32,10 @@ CHUNK = 64
 #                 dgamma never go through HBM, and dA = -dY U^T needs no pass over W (see triton_bwd).
 #   state_bv_min: smallest V-block of the sequential state passes when the (sequence, head) pairs do not fill
 #                 the GPU (16: up to 8 programs per pair at V = 128; 32 was the first build's choice).
-OPTIONS = {"lowp_bwd": True, "prepare_mode": 2, "fused_bwd": True, "state_bv_min": 16}
+#   intra_in_state_bwd: 0 the intra kernel writes dU_intra = scale P^T dO for the reverse state pass; 1 the reverse
+#                 pass forms it itself (one launch and one [L, H, V] round trip less, more work per sequential
+#                 step); 2 auto: 1 when the pass needs no V split to fill the GPU, else 0.
+OPTIONS = {"lowp_bwd": True, "prepare_mode": 2, "fused_bwd": True, "state_bv_min": 16, "intra_in_state_bwd": 2}
 
 
 def _apply_env_options():
@@ -41,7 +44,7 @@ def _apply_env_options():
         key, _, val = item.partition("=")
         if key not in OPTIONS:
             raise ValueError(f"HILO_DELTA_RULE: unknown option {key!r}; expected one of {sorted(OPTIONS)}")
-        ints = ("state_bv_min", "prepare_mode")
+        ints = ("state_bv_min", "prepare_mode", "intra_in_state_bwd")
         OPTIONS[key] = int(val) if key in ints else val.strip().lower() in ("1", "true", "yes", "on")
 
 
