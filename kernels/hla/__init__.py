@@ -7,13 +7,17 @@ as scale^2 and hla3 as scale^3), b_t = prod_{r <= t} exp(g_r) within a document:
     ahla       o_t = sum_{j <= i <= t} (b_t/b_j) (q_t.k_i)(q_i.k_j) v_j
     hla3       o_t = sum_{i, l <= j <= t} (b_t/b_i)(b_j/b_i)(b_j/b_l) (q_t.k_i)(k_i.q_j)(q_j.k_l) v_l
 
-(kernels.hla.naive gives the masked-matrix forms). Backends: "torch" (the exact composition of linear_attn
-passes of kernels.hla.compose over linear_attn's chunked PyTorch path; the default off CUDA), "triton" (the same
-composition over linear_attn's Triton kernels, run in fp32, forward and backward; the default on CUDA), "fused"
-(hla2 only, K and value columns <= 128: SPEC §3's chunked one-pass second-order algorithm in Triton,
-kernels.hla.triton_fused, carrying S and F in fp32 with the inputs' dtype kept on the way in; forward and
-backward) and "naive" (the token recurrences of kernels.hla.naive: the oracle). "fused" on CPU tensors needs
-TRITON_INTERPRET=1, like "triton". States: kernels.hla.state (HLA2State, AHLAState, HLA3State). Decode: hla2_step, ahla_step, hla3_step.
+(kernels.hla.naive gives the masked-matrix forms). Backends:
+  "torch"   the exact composition of linear_attn passes (kernels.hla.compose) over linear_attn's chunked
+            PyTorch path; the default off CUDA;
+  "triton"  the same composition over linear_attn's Triton kernels, run in fp32, forward and backward; the
+            default on CUDA;
+  "fused"   hla2 and ahla, K and value columns <= 128: SPEC §3's chunked second-order algorithm in Triton
+            (kernels.hla.triton_fused), the inner and outer states (S and F; P and E) carried in fp32 and the
+            inputs read in their own dtype, forward and backward; benchmarks/kernels.py times it against "triton";
+            on CPU tensors it needs TRITON_INTERPRET=1, like "triton";
+  "naive"   the token recurrences of kernels.hla.naive: the oracle.
+States: kernels.hla.state (HLA2State, AHLAState, HLA3State). Decode: hla2_step, ahla_step, hla3_step.
 """
 
 import torch
@@ -33,8 +37,8 @@ def _hla(op, q, k, v, g, decay, normalize, eps, scale, initial_state, output_fin
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"{op}: q must be a torch.Tensor, got {type(q).__name__}")
     fused = backend == "fused"
-    if fused and op != "hla2":
-        raise ValueError(f"{op}: backend='fused' exists for hla2 only; use 'triton' (the composition)")
+    if fused and op == "hla3":
+        raise ValueError(f"{op}: backend='fused' exists for hla2 and ahla only; use 'triton' (the composition)")
     backend = resolve_backend(op, "triton" if fused else backend, q.device)
     n = check_recurrent_inputs(op, q, k, v, g=g, cu_seqlens=cu_seqlens, backend=backend)
     decay_powers(op, decay)
@@ -50,9 +54,9 @@ def _hla(op, q, k, v, g, decay, normalize, eps, scale, initial_state, output_fin
     if backend == "naive":
         return hla_recurrent(*args)
     if fused:
-        from .triton_fused import hla2_fused
+        from .triton_fused import hla_fused
 
-        return hla2_fused(*args[1:])
+        return hla_fused(*args)
     return hla_compose(*args, backend)
 
 
@@ -67,7 +71,7 @@ def hla2(q, k, v, g=None, *, decay="d1", normalize=False, eps=1e-6, scale=1.0, i
     non-negative feature maps only). initial_state / final state: HLA2State(S [N, H, K, K], F [N, H, K, V]) fp32
     (F has V + 1 columns with normalize=True, the last the denominator's); N = B, or len(cu_seqlens) - 1 for
     documents packed in B == 1 (nothing crosses a boundary). Gradients flow to q, k, v, g and initial_state.
-    backend: None, "torch", "triton", "fused" (the one-pass Triton kernels) or "naive" (see the module docstring).
+    backend: None, "torch", "triton", "fused" (the chunked Triton kernels) or "naive" (see the module docstring).
     """
     return _hla("hla2", q, k, v, g, decay, normalize, eps, scale, initial_state, output_final_state, cu_seqlens,
                 backend)
@@ -78,7 +82,7 @@ def ahla(q, k, v, g=None, *, decay="d1", normalize=False, eps=1e-6, scale=1.0, i
     """Asymmetric HLA, the masked Q (K^T Q)(K^T V); returns (o [B, T, H, V], AHLAState or None).
 
     Passes LA(Q, K, LA(Q, K, V; g); g). Arguments as for hla2 (decay "d1" only). State
-    AHLAState(P [N, H, K, V], E [N, H, K, V]) fp32 (V + 1 columns each with normalize=True).
+    AHLAState(P [N, H, K, V], E [N, H, K, V]) fp32 (V + 1 columns each with normalize=True). backend as for hla2.
     """
     return _hla("ahla", q, k, v, g, decay, normalize, eps, scale, initial_state, output_final_state, cu_seqlens,
                 backend)

@@ -1,30 +1,37 @@
-"""Triton kernels of SPEC §3's chunked second-order algorithm for hla2, forward and backward (backend "fused").
+"""Triton kernels of SPEC §3's chunked second-order algorithm (backend "fused" of hla2, and of ahla).
 
 Per head, chunks of BT = 64 tokens, q^ = scale * q, l the in-chunk inclusive cumsum of g, l_C its last value,
-Gamma^(p)_ij = exp(p (l_i - l_j)) [j <= i], and (a, b) = (p_in, p_out) = (2, 1) for decay "d1", (1, 2) for "d2":
+Gamma^(p)_ij = exp(p (l_i - l_j)) [j <= i], and (a, b) = (p_in, p_out) = (2, 1) for hla2 decay "d1", (1, 2) for
+"d2", (1, 1) for ahla. hla2 carries S (K x K) and F (K x V) from chunk to chunk:
 
     K~ = e^{a l} Q^ S_in + (Gamma^(a) * Q^ K^T) K          S_out = e^{a l_C} S_in + K^T diag(e^{a (l_C - l)}) K
     O  = e^{b l} Q^ F_in + (Gamma^(b) * Q^ K~^T) V         F_out = e^{b l_C} F_in + K~^T diag(e^{b (l_C - l)}) V
 
-S (K x K) and F (K x V) are carried in fp32 from chunk to chunk; every exponent is <= 0. Forward, four launches:
-  1. `_state_scan` over K~-free inputs: S_in of every chunk (sequential per (document, head, K-block, K-block)),
-  2. `_chunk_out` with (keys, values, state) = (K, K, S_in): K~ for all chunks in parallel (fp32),
-  3. `_state_scan` with (K~, V): F_in of every chunk (sequential per (document, head, K-block, V-block)),
-  4. `_chunk_out` with (K~, V, F_in): O for all chunks in parallel.
-Backward, the same four in reverse (dF carried backwards, then dS):
+(ahla likewise with P (K x V), E (K x V): V~ from (K, V, P), then O from (K, V~, E)). Never W W^T (C^3). The
+states are fp32 and every exponent is <= 0. Forward, four launches:
+  1. `_state_scan`: the inner state entering every chunk (S_in; sequential per (document, head, K-, V-block)),
+  2. `_chunk_out`: K~ (or V~) for all chunks in parallel, fp32,
+  3. `_state_scan`: the outer state entering every chunk (F_in),
+  4. `_chunk_out`: O for all chunks in parallel.
+Backward, the same in reverse (dF carried backwards, then dS):
   1. `_state_scan` reversed with (Q^, dO): dF_out of every chunk, and d F_0,
-  2. `_outer_grads` per chunk: dK~ = e^{b(l_C - l)} (V dF_out^T) + dA^T Q^, dV, the outer pass's part of dq and
-     of the gate gradient (dA = Gamma^(b) * dO V^T),
+  2. `_pass_grads` per chunk: the outer pass's dK~ (fp32), dv and its parts of dq and of the gate gradient,
   3. `_state_scan` reversed with (Q^, dK~): dS_out of every chunk, and d S_0,
-  4. `_inner_grads` per chunk: dq, dk (k enters S as key and as value) and the gate partial.
-Gate gradient: each pass decays by exp(p (G_t - G_s)) with G the in-document cumsum of g, so
-dL/dG_t = b (q^_t.dq^out_t - k~_t.dk~_t) + a (q^_t.dq^in_t - k_t.dk^key_t), plus b <F_T, dF_T> + a <S_T, dS_T> at
-a document's last token, and dg_t = sum_{s >= t in its document} dL/dG_s (as in linear_attn's backward).
+  4. `_inner_grads` (hla2: k is key and value of the inner pass) or `_pass_grads` (ahla): dq, dk, dv and the
+     whole gate partial.
+Gate gradient: pass p decays by exp(p (G_t - G_s)), G the in-document cumsum of g, so
+dL/dG_t = b (q^_t.dq^outer_t - x_t.dx_t) + a (q^_t.dq^inner_t - k_t.dk^key_t) (x the outer pass's keys), plus
+b <F_T, dF_T> + a <S_T, dS_T> at a document's last token; dg_t = sum_{s >= t in its document} dL/dG_s (as in
+linear_attn's backward).
 
-Chunk states S_in, F_in and K~ are kept in fp32 for the backward. Dots run on fp32 operands ("ieee" for fp32
-inputs, tf32 for fp16/bf16 ones: K~ and the states grow with t, so bf16 operands would cost accuracy). Chunk
-tables come from kernels.common.varlen (no host sync) and T is not specialised on, so a new T never recompiles.
-Head dims: K and the value columns (V, plus one with normalize=True) up to MAX_DIM.
+Why this split rather than one sequential kernel carrying S and F together: computing K~ inside the sequential
+loop puts a (C x K) @ (K x K) product on every chunk's critical path, and the backward would have to hold dS and
+the whole dF in one program (dK~ sums over all value columns); here the scans do one small product per chunk and
+the heavy products run chunk-parallel. The cost is the per-chunk states in memory (fp32: K~ and the states grow
+with t, and bf16 copies would use up most of the bf16 error budget). Dots run on fp32 operands ("ieee" for fp32
+inputs, tf32 for fp16/bf16). Chunk tables come from kernels.common.varlen (no host sync) and T is not
+specialised on, so a new T never recompiles. Head dims: K and the value columns (V, plus one with
+normalize=True) up to MAX_DIM.
 """
 
 import torch
@@ -34,7 +41,7 @@ import triton.language as tl
 from kernels.linear_attn.triton_bwd import _segment_reverse_cumsum
 from kernels.linear_attn.triton_fwd import BT, Layout, _chunk_bounds, _pow2, _seq_bounds
 
-from .state import HLA2State, decay_powers, split_normalized, with_ones
+from .state import STATE_TYPES, decay_powers, split_normalized, with_ones
 
 MAX_DIM = 128  # the per-chunk gradient kernels hold whole K x K and K x V tiles
 
@@ -132,12 +139,16 @@ def _chunk_out(q, x, y, g, hs, o, table, scale, T, NT,
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
-def _outer_grads(q, kt, v, g, do, fs, dfs, dq_out, dkt, dv, r_out, table, scale, T, NT,
-                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                 BV: tl.constexpr, POWER: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr,
-                 PREC: tl.constexpr):
-    """The outer pass O = LA(Q^, K~, V; b g) of one (chunk, head): dv, dK~ (fp32), its part of dq (fp32) and
-    b (q^.dq^ - k~.dk~) (the gate partial). fs / dfs: F_in and dF_out of each chunk [rows, H, K, V] fp32."""
+def _pass_grads(q, x, y, g, do, hs, dhs, dq_prev, dx_prev, r_prev, dq, dx, dy, r_out, table, scale, T, NT,
+                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                BV: tl.constexpr, POWER: tl.constexpr, HAS_G: tl.constexpr, HAS_PREV: tl.constexpr,
+                IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """Gradients of one pass O = LA(Q^, X, Y; p g) over one (chunk, head), given dO: dq, dx (X as keys), dy and
+    the gate partial p (q^.dq^ - x.dx); with HAS_PREV the partials of a later pass (dq_prev, dx_prev, r_prev)
+    are added. q, x [TT, H, K], y, do [TT, H, V]; hs / dhs: the state entering and the gradient of the state
+    leaving each chunk [rows, H, K, V] fp32. With dA = Gamma * (dO Y^T):
+        dy = e^{p (l_C - l)} (X dS_out) + (Gamma * Q^ X^T)^T dO
+        dq^ = e^{p l} (dO S_in^T) + dA X,     dx = e^{p (l_C - l)} (Y dS_out^T) + dA^T Q^"""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     start, end = _chunk_bounds(table, i_c, T, NT, BT, IS_VARLEN)
     if start >= end:
@@ -155,7 +166,7 @@ def _outer_grads(q, kt, v, g, do, fs, dfs, dq_out, dkt, dv, r_out, table, scale,
     o_i = tl.arange(0, BT)
     causal = o_i[:, None] >= o_i[None, :]
     qh = tl.load(q + tok_k, mask=m_tk, other=0.0).to(tl.float32) * scale
-    ktb = tl.load(kt + tok_k, mask=m_tk, other=0.0)
+    xb = tl.load(x + tok_k, mask=m_tk, other=0.0).to(tl.float32)
     dob = tl.load(do + tok_v, mask=m_tv, other=0.0).to(tl.float32)
     if HAS_G:
         gb = tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32) * POWER
@@ -165,32 +176,35 @@ def _outer_grads(q, kt, v, g, do, fs, dfs, dq_out, dkt, dv, r_out, table, scale,
         to_end = tl.exp(gl - gc)
     else:
         decay = tl.where(causal, 1.0, 0.0)
-    # dv = e^{b (l_C - l)} (K~ dF_out) + (Gamma * Q^ K~^T)^T dO
-    dfb = tl.load(dfs + state_off, mask=m_kv, other=0.0)
-    acc = tl.dot(ktb, dfb, input_precision=PREC)
+    dsb = tl.load(dhs + state_off, mask=m_kv, other=0.0)
+    acc = tl.dot(xb, dsb, input_precision=PREC)
     if HAS_G:
         acc *= to_end[:, None]
-    p_t = tl.trans(tl.dot(qh, tl.trans(ktb), input_precision=PREC) * decay)
+    p_t = tl.trans(tl.dot(qh, tl.trans(xb), input_precision=PREC) * decay)
     acc += tl.dot(p_t, dob, input_precision=PREC)
-    tl.store(dv + tok_v, acc.to(dv.dtype.element_ty), mask=m_tv)
-    # dA = Gamma * (dO V^T);  dq^ = e^{b l} (dO F_in^T) + dA K~
-    vb = tl.load(v + tok_v, mask=m_tv, other=0.0).to(tl.float32)
-    fb = tl.load(fs + state_off, mask=m_kv, other=0.0)
-    d_scores = tl.dot(dob, tl.trans(vb), input_precision=PREC) * decay
-    acc_q = tl.dot(dob, tl.trans(fb), input_precision=PREC)
+    tl.store(dy + tok_v, acc.to(dy.dtype.element_ty), mask=m_tv)
+    yb = tl.load(y + tok_v, mask=m_tv, other=0.0).to(tl.float32)
+    sb = tl.load(hs + state_off, mask=m_kv, other=0.0)
+    d_scores = tl.dot(dob, tl.trans(yb), input_precision=PREC) * decay
+    acc_q = tl.dot(dob, tl.trans(sb), input_precision=PREC)
     if HAS_G:
         acc_q *= tl.exp(gc)[:, None]
-    acc_q += tl.dot(d_scores, ktb, input_precision=PREC)
-    tl.store(dq_out + tok_k, acc_q * scale, mask=m_tk)
-    # dK~ = e^{b (l_C - l)} (V dF_out^T) + dA^T Q^
-    acc_k = tl.dot(vb, tl.trans(dfb), input_precision=PREC)
+    acc_q += tl.dot(d_scores, xb, input_precision=PREC)
+    acc_x = tl.dot(yb, tl.trans(dsb), input_precision=PREC)
     if HAS_G:
-        acc_k *= to_end[:, None]
-    acc_k += tl.dot(tl.trans(d_scores), qh, input_precision=PREC)
-    tl.store(dkt + tok_k, acc_k, mask=m_tk)
+        acc_x *= to_end[:, None]
+    acc_x += tl.dot(tl.trans(d_scores), qh, input_precision=PREC)
     if HAS_G:
-        r = tl.sum(qh * acc_q - ktb * acc_k, 1) * POWER
+        r = tl.sum(qh * acc_q - xb * acc_x, 1) * POWER
+        if HAS_PREV:
+            r += tl.load(r_prev + o_t * H + i_h, mask=m_t, other=0.0)
         tl.store(r_out + o_t * H + i_h, r, mask=m_t)
+    acc_q *= scale
+    if HAS_PREV:
+        acc_q += tl.load(dq_prev + tok_k, mask=m_tk, other=0.0)
+        acc_x += tl.load(dx_prev + tok_k, mask=m_tk, other=0.0)
+    tl.store(dq + tok_k, acc_q.to(dq.dtype.element_ty), mask=m_tk)
+    tl.store(dx + tok_k, acc_x.to(dx.dtype.element_ty), mask=m_tk)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
@@ -284,110 +298,134 @@ def _out(q, x, y, g, power, hs, scale, lay: Layout, out_dtype, prec):
     return o
 
 
-def hla2_fused_fwd(q, k, v, g, scale, powers, s0, f0, lay: Layout, store_final: bool, out_dtype):
-    """q, k [TT, H, K], v [TT, H, V] contiguous, g [TT, H] fp32 or None ->
-    (o [TT, H, V] in out_dtype, S_T, F_T (fp32 or None), S_in, F_in, K~ (fp32, kept for the backward))."""
-    p_in, p_out = powers
-    prec = _precision(q)
-    s_in, s_t = _scan(k, k, g, p_in, s0, lay, False, 1.0, store_final)
-    kt = _out(q, k, k, g, p_in, s_in, scale, lay, torch.float32, prec)
-    f_in, f_t = _scan(kt, v, g, p_out, f0, lay, False, 1.0, store_final)
-    o = _out(q, kt, v, g, p_out, f_in, scale, lay, out_dtype, prec)
-    return o, s_t, f_t, s_in, f_in, kt
-
-
-def hla2_fused_bwd(q, k, v, g, kt, s_in, f_in, s_t, f_t, do, ds_t, df_t, scale, powers, lay: Layout,
-                   need_h0: bool):
-    """Gradients (dq, dk, dv, dg or None, dS_0 or None, dF_0 or None) on the packed layout."""
-    p_in, p_out = powers
-    dk_, dv_ = q.shape[-1], v.shape[-1]
+def _pass_grads_launch(q, x, y, g, do, hs, dhs, power, scale, lay: Layout, dtypes, prev=None):
+    """(dq, dx, dy, gate partial or None) of one pass, in dtypes (dq, dx, dy); prev: a later pass's
+    (dq, dx, gate partial) to add."""
+    dk, dv = q.shape[-1], y.shape[-1]
     h = lay.heads
+    dq, dx, dy = (torch.empty(t.shape, device=q.device, dtype=d) for t, d in zip((q, x, y), dtypes, strict=True))
+    r = torch.empty(lay.total, h, device=q.device, dtype=torch.float32) if g is not None else None
+    dq_prev, dx_prev, r_prev = prev if prev is not None else (dq, dx, r)
+    _pass_grads[(lay.rows, h)](q, x, y, g if g is not None else q, do, hs, dhs, dq_prev, dx_prev,
+                               r_prev if r_prev is not None else dq, dq, dx, dy, r if r is not None else dq,
+                               lay.table, scale, lay.seqlen, lay.nt, H=h, K=dk, V=dv, BT=BT, BK=_pow2(dk),
+                               BV=_pow2(dv), POWER=power, HAS_G=g is not None, HAS_PREV=prev is not None,
+                               IS_VARLEN=lay.varlen, PREC=_precision(q), num_warps=8, num_stages=1)
+    return dq, dx, dy, r
+
+
+def _final_state_gate_terms(r, finals, d_finals, powers, lay: Layout):
+    """Add p <X_T, dX_T> of every final state X at its document's last token (the final states decay as
+    exp(p G) from every source token), to the gate partial r [TT, H]."""
+    term = None
+    for x, dx, p in zip(finals, d_finals, powers, strict=True):
+        if dx is not None:
+            t = p * (x * dx).sum((-2, -1))
+            term = t if term is None else term + t
+    if term is None:
+        return r
+    if lay.varlen:
+        last = (lay.bounds[1:] - 1).clamp(min=0)
+        term = term * (lay.bounds[1:] > lay.bounds[:-1])[:, None]
+    else:
+        last = torch.arange(1, lay.n + 1, device=r.device) * lay.seqlen - 1
+    return r.index_add(0, last, term)
+
+
+def fused_fwd(op, q, k, v, g, scale, powers, h0, lay: Layout, store_final: bool, out_dtype):
+    """q, k [TT, H, K], v [TT, H, V] contiguous, g [TT, H] fp32 or None, h0 (inner, outer) initial states or
+    (None, None) -> (o [TT, H, V] in out_dtype, (inner, outer) final states (fp32 or None), saved), saved =
+    (the inner pass's output K~ or V~, the inner and outer chunk states), all fp32, for the backward.
+    hla2: K~ = LA(Q^, K, K; a g), O = LA(Q^, K~, V; b g);  ahla: V~ = LA(Q^, K, V; g), O = LA(Q^, K, V~; g)."""
+    p_in, p_out = powers
     prec = _precision(q)
-    gate = g if g is not None else q
-    df_out, df0 = _scan(q, do, g, p_out, df_t, lay, True, scale, need_h0)
-    dq_outer = torch.empty(q.shape, device=q.device, dtype=torch.float32)
-    dkt = torch.empty(q.shape, device=q.device, dtype=torch.float32)
-    dv = torch.empty_like(v)
-    r_outer = torch.empty(lay.total, h, device=q.device, dtype=torch.float32) if g is not None else None
-    _outer_grads[(lay.rows, h)](q, kt, v, gate, do, f_in, df_out, dq_outer, dkt, dv,
-                                r_outer if r_outer is not None else dkt, lay.table, scale, lay.seqlen, lay.nt,
-                                H=h, K=dk_, V=dv_, BT=BT, BK=_pow2(dk_), BV=_pow2(dv_), POWER=p_out,
-                                HAS_G=g is not None, IS_VARLEN=lay.varlen, PREC=prec, num_warps=8, num_stages=1)
-    ds_out, ds0 = _scan(q, dkt, g, p_in, ds_t, lay, True, scale, need_h0)
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    r = torch.empty_like(r_outer) if g is not None else None
-    _inner_grads[(lay.rows, h)](q, k, gate, dkt, s_in, ds_out, dq_outer, r_outer if r_outer is not None else dkt,
-                                dq, dk, r if r is not None else dkt, lay.table, scale, lay.seqlen, lay.nt,
-                                H=h, K=dk_, BT=BT, BK=_pow2(dk_), POWER=p_in, HAS_G=g is not None,
-                                IS_VARLEN=lay.varlen, PREC=prec, num_warps=8, num_stages=1)
+    inner_value = k if op == "hla2" else v
+    in_states, in_last = _scan(k, inner_value, g, p_in, h0[0], lay, False, 1.0, store_final)
+    mid = _out(q, k, inner_value, g, p_in, in_states, scale, lay, torch.float32, prec)
+    outer_key, outer_value = (mid, v) if op == "hla2" else (k, mid)
+    out_states, out_last = _scan(outer_key, outer_value, g, p_out, h0[1], lay, False, 1.0, store_final)
+    o = _out(q, outer_key, outer_value, g, p_out, out_states, scale, lay, out_dtype, prec)
+    return o, (in_last, out_last), (mid, in_states, out_states)
+
+
+def fused_bwd(op, q, k, v, g, saved, finals, do, d_finals, scale, powers, lay: Layout, need_h0: bool):
+    """Gradients (dq, dk, dv, dg or None, (d inner, d outer) initial states or None) on the packed layout."""
+    p_in, p_out = powers
+    mid, in_states, out_states = saved
+    d_out_states, d_out_h0 = _scan(q, do, g, p_out, d_finals[1], lay, True, scale, need_h0)
+    f32 = torch.float32
+    if op == "hla2":
+        # outer pass: keys K~, values V;  then the inner pass K~ = LA(Q^, K, K), whose k is key and value
+        dq_outer, dmid, dv, r = _pass_grads_launch(q, mid, v, g, do, out_states, d_out_states, p_out, scale, lay,
+                                                   (f32, f32, v.dtype))
+        d_in_states, d_in_h0 = _scan(q, dmid, g, p_in, d_finals[0], lay, True, scale, need_h0)
+        dq = torch.empty_like(q)
+        dk = torch.empty_like(k)
+        r_all = torch.empty_like(r) if g is not None else None
+        _inner_grads[(lay.rows, lay.heads)](q, k, g if g is not None else q, dmid, in_states, d_in_states,
+                                            dq_outer, r if r is not None else dmid, dq, dk,
+                                            r_all if r_all is not None else dmid, lay.table, scale, lay.seqlen,
+                                            lay.nt, H=lay.heads, K=q.shape[-1], BT=BT, BK=_pow2(q.shape[-1]),
+                                            POWER=p_in, HAS_G=g is not None, IS_VARLEN=lay.varlen,
+                                            PREC=_precision(q), num_warps=8, num_stages=1)
+    else:
+        # outer pass: keys K, values V~;  then the inner pass V~ = LA(Q^, K, V), adding the outer partials
+        dq_outer, dk_outer, dmid, r = _pass_grads_launch(q, k, mid, g, do, out_states, d_out_states, p_out, scale,
+                                                         lay, (f32, f32, f32))
+        d_in_states, d_in_h0 = _scan(q, dmid, g, p_in, d_finals[0], lay, True, scale, need_h0)
+        dq, dk, dv, r_all = _pass_grads_launch(q, k, v, g, dmid, in_states, d_in_states, p_in, scale, lay,
+                                               (q.dtype, k.dtype, v.dtype), prev=(dq_outer, dk_outer, r))
     dg = None
     if g is not None:
-        if ds_t is not None or df_t is not None:
-            # the final states decay as exp(p G) from each source token: b <F_T, dF_T> + a <S_T, dS_T> enters at
-            # a document's last token
-            term = torch.zeros(lay.n, h, device=q.device, dtype=torch.float32)
-            if df_t is not None:
-                term = term + p_out * (f_t * df_t).sum((-2, -1))
-            if ds_t is not None:
-                term = term + p_in * (s_t * ds_t).sum((-2, -1))
-            if lay.varlen:
-                last = (lay.bounds[1:] - 1).clamp(min=0)
-                term = term * (lay.bounds[1:] > lay.bounds[:-1])[:, None]
-            else:
-                last = torch.arange(1, lay.n + 1, device=q.device) * lay.seqlen - 1
-            r = r.index_add(0, last, term)
-        dg = _segment_reverse_cumsum(r, lay)
-    return dq, dk, dv, dg, ds0, df0
+        dg = _segment_reverse_cumsum(_final_state_gate_terms(r_all, finals, d_finals, powers, lay), lay)
+    return dq, dk, dv, dg, (d_in_h0, d_out_h0)
 
 
-class HLA2FusedFunction(torch.autograd.Function):
+class FusedFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, s0, f0, cu_seqlens, scale, powers, output_final_state, out_dtype):
+    def forward(ctx, q, k, v, g, h0_inner, h0_outer, cu_seqlens, op, scale, powers, output_final_state,
+                out_dtype):
         b, t, h, dk = q.shape
         dv = v.shape[-1]
         lay = Layout(b, t, h, cu_seqlens, q.device)
         qf, kf, vf = (x.reshape(b * t, h, x.shape[-1]).contiguous() for x in (q, k, v))
         gf = None if g is None else g.reshape(b * t, h).contiguous().float()
-        s0f = None if s0 is None else s0.contiguous().float()
-        f0f = None if f0 is None else f0.contiguous().float()
-        o, s_t, f_t, s_in, f_in, kt = hla2_fused_fwd(qf, kf, vf, gf, scale, powers, s0f, f0f, lay,
-                                                     output_final_state, out_dtype)
-        ctx.save_for_backward(qf, kf, vf, gf, kt, s_in, f_in, s_t, f_t)
-        ctx.lay, ctx.scale, ctx.powers, ctx.shape = lay, scale, powers, (b, t, h, dk, dv)
-        ctx.h0_dtypes = (None if s0 is None else s0.dtype, None if f0 is None else f0.dtype)
+        h0 = tuple(None if x is None else x.contiguous().float() for x in (h0_inner, h0_outer))
+        o, finals, saved = fused_fwd(op, qf, kf, vf, gf, scale, powers, h0, lay, output_final_state, out_dtype)
+        ctx.save_for_backward(qf, kf, vf, gf, *saved, *finals)
+        ctx.lay, ctx.op, ctx.scale, ctx.powers, ctx.shape = lay, op, scale, powers, (b, t, h, dk, dv)
+        ctx.h0_dtypes = tuple(None if x is None else x.dtype for x in (h0_inner, h0_outer))
         ctx.g_dtype = None if g is None else g.dtype
-        return o.reshape(b, t, h, dv), s_t, f_t
+        return o.reshape(b, t, h, dv), *finals
 
     @staticmethod
-    def backward(ctx, do, ds_t, df_t):
-        qf, kf, vf, gf, kt, s_in, f_in, s_t, f_t = ctx.saved_tensors
+    def backward(ctx, do, d_final_inner, d_final_outer):
+        qf, kf, vf, gf, *rest = ctx.saved_tensors
+        saved, finals = rest[:3], rest[3:]
         b, t, h, dk, dv = ctx.shape
         do = do.reshape(b * t, h, dv).contiguous()
-        ds_t = None if ds_t is None else ds_t.contiguous().float()
-        df_t = None if df_t is None else df_t.contiguous().float()
-        need_h0 = ctx.h0_dtypes[0] is not None
-        dq, dk_, dv_, dg, ds0, df0 = hla2_fused_bwd(qf, kf, vf, gf, kt, s_in, f_in, s_t, f_t, do, ds_t, df_t,
-                                                    ctx.scale, ctx.powers, ctx.lay, need_h0)
+        d_finals = tuple(None if x is None else x.contiguous().float() for x in (d_final_inner, d_final_outer))
+        dq, dk_, dv_, dg, dh0 = fused_bwd(ctx.op, qf, kf, vf, gf, saved, finals, do, d_finals, ctx.scale,
+                                          ctx.powers, ctx.lay, need_h0=ctx.h0_dtypes[0] is not None)
         dg = None if dg is None else dg.reshape(b, t, h).to(ctx.g_dtype)
-        ds0 = None if ds0 is None else ds0.to(ctx.h0_dtypes[0])
-        df0 = None if df0 is None else df0.to(ctx.h0_dtypes[1])
-        return (dq.reshape(b, t, h, dk), dk_.reshape(b, t, h, dk), dv_.reshape(b, t, h, dv), dg, ds0, df0,
-                None, None, None, None, None)
+        dh0 = tuple(None if x is None else x.to(d) for x, d in zip(dh0, ctx.h0_dtypes, strict=True))
+        return (dq.reshape(b, t, h, dk), dk_.reshape(b, t, h, dk), dv_.reshape(b, t, h, dv), dg, *dh0,
+                None, None, None, None, None, None)
 
 
-def hla2_fused(q, k, v, g, decay, normalize, eps, scale, initial_state, output_final_state, cu_seqlens):
-    """Backend "fused" of kernels.hla2 (same contract); inputs already validated. Returns (o in q's dtype,
-    HLA2State or None). normalize=True appends a ones column to v (the denominator) and divides at the end."""
+def hla_fused(op, q, k, v, g, decay, normalize, eps, scale, initial_state, output_final_state, cu_seqlens):
+    """Backend "fused" of kernels.hla2 and kernels.ahla (same contract); inputs already validated. Returns
+    (o in q's dtype, HLA2State / AHLAState or None). normalize=True appends a ones column to v (the
+    denominator rides through both passes) and divides at the end."""
     dk, dvs = q.shape[-1], v.shape[-1] + (1 if normalize else 0)
     if dk > MAX_DIM or dvs > MAX_DIM:
-        raise ValueError(f"hla2: backend='fused' supports K and value columns up to {MAX_DIM} (V + 1 with "
+        raise ValueError(f"{op}: backend='fused' supports K and value columns up to {MAX_DIM} (V + 1 with "
                          f"normalize=True), got K={dk}, {dvs}; use backend='triton' (the composition)")
-    powers = decay_powers("hla2", decay)
+    powers = decay_powers(op, decay)
     vv = with_ones(v) if normalize else v
-    s0, f0 = (None, None) if initial_state is None else initial_state
-    o, s_t, f_t = HLA2FusedFunction.apply(q, k, vv, g, s0, f0, cu_seqlens, float(scale), powers,
-                                          output_final_state, torch.float32 if normalize else v.dtype)
+    h0 = (None, None) if initial_state is None else tuple(initial_state)
+    o, *finals = FusedFunction.apply(q, k, vv, g, *h0, cu_seqlens, op, float(scale), powers, output_final_state,
+                                     torch.float32 if normalize else v.dtype)
     if normalize:
         o = split_normalized(o, eps)
-    return o.to(q.dtype), (HLA2State(s_t, f_t) if output_final_state else None)
+    return o.to(q.dtype), (STATE_TYPES[op](*finals) if output_final_state else None)

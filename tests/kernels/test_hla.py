@@ -521,20 +521,22 @@ def test_paper_chunk_formulas_are_not_hla2():
     assert error_ratio(ref - fig2, own) < F64
 
 
-# The fused one-pass hla2 kernels (backend "fused"): fp32 under the interpreter against the float64 oracles.
+# The fused chunked kernels (backend "fused", hla2 and ahla): fp32 under the interpreter against the float64
+# oracles.
 
-def _fused_vs_references(q, k, v, g, h0, decay, normalize=False, scale=1.0, cu=None, seed=30):
-    """Outputs, final S and F and every gradient (q, k, v, g, initial S and F) of "fused" in fp32 against the
-    float64 token recurrence ("naive") and composition ("torch"): error ratios <= 1e-4 (<= 1e-9 between the two
-    references)."""
+def _fused_vs_references(q, k, v, g, h0, decay, normalize=False, scale=1.0, cu=None, seed=30, op="hla2"):
+    """Outputs, both final states and every gradient (q, k, v, g, both initial states) of "fused" in fp32 against
+    the float64 token recurrence ("naive") and composition ("torch"): error ratios <= 1e-4 (<= 1e-9 between the
+    two references)."""
     gen = torch.Generator().manual_seed(seed)
     do = torch.randn(v.shape, generator=gen, dtype=torch.float64)
     dst = [torch.randn(x.shape, generator=gen, dtype=torch.float64) for x in h0]
 
     def run(backend, dtype):
         leaves = [None if x is None else x.to(dtype).requires_grad_() for x in (q, k, v, g, *h0)]
-        o, fin = hla2(*leaves[:4], decay=decay, normalize=normalize, scale=scale,
-                      initial_state=HLA2State(*leaves[4:]), output_final_state=True, cu_seqlens=cu, backend=backend)
+        o, fin = OPS[op](*leaves[:4], decay=decay, normalize=normalize, scale=scale,
+                         initial_state=type(h0)(*leaves[4:]), output_final_state=True, cu_seqlens=cu,
+                         backend=backend)
         loss = (o * do.to(o)).sum() + sum((f * d.to(f)).sum() for f, d in zip(fin, dst, strict=True))
         inputs = [x for x in leaves if x is not None]
         return [o, *fin], list(torch.autograd.grad(loss, inputs))
@@ -543,8 +545,8 @@ def _fused_vs_references(q, k, v, g, h0, decay, normalize=False, scale=1.0, cu=N
     assert out_f[0].dtype == torch.float32 and all(x.dtype == torch.float32 for x in out_f[1:])
     out_n, grad_n = run("naive", torch.float64)
     out_c, grad_c = run("torch", torch.float64)
-    names = ["o", "S", "F"] + [n for n, x in zip(["dq", "dk", "dv", "dg"], (q, k, v, g), strict=True)
-                                if x is not None] + ["dS0", "dF0"]
+    names = ["o", *h0._fields] + [n for n, x in zip(["dq", "dk", "dv", "dg"], (q, k, v, g), strict=True)
+                                   if x is not None] + [f"d{f}0" for f in h0._fields]
     for name, a, b, c in zip(names, out_f + grad_f, out_n + grad_n, out_c + grad_c, strict=True):
         assert error_ratio(c, b) < 1e-9, name
         assert error_ratio(a, b) < 1e-4, name
@@ -618,10 +620,23 @@ def test_fused_hla2_low_precision_inputs():
         assert error_ratio(o, ref) < tol and error_ratio(dq, ref_dq) < 2 * tol, dtype
 
 
+@pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("gate", ["strong", None])
+def test_fused_ahla_matches_float64(gate):
+    """ahla through the same kernels (V~ = LA(Q, K, V; g), O = LA(Q, K, V~; g)): varlen 1, 15, 59 tokens with
+    initial states, K = 20, V = 12, then normalize=True on one row of 75."""
+    q, k, v, g = make(1, 75, 2, 20, 12, gate, seed=40)
+    h0 = random_state("ahla", 3, 2, 20, 12, seed=41)
+    _fused_vs_references(q, k, v, g, h0, "d1", scale=0.8, cu=torch.tensor([0, 1, 16, 75]), op="ahla")
+    q, k = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
+    h0 = random_state("ahla", 1, 2, 20, 13, seed=42)
+    _fused_vs_references(q, k, v, g, AHLAState(h0.P.abs(), h0.E.abs()), "d1", normalize=True, op="ahla")
+
+
 def test_fused_backend_errors():
     q, k, v, _ = make(1, 5, 1, 4, 3, None)
-    with pytest.raises(ValueError, match="hla2 only"):
-        ahla(q.float(), k.float(), v.float(), backend="fused")
+    with pytest.raises(ValueError, match="hla2 and ahla only"):
+        hla3(q.float(), k.float(), v.float(), backend="fused")
     with pytest.raises(TypeError, match="float32"):
         hla2(q, k, v, backend="fused")
     if INTERPRET:
