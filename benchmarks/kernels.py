@@ -94,28 +94,31 @@ def _call_delta_rule(x, cu_seqlens, backend):
                       output_final_state=True, cu_seqlens=cu_seqlens, backend=backend)
 
 
-def _make_hla2(b, t, h, d, device, seed=0, n_state=None):
+def _make_hla(b, t, h, d, device, seed=0, n_state=None):
     gen = torch.Generator(device=device).manual_seed(seed)
     q, k, v = _qkv(b, t, h, d, device, gen)
     # As the HLA layer feeds it: L2-normalised q and k (scale 1), a Mamba-2-like per-token decay.
     q, k = (torch.nn.functional.normalize(x, dim=-1) for x in (q, k))
     g = -0.3 * torch.rand(b, t, h, device=device, generator=gen)
     out = {"q": q, "k": k, "v": v, "g": g}
-    if n_state is not None:  # HLA2State(S [N, H, D, D], F [N, H, D, D]) side by side in one tensor
+    if n_state is not None:  # the op's two state fields [N, H, D, D] side by side in one tensor
         out["initial_state"] = 0.1 * torch.randn(n_state, h, d, 2 * d, device=device, generator=gen)
     return out
 
 
-def _call_hla2(x, cu_seqlens, backend):
-    from kernels import hla2
-    from kernels.hla import HLA2State
+def _call_hla(op):
+    def call(x, cu_seqlens, backend):
+        import kernels
+        from kernels.hla import AHLAState, HLA2State
 
-    h0 = x.get("initial_state")
-    d = x["q"].shape[-1]
-    h0 = None if h0 is None else HLA2State(h0[..., :d], h0[..., d:])
-    o, state = hla2(x["q"], x["k"], x["v"], x["g"], initial_state=h0, output_final_state=True,
-                    cu_seqlens=cu_seqlens, backend=backend)
-    return o, torch.cat([state.S, state.F], dim=-1)
+        h0 = x.get("initial_state")
+        d = x["q"].shape[-1]
+        h0 = None if h0 is None else {"hla2": HLA2State, "ahla": AHLAState}[op](h0[..., :d], h0[..., d:])
+        o, state = getattr(kernels, op)(x["q"], x["k"], x["v"], x["g"], initial_state=h0, output_final_state=True,
+                                        cu_seqlens=cu_seqlens, backend=backend)
+        return o, torch.cat(list(state), dim=-1)
+
+    return call
 
 
 PRIOR_TOKENS = 100  # log-linear checks: the initial state's sequences already consumed this many tokens
@@ -181,10 +184,10 @@ CASES: dict[str, OpCase] = {
     "loglinear_delta_rule": OpCase(_make_loglinear_delta_rule, _call_loglinear_delta_rule,
                                    {"q": QKV_TOL, "k": QKV_TOL, "v": QKV_TOL, "beta": GATE_TOL, "g": GATE_TOL,
                                     "level_scales": GATE_TOL, "initial_levels": QKV_TOL}, oracle="torch"),
-    # the fused one-pass kernel, with the two-pass composition over linear_attn's Triton kernels beside it
-    "hla2": OpCase(_make_hla2, _call_hla2,
-                   {"q": QKV_TOL, "k": QKV_TOL, "v": QKV_TOL, "g": GATE_TOL, "initial_state": QKV_TOL},
-                   backend="fused", baselines={"hla2_compose": "triton"}),
+    # the fused chunked kernels, with the two-pass compositions over linear_attn's Triton kernels beside them
+    **{op: OpCase(_make_hla, _call_hla(op),
+                  {"q": QKV_TOL, "k": QKV_TOL, "v": QKV_TOL, "g": GATE_TOL, "initial_state": QKV_TOL},
+                  backend="fused", baselines={f"{op}_compose": "triton"}) for op in ("hla2", "ahla")},
 }
 
 
