@@ -217,3 +217,44 @@ def test_triton_output_only():
         outs.append([o.detach()] + [x.grad for x in xs])
     for a, ref in zip(*outs):
         assert err_ratio(a, ref) <= TOL
+
+
+# ---------------------------------------------------------------- build switches (kernels/delta_rule/triton_fwd.OPTIONS)
+
+@needs_triton
+@pytest.mark.parametrize("fused_bwd,intra", [(False, 0), (True, 0), (False, 1), (True, 1)])
+def test_triton_switches_match_naive(monkeypatch, fused_bwd, intra):
+    """Both backward layouts (two kernels / fused) and both places of dU_intra give the oracle's gradients."""
+    from kernels.delta_rule import triton_fwd
+
+    monkeypatch.setitem(triton_fwd.OPTIONS, "fused_bwd", fused_bwd)
+    monkeypatch.setitem(triton_fwd.OPTIONS, "intra_in_state_bwd", intra)
+    inputs = make(2, 75, 2, 60, 100, seed=12, decay="strong")
+    h0 = torch.randn(2, 2, 60, 100)
+    inputs, h0 = _device_inputs(inputs, h0)
+    assert_close(run("triton", inputs, h0), run("naive", inputs, h0), what=f"fused={fused_bwd} intra={intra}")
+
+
+@needs_triton
+@pytest.mark.parametrize("opts", [
+    {"lowp_bwd": False, "prepare_mode": 0, "fused_bwd": False, "intra_in_state_bwd": 0},
+    {"lowp_bwd": True, "prepare_mode": 2, "fused_bwd": True, "intra_in_state_bwd": 1},
+    {"lowp_bwd": True, "prepare_mode": 1, "fused_bwd": False, "intra_in_state_bwd": 0},
+])
+def test_triton_fp16_paths(monkeypatch, opts):
+    """The 16-bit code paths (16-bit dot operands and intermediates, hi/lo prepare products) on fp16 inputs (the
+    interpreter cannot run bf16) against the fp32 oracle on the same values: fp16 rounding-level error ratios."""
+    from kernels.delta_rule import triton_fwd
+
+    for key, val in opts.items():
+        monkeypatch.setitem(triton_fwd.OPTIONS, key, val)
+    inputs = make(1, 150, 2, 32, 32, seed=13)
+    inputs = [x if x is None else x.half().float() for x in inputs]  # values exactly representable in fp16
+    h0 = torch.randn(3, 2, 32, 32)
+    cu = torch.tensor([0, 1, 16, 150])
+    inputs, h0 = _device_inputs(inputs, h0)
+    cu = cu.to(inputs[0].device)
+    ref = run("naive", inputs, h0, cu=cu)
+    half = [x if x is None or i == 4 else x.half() for i, x in enumerate(inputs)]  # g stays fp32
+    got = run("triton", half, h0, cu=cu)
+    assert_close(got, ref, tol=2e-3, what=f"fp16 {opts}")
