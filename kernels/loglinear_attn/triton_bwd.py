@@ -7,8 +7,8 @@ Two launches (notation of triton_fwd; P[t, s] = scale q_t.k_s exp(gc_t - gc_s) [
      - direction 0 walks the chunks forward, recomputing R exactly as the forward does, and adds
        dq_t += scale exp(gc_t) sum_j w_tj (do_t R_j^T) and dlambda_t[6 + j] += [bit j-1 of c] do_t . (q_eff_t R_j);
      - direction 1 walks them backward carrying dR [K, NJ * BV] (all chunk levels, one tile), starting from the
-       final-state gradient: at chunk c, with v_w the write-masked values stacked per level,
-           dv += sum_j (kd dR_j)[write j],   dk += exp(gl - gc) * (v_w dR^T),   dR <- exp(gl) dR + q_eff^T (w * do),
+       final-state gradient: at chunk c, with dL = sum_j [bit j-1 of c clear] dR_j (the levels c wrote to),
+           dv += kd dL,   dk += exp(gl - gc) * (v dL^T),   dR <- exp(gl) dR + q_eff^T (w * do),
        then levels reset at c get dR_j = 0.
      dq and dk sum over V-blocks with fp32 atomics; dv is owned by one program.
 Recomputing R in direction 0 keeps the backward's memory at the forward's (no per-chunk level states stored).
@@ -25,14 +25,19 @@ from .state import CHUNK_LEVELS, level_of, prior_level, segments
 from .triton_fwd import (
     CHUNK,
     CHUNK_LEVELS_C,
+    OPTIONS,
     LevelLayout,
     _chunk_rows,
     _in_chunk_lambda,
     _in_chunk_levels,
+    _mm,
     _scan_chunk,
+    _sum_levels,
+    _tile_levels,
     dot_precision,
     intra_fwd,
     level_scan_fwd,
+    lowp,
     pow2,
 )
 
@@ -83,7 +88,7 @@ def _intra_bwd(q, k, v, g, lam, do, dq, dk, dv, dlam, chunks, scale, NL,
 def _level_scan_bwd(q, k, v, g, lam, do, drfin, dq, dk, dv, dlam, seqs, scale, NL,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                     BV: tl.constexpr, NJ: tl.constexpr, HAS_G: tl.constexpr, HAS_DRFIN: tl.constexpr,
-                    PREC: tl.constexpr):
+                    LOWP: tl.constexpr, PREC: tl.constexpr):
     i_v, i_nh, direction = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_h = i_nh // H, i_nh % H
     bos = tl.load(seqs + i_n * 3).to(tl.int64)
@@ -108,21 +113,22 @@ def _level_scan_bwd(q, k, v, g, lam, do, drfin, dq, dk, dv, dlam, seqs, scale, N
             state = tl.where(keep[None, :], state, 0.0)
             do_cols = tl.load(do + (o_t[:, None] * H + i_h) * V + col_v[None, :],
                               mask=m_t[:, None] & m_col[None, :], other=0.0).to(tl.float32)
-            d_q = tl.dot(do_cols * w, tl.trans(state), input_precision=PREC)
+            d_q = _mm(do_cols * w, tl.trans(state), q, LOWP, PREC)
             if HAS_G:
                 gc = tl.cumsum(tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32), 0)
                 d_q *= (tl.exp(gc) * scale)[:, None]
             else:
                 d_q *= scale
             tl.atomic_add(dq + (o_t[:, None] * H + i_h) * K + o_k[None, :], d_q, mask=m_t[:, None] & m_k[None, :])
-            reads = tl.dot(q_eff, state, input_precision=PREC) * do_cols * read.to(tl.float32)[None, :]
+            reads = _mm(q_eff, state, q, LOWP, PREC) * do_cols * read.to(tl.float32)[None, :]
             d_w = tl.sum(tl.reshape(reads, [C, NJ, BV]), 2)
             lev = CHUNK_LEVELS_C + 1 + o_j
             tl.atomic_add(dlam + (o_t[:, None] * H + i_h) * NL + lev[None, :], d_w,
                           mask=m_t[:, None] & (lev < NL)[None, :])
-            v_w = tl.load(v + (o_t[:, None] * H + i_h) * V + col_v[None, :],
-                          mask=m_t[:, None] & (m_col & ~read)[None, :], other=0.0).to(tl.float32)
-            state = state * decay + tl.dot(tl.trans(kd), v_w, input_precision=PREC)
+            vb = tl.load(v + (o_t[:, None] * H + i_h) * V + o_v[None, :],
+                         mask=m_t[:, None] & (o_v[None, :] < V), other=0.0).to(tl.float32)
+            local = _mm(tl.trans(kd), vb, q, LOWP, PREC)
+            state = state * decay + tl.where(read[None, :], 0.0, _tile_levels(local, BK, NJ, BV))
     else:
         d_state = tl.zeros([BK, NJ * BV], dtype=tl.float32)
         if HAS_DRFIN:
@@ -136,21 +142,20 @@ def _level_scan_bwd(q, k, v, g, lam, do, drfin, dq, dk, dv, dlam, seqs, scale, N
             c = p0 // C + i
             o_t, m_t, q_eff, kd, decay, keep, read, w = _scan_chunk(
                 q, k, g, lam, bos, eos, bos - front + i * C, c, i_h, o_k, col_j, scale, NL, H, K, C, HAS_G)
-            v_w = tl.load(v + (o_t[:, None] * H + i_h) * V + col_v[None, :],
-                          mask=m_t[:, None] & (m_col & ~read)[None, :], other=0.0).to(tl.float32)
-            d_vw = tl.dot(kd, d_state, input_precision=PREC) * (~read).to(tl.float32)[None, :]
+            # the write added kd^T v to every level not read at c: its gradient is the sum of those levels' dR
+            d_local = _sum_levels(tl.where(read[None, :], 0.0, d_state), BK, NJ, BV)
             m_tv = m_t[:, None] & (o_v[None, :] < V)
+            vb = tl.load(v + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
             dv_ptr = dv + (o_t[:, None] * H + i_h) * V + o_v[None, :]
-            tl.store(dv_ptr, tl.load(dv_ptr, mask=m_tv, other=0.0) + tl.sum(tl.reshape(d_vw, [C, NJ, BV]), 1),
-                     mask=m_tv)
-            d_kd = tl.dot(v_w, tl.trans(d_state), input_precision=PREC)
+            tl.store(dv_ptr, tl.load(dv_ptr, mask=m_tv, other=0.0) + _mm(kd, d_local, q, LOWP, PREC), mask=m_tv)
+            d_kd = _mm(vb, tl.trans(d_local), q, LOWP, PREC)
             if HAS_G:
                 gb = tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
                 d_kd *= tl.exp(tl.sum(gb, 0) - tl.cumsum(gb, 0))[:, None]
             tl.atomic_add(dk + (o_t[:, None] * H + i_h) * K + o_k[None, :], d_kd, mask=m_t[:, None] & m_k[None, :])
             do_cols = tl.load(do + (o_t[:, None] * H + i_h) * V + col_v[None, :],
                               mask=m_t[:, None] & m_col[None, :], other=0.0).to(tl.float32)
-            d_state = d_state * decay + tl.dot(tl.trans(q_eff), do_cols * w, input_precision=PREC)
+            d_state = d_state * decay + _mm(tl.trans(q_eff), do_cols * w, q, LOWP, PREC)
             d_state = tl.where(keep[None, :], d_state, 0.0)
 
 
@@ -205,7 +210,7 @@ class LogLinearAttnFunction(torch.autograd.Function):
             _level_scan_bwd[(triton.cdiv(dv_, bv), lay.n * h, 2)](
                 qf, kf, vf, gate, lf, do, drfin.contiguous() if has_drfin else qf, dq, dk, dv, dlam, lay.seqs,
                 scale, nl, H=h, K=dk_, V=dv_, C=CHUNK, BK=pow2(dk_), BV=bv, NJ=lay.NJ, HAS_G=gf is not None,
-                HAS_DRFIN=has_drfin, PREC=prec, num_warps=8, num_stages=1)
+                HAS_DRFIN=has_drfin, LOWP=lowp(qf.dtype), PREC=prec, num_warps=OPTIONS["scan_warps"], num_stages=1)
         dg = None
         if gf is not None:
             d_big_g = (qf.float() * dq).sum(-1) - (kf.float() * dk).sum(-1)
@@ -278,7 +283,7 @@ def loglinear_attn_triton(q, k, v, g, level_scales, scale, initial_state, output
     """Triton backend of kernels.loglinear_attn: returns (o [B, T, H, V] in q's dtype, final levels
     [N, H, L, K, V] fp32 or None). The kernels compute everything a call's own tokens contribute; an initial
     state's reads and the final levels 0..6 are torch code around them (exact, differentiable)."""
-    b, t, h, _ = q.shape
+    b, t = q.shape[:2]
     nl = level_scales.shape[-1]
     segs = segments(b, t, cu_seqlens)
     lay = LevelLayout(segs, starts, t, q.device)

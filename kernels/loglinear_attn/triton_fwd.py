@@ -15,13 +15,16 @@ of which lo .. hi - 1 are real. Two launches:
          reset level j if c mod 2^j == 0;
          o_t += sum_j [bit j-1 of c] lambda_t[6 + j] (scale exp(gc_t) q_t) R_j     (one tl.dot, then a sum over j)
          R <- exp(gl) R + [bit j-1 of c clear] (k * exp(gl - gc))^T v             (gl: the chunk's total log decay)
-     The read and the write are one tl.dot each on the stacked tile. At the end it stores the final chunk-level
-     states R_j * [bit j-1 of the last chunk set] (the levels 7.. of the final state).
+     The read is one tl.dot on the stacked tile; the write is one [K, BV] tl.dot copied into the written levels'
+     columns. At the end it stores the final chunk-level states R_j * [bit j-1 of the last chunk set] (the levels
+     7.. of the final state).
 Both accumulate in fp32 and write an fp32 output (the caller casts). NJ, the number of chunk levels, is the next
 power of two of the levels the longest sequence reaches, so a handful of variants compile; nothing specialises on T.
 The prior levels of an initial state and the final levels 0..6 are exact torch code around these kernels
 (triton_bwd.loglinear_attn_triton).
 """
+
+import os
 
 import torch
 import triton
@@ -31,6 +34,32 @@ from .state import CHUNK_LEVELS
 
 CHUNK = 1 << CHUNK_LEVELS
 CHUNK_LEVELS_C = tl.constexpr(CHUNK_LEVELS)
+
+
+# Tuning switches, read at every launch and overridable from the environment, e.g.
+# HILO_LOGLINEAR="scan_cols=64,scan_warps=4,lowp=0". None changes anything for fp32 inputs but the tile shapes.
+#   scan_cols:  columns of the stacked level tile R [K, NJ * BV] of the level scans (BV = scan_cols / NJ, 8..32).
+#   scan_warps: warps per level-scan program (forward and backward).
+#   lowp:       16-bit inputs: the level scans' tl.dot operands rounded to the input dtype (fp32 accumulation)
+#               instead of tf32 products of fp32 tiles.
+OPTIONS = {"scan_cols": 128, "scan_warps": 8, "lowp": True}
+
+
+def _apply_env_options():
+    spec = os.environ.get("HILO_LOGLINEAR", "").strip()
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        key, _, val = item.partition("=")
+        if key not in OPTIONS:
+            raise ValueError(f"HILO_LOGLINEAR: unknown option {key!r}; expected one of {sorted(OPTIONS)}")
+        OPTIONS[key] = val.strip().lower() in ("1", "true", "yes", "on") if key == "lowp" else int(val)
+
+
+_apply_env_options()
+
+
+def lowp(dtype: torch.dtype) -> bool:
+    """Whether the level scans round their dot operands to a 16-bit input dtype."""
+    return dtype != torch.float32 and bool(OPTIONS["lowp"])
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -89,7 +118,7 @@ class LevelLayout:
         """V-block of the level scans: the stacked tile R is [K, S * BV] (S = NJ stacked levels unless given) with
         S * BV about 128 columns."""
         stacked = stacked or self.NJ
-        bv = min(max(128 // stacked, 8), 32, pow2(dv, lo=8))
+        bv = min(max(OPTIONS["scan_cols"] // stacked, 8), 32, pow2(dv, lo=8))
         return max(bv, 16 // stacked)
 
 
@@ -180,11 +209,31 @@ def _scan_chunk(q, k, g, lam, bos, eos, base, c, i_h, o_k, col_j, scale, NL,
     return o_t, m_t, q_eff, kd, decay, keep, read, w
 
 
+@triton.jit
+def _mm(a, b, ref, LOWP: tl.constexpr, PREC: tl.constexpr):
+    """a @ b with fp32 accumulation; LOWP: operands rounded to ref's (16-bit input) dtype first, for the fast MMA."""
+    if LOWP:
+        return tl.dot(a.to(ref.dtype.element_ty), b.to(ref.dtype.element_ty))
+    return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
+def _tile_levels(x, BK: tl.constexpr, S: tl.constexpr, BV: tl.constexpr):
+    """[BK, BV] -> [BK, S * BV]: the same block in every stacked level's columns."""
+    return tl.reshape(tl.broadcast_to(x[:, None, :], [BK, S, BV]), [BK, S * BV])
+
+
+@triton.jit
+def _sum_levels(x, R: tl.constexpr, S: tl.constexpr, BV: tl.constexpr):
+    """[R, S * BV] -> [R, BV]: the sum over the stacked levels."""
+    return tl.sum(tl.reshape(x, [R, S, BV]), 1)
+
+
 @triton.jit(do_not_specialize=["NL"])
 def _level_scan_fwd(q, k, v, g, lam, o, rfin, seqs, scale, NL,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                     BV: tl.constexpr, NJ: tl.constexpr, HAS_G: tl.constexpr, STORE_FINAL: tl.constexpr,
-                    PREC: tl.constexpr):
+                    LOWP: tl.constexpr, PREC: tl.constexpr):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     bos = tl.load(seqs + i_n * 3).to(tl.int64)
@@ -204,14 +253,13 @@ def _level_scan_fwd(q, k, v, g, lam, o, rfin, seqs, scale, NL,
         o_t, m_t, q_eff, kd, decay, keep, read, w = _scan_chunk(
             q, k, g, lam, bos, eos, bos - front + i * C, c, i_h, o_k, col_j, scale, NL, H, K, C, HAS_G)
         state = tl.where(keep[None, :], state, 0.0)
-        reads = tl.dot(q_eff, state, input_precision=PREC) * w
-        inter = tl.sum(tl.reshape(reads, [C, NJ, BV]), 1)
+        inter = _sum_levels(_mm(q_eff, state, q, LOWP, PREC) * w, C, NJ, BV)
         m_tv = m_t[:, None] & (o_v[None, :] < V)
         out_ptr = o + (o_t[:, None] * H + i_h) * V + o_v[None, :]
         tl.store(out_ptr, tl.load(out_ptr, mask=m_tv, other=0.0) + inter, mask=m_tv)
-        v_w = tl.load(v + (o_t[:, None] * H + i_h) * V + col_v[None, :],
-                      mask=m_t[:, None] & (m_col & ~read)[None, :], other=0.0).to(tl.float32)
-        state = state * decay + tl.dot(tl.trans(kd), v_w, input_precision=PREC)
+        vb = tl.load(v + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
+        local = _mm(tl.trans(kd), vb, q, LOWP, PREC)
+        state = state * decay + tl.where(read[None, :], 0.0, _tile_levels(local, BK, NJ, BV))
     if STORE_FINAL:
         c_last = (p0 + eos - bos - 1) // C
         on = (((c_last >> col_j) & 1) == 1) & (nchunks > 0)
@@ -239,5 +287,5 @@ def level_scan_fwd(q, k, v, g, lam, scale, lay: LevelLayout, o, store_final: boo
     _level_scan_fwd[(triton.cdiv(dv, bv), lay.n * h)](
         q, k, v, g if g is not None else q, lam, o, rfin if rfin is not None else o, lay.seqs, scale, lam.shape[-1],
         H=h, K=dk, V=dv, C=CHUNK, BK=pow2(dk), BV=bv, NJ=lay.NJ, HAS_G=g is not None, STORE_FINAL=store_final,
-        PREC=dot_precision(q.dtype), num_warps=8, num_stages=1)
+        LOWP=lowp(q.dtype), PREC=dot_precision(q.dtype), num_warps=OPTIONS["scan_warps"], num_stages=1)
     return rfin

@@ -3,7 +3,7 @@
 `_delta_level_scan_bwd`, one program per (V-block, sequence, head), walks the chunks backward carrying dR [K, S * BV]
 (all stacked states), starting from the final states' gradient; with R the state entering chunk c (stored by the
 forward) and the forward step R' = M where(keep, R, 0) + zcols v_w (mode 0; no write in mode 1):
-    dM += dR' R^T,   dzcols += dR' v_w^T,   dv += sum_j (zcols^T dR'_j)[write j]           (the write)
+    dL = sum_j [write j] dR'_j:   dM += dR' R^T,   dzcols += dL v^T,   dv += zcols^T dL        (the write)
     dR = M^T dR' + q_eff^T (w * do),   dq_eff += (w * do) R^T,   dw_tj = do_t . (q_eff_t R_j)   (the read)
     dR <- where(keep, dR, 0)
 dM, dzcols, dq_eff and the weights' gradients sum over V-blocks with fp32 atomics; dv is owned by one program. In
@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from kernels.loglinear_attn.state import CHUNK_LEVELS, level_of, prior_level, segments
-from kernels.loglinear_attn.triton_fwd import CHUNK, CHUNK_LEVELS_C, LevelLayout, pow2
+from kernels.loglinear_attn.triton_fwd import CHUNK, CHUNK_LEVELS_C, OPTIONS, LevelLayout, _sum_levels, pow2
 
 from .chunk import prepare_delta
 from .triton_fwd import _scan_masks, delta_level_scan_fwd, dot_precision, scan_sizes
@@ -65,14 +65,14 @@ def _delta_level_scan_bwd(q_eff, mat, zcols, v, lam, wts, rs, dout, drfin, dq_ef
         state = tl.load(rs + hr * NS * K * V + st_off, mask=m_st, other=0.0)
         m_kk = m_k[:, None] & m_k[None, :]
         if MODE == 0:
+            # the write added zcols v to every level not read at c: its gradient is the sum of their dR'
+            d_local = _sum_levels(tl.where(read[None, :], 0.0, d_state), BK, S, BV)
             zc = tl.load(zcols + (hr * K + o_k[:, None]) * C + o_c[None, :], mask=m_k[:, None], other=0.0)
-            v_w = tl.load(v + (hr * C + o_c[:, None]) * V + col_v[None, :], mask=(m_col & ~read)[None, :],
-                          other=0.0)
+            vb = tl.load(v + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=(o_v < V)[None, :], other=0.0)
             tl.atomic_add(dzcols + (hr * K + o_k[:, None]) * C + o_c[None, :],
-                          tl.dot(d_state, tl.trans(v_w), input_precision=PREC), mask=m_k[:, None])
-            d_vw = tl.dot(tl.trans(zc), d_state, input_precision=PREC) * (~read).to(tl.float32)[None, :]
-            tl.store(dv + (hr * C + o_c[:, None]) * V + o_v[None, :], tl.sum(tl.reshape(d_vw, [C, S, BV]), 1),
-                     mask=(o_v < V)[None, :])
+                          tl.dot(d_local, tl.trans(vb), input_precision=PREC), mask=m_k[:, None])
+            tl.store(dv + (hr * C + o_c[:, None]) * V + o_v[None, :],
+                     tl.dot(tl.trans(zc), d_local, input_precision=PREC), mask=(o_v < V)[None, :])
         tl.atomic_add(dmat + (hr * K + o_k[:, None]) * K + o_k[None, :],
                       tl.dot(d_state, tl.trans(state), input_precision=PREC), mask=m_kk)
         m = tl.load(mat + (hr * K + o_k[:, None]) * K + o_k[None, :], mask=m_kk, other=0.0)
@@ -128,14 +128,15 @@ class DeltaLevelScanFunction(torch.autograd.Function):
             drfin.contiguous() if drfin is not None else rs, dq_eff, dmat, dzcols, dv, dlam,
             dwts if dwts is not None else dlam, dr0 if dr0 is not None else dlam, lay.seq_chunks, nl, nw, rows,
             K=dk, V=dv_, C=CHUNK, BK=pow2(dk), BV=bv, S=s, NS=ns, H=h, MODE=mode, HAS_DRFIN=drfin is not None,
-            STORE_DR0=dr0 is not None, PREC=dot_precision(ctx.in_dtype), num_warps=8, num_stages=1)
+            STORE_DR0=dr0 is not None, PREC=dot_precision(ctx.in_dtype), num_warps=OPTIONS["scan_warps"],
+            num_stages=1)
         return dq_eff, dmat, dzcols, (dv if mode == 0 else None), (dlam if mode == 0 else None), dwts, dr0, None, \
             None, None
 
 
 def _to_chunks(x, lay: LevelLayout):
     """[TT, H, D] token-major -> [H, rows, C, D] chunk-major with zeros in the padding (differentiable)."""
-    tt, h, d = x.shape
+    h, d = x.shape[1:]
     flat = x.new_zeros(lay.rows * CHUNK, h, d).index_copy(0, lay.chunk_pos, x)
     return flat.reshape(lay.rows, CHUNK, h, d).permute(2, 0, 1, 3)
 

@@ -7,7 +7,8 @@ M [K, K] (a state through the chunk: S -> M S), zcols [K, C] (column s = P_{end<
 `_delta_level_scan_fwd`, one program per (V-block, sequence, head), carries R [K, S * BV], S stacked states:
   mode 0 (chunk levels, S = NJ): level j = 1..NJ resets at chunks c with c mod 2^j == 0, is read when bit j-1 of c
       is set (weights lambda_t[6 + j]) and written otherwise:
-          R <- where(keep, R, 0);  o_t += sum_j w_tj q_eff_t R_j;  R <- M R + zcols v_w       (three tl.dot)
+          R <- where(keep, R, 0);  o_t += sum_j w_tj q_eff_t R_j;  R <- M R + [write j] zcols v
+      (three tl.dot: the read and the transition on the stacked tile, zcols v [K, BV] once, copied per level)
   mode 1 (the prior levels of an initial state, S >= L): R starts at the state's levels, is never reset nor written,
       and query t reads level l with an explicit weight lambda_t[max(l, bit_length(t xor (p0 - 1)))]:  R <- M R.
 It stores the state entering each chunk (after the reset; the backward's dM needs it) and the final states (mode 0:
@@ -18,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.loglinear_attn.triton_fwd import CHUNK, CHUNK_LEVELS_C, LevelLayout, pow2
+from kernels.loglinear_attn.triton_fwd import CHUNK, CHUNK_LEVELS_C, OPTIONS, LevelLayout, _tile_levels, pow2
 
 
 @triton.jit
@@ -75,9 +76,9 @@ def _delta_level_scan_fwd(q_eff, mat, zcols, v, lam, wts, r0, out, rfin, rs, seq
         state = tl.dot(m, state, input_precision=PREC)
         if MODE == 0:
             zc = tl.load(zcols + (hr * K + o_k[:, None]) * C + o_c[None, :], mask=m_k[:, None], other=0.0)
-            v_w = tl.load(v + (hr * C + o_c[:, None]) * V + col_v[None, :], mask=(m_col & ~read)[None, :],
-                          other=0.0)
-            state += tl.dot(zc, v_w, input_precision=PREC)
+            vb = tl.load(v + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=(o_v < V)[None, :], other=0.0)
+            local = tl.dot(zc, vb, input_precision=PREC)
+            state += tl.where(read[None, :], 0.0, _tile_levels(local, BK, S, BV))
     if STORE_FINAL:
         if MODE == 0:
             c_last = c0 + nchunks - 1
@@ -114,5 +115,6 @@ def delta_level_scan_fwd(q_eff, mat, zcols, v, lam, wts, r0, lay: LevelLayout, m
     _delta_level_scan_fwd[(triton.cdiv(dv, bv), lay.n * h)](
         q_eff, mat, zcols, v, lam, wts if wts is not None else lam, r0 if r0 is not None else rfin, out, rfin, rs,
         lay.seq_chunks, nl, nw, rows, K=dk, V=dv, C=CHUNK, BK=pow2(dk), BV=bv, S=s, NS=ns, H=h, MODE=mode,
-        HAS_R0=r0 is not None, STORE_FINAL=True, PREC=dot_precision(in_dtype), num_warps=8, num_stages=1)
+        HAS_R0=r0 is not None, STORE_FINAL=True, PREC=dot_precision(in_dtype), num_warps=OPTIONS["scan_warps"],
+        num_stages=1)
     return out, rfin, rs

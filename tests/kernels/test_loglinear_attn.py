@@ -226,6 +226,29 @@ def test_triton_unit_level_scales_is_linear_attn():
     assert error_ratio(st.levels.sum(2), sb) <= TOL
 
 
+@triton_only
+def test_triton_half_inputs():
+    """fp16 q, k, v (the level scans round their dot operands to fp16; bf16 needs a GPU: the interpreter's bf16
+    tl.dot is wrong) against the fp32 chunked path on the same values, at SPEC's bf16 tolerances."""
+    x = make(1, 200, seed=21)
+    outs = {}
+    for backend, dtype in (("torch", torch.float32), ("triton", torch.float16)):
+        dev = DEV if backend == "triton" else "cpu"
+        leaves = [x[n].to(dev, dtype if n in "qkv" else torch.float32).requires_grad_() for n in ("q", "k", "v", "g",
+                                                                                                  "lam")]
+        o, st = loglinear_attn(*leaves, scale=SCALE, output_final_state=True, backend=backend)
+        gen = torch.Generator().manual_seed(1)
+        do = torch.randn(o.shape, generator=gen).to(o)
+        dl = torch.randn(st.levels.shape, generator=gen).to(st.levels)
+        grads = torch.autograd.grad((o.float() * do).sum() + (st.levels * dl).sum(), leaves)
+        outs[backend] = [o.cpu(), st.levels.cpu(), *(d.cpu() for d in grads)]
+    assert outs["triton"][0].dtype == torch.float16
+    names = ["o", "final levels", "dq", "dk", "dv", "dg", "dlevel_scales"]
+    tols = [5e-3, 5e-3, 1e-2, 1e-2, 1e-2, 2e-2, 2e-2]
+    for name, tol, a, b in zip(names, tols, outs["triton"], outs["torch"]):
+        assert error_ratio(a, b) <= tol, f"fp16 {name}: {error_ratio(a, b)}"
+
+
 def test_input_errors():
     x = {n: val.float() for n, val in make(1, 75, seed=2).items()}
     args = (x["q"], x["k"], x["v"], x["g"])
