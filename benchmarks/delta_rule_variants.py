@@ -31,9 +31,10 @@ from kernels.delta_rule import triton_fwd
 
 DEFAULTS = dict(triton_fwd.OPTIONS)
 WARPS, STAGES, SBV = dict(triton_fwd.NUM_WARPS), dict(triton_fwd.NUM_STAGES), dict(triton_fwd.STATE_BV)
+GB = dict(triton_fwd.GRADS_BLOCKS)
 OLD = {"lowp_bwd": False, "prepare_mode": 0, "fused_bwd": False, "state_bv_min": 32, "intra_in_state_bwd": 0}
-# name -> OPTIONS, plus optional "_warps" / "_stages" / "_state_bv" overrides of triton_fwd.NUM_WARPS / NUM_STAGES /
-# STATE_BV (launch tuning).
+# name -> OPTIONS, plus optional "_warps" / "_stages" / "_state_bv" / "_grads_blocks" overrides of triton_fwd.NUM_WARPS
+# / NUM_STAGES / STATE_BV / GRADS_BLOCKS (launch tuning).
 VARIANTS = {
     "old": OLD,
     "lowp_bwd": {**OLD, "lowp_bwd": True},
@@ -50,6 +51,8 @@ VARIANTS = {
     "new_grads_s3": {**DEFAULTS, "_stages": {"grads": 3}},
     "new_grads_w4": {**DEFAULTS, "_warps": {"grads": 4}},
     "new_state_w4": {**DEFAULTS, "_warps": {"state_bwd": 4}},
+    "new_grads_kb128": {**DEFAULTS, "_grads_blocks": {"kb": 128}},
+    "new_prep_w8": {**DEFAULTS, "_warps": {"prepare": 8}},
 }
 BUDGET_S = 150  # variants that would start after this many seconds are skipped (the run must stay under 3 min)
 
@@ -58,7 +61,7 @@ def apply_variant(spec: dict):
     triton_fwd.OPTIONS.clear()
     triton_fwd.OPTIONS.update({k: v for k, v in spec.items() if not k.startswith("_")})
     for table, base, key in ((triton_fwd.NUM_WARPS, WARPS, "_warps"), (triton_fwd.NUM_STAGES, STAGES, "_stages"),
-                             (triton_fwd.STATE_BV, SBV, "_state_bv")):
+                             (triton_fwd.STATE_BV, SBV, "_state_bv"), (triton_fwd.GRADS_BLOCKS, GB, "_grads_blocks")):
         table.clear()
         table.update(base)
         table.update(spec.get(key, {}))

@@ -7,12 +7,14 @@ the gradients are, going backwards through the chunks with dS' (the gradient at 
   dU = scale P^T dO + Kbar dS',     dS = e^{gamma_C} dS' + scale (diag(e^gamma) Q)^T dO - W^T dU,
 and then, chunk by chunk in parallel: dW = -dU S^T, dX = T^T dW, dY = T^T dU, dT = dW X^T + dU Y^T,
 dA = -T^T dT T^T (strictly lower part), plus the direct terms of Q, K, beta and gamma; dg is the reverse
-cumsum of dgamma inside the chunk. Four launches:
-  1. intra (per (chunk, head, V-block)): dU_intra = scale P^T dO;
+cumsum of dgamma inside the chunk. Launches (triton_fwd.OPTIONS selects between the layouts):
+  1. intra (per (chunk, head, V-block)): dU_intra = scale P^T dO; or, with intra_in_state_bwd, formed inside 2;
   2. reverse state pass (per (document, head, V-block)): dS' per chunk, dU, and the initial-state gradient;
-  3. grads_qk (per (chunk, head), looping over V-blocks): dq, the output and state-write parts of dk and dgamma,
+  3. fused_bwd (default): grads (per (chunk, head)): everything else in one program, with dA = -dY U^T (see
+     _grads_kernel); otherwise two kernels:
+  3a. grads_qk (per (chunk, head), looping over V-blocks): dq, the output and state-write parts of dk and dgamma,
      and dW;
-  4. grads_wy (per (chunk, head)): through the UT transform: dv, dbeta, the rest of dk and dgamma, dg.
+  3b. grads_wy (per (chunk, head)): through the UT transform: dv, dbeta, the rest of dk and dgamma, dg.
 The forward's chunk states, pseudo-values, U~, W and T are saved, not recomputed.
 """
 
@@ -24,6 +26,7 @@ from kernels.common.varlen import chunk_table, sequence_bounds
 
 from .triton_fwd import (
     CHUNK,
+    GRADS_BLOCKS,
     NUM_STAGES,
     NUM_WARPS,
     OPTIONS,
@@ -477,6 +480,7 @@ def delta_rule_bwd(q, k, v, beta, g, scale, want_dh0, bounds, table, choff, save
     )
     dq = torch.empty_like(q)
     if OPTIONS["fused_bwd"]:
+        bv_full = max(16, triton.next_power_of_2(dv))
         dkk = torch.empty_like(k)
         dvv = torch.empty_like(v)
         dbeta = torch.empty(total, h, device=dev, dtype=torch.float32)
@@ -484,7 +488,8 @@ def delta_rule_bwd(q, k, v, beta, g, scale, want_dh0, bounds, table, choff, save
         _grads_kernel[(rows, h)](
             q, k, v, beta, gamma, tinv, u, hs, dh, do, du, table, dq, dkk, dvv, dbeta,
             dg if dg is not None else dbeta, scale,
-            H=h, K=dk, V=dv, C=CHUNK, KB=min(bk, 64), BV=bv, BV2=min(bv, 32), HAS_G=g is not None, PREC=prec,
+            H=h, K=dk, V=dv, C=CHUNK, KB=min(bk, GRADS_BLOCKS["kb"]), BV=min(bv_full, GRADS_BLOCKS["bv"]),
+            BV2=min(bv_full, GRADS_BLOCKS["bv2"]), HAS_G=g is not None, PREC=prec,
             LOWP=low, num_warps=NUM_WARPS["grads"], num_stages=NUM_STAGES["grads"],
         )
         return dq, dkk, dvv, dbeta, dg, dh0

@@ -58,6 +58,9 @@ def lowp(dtype: torch.dtype, option: str) -> bool:
 NUM_WARPS = {"prepare": 4, "state": 4, "output": 4, "intra": 4, "state_bwd": 8, "grads_qk": 8, "grads_wy": 8,
              "grads": 8}
 NUM_STAGES = {"grads_qk": 3, "grads_wy": 2, "grads": 2}  # "grads" (the fused backward): not yet tuned on the GPU
+# Tiles of the fused backward kernel (upper bounds; powers of two >= 16): its K-block, the V-block of its first pass
+# (dP, dY, dA) and of its inner pass per K-block (dq, dW, state terms).
+GRADS_BLOCKS = {"kb": 64, "bv": 64, "bv2": 32}
 # V-block of the sequential state passes when N * H fills the GPU; with fewer (sequence, head) pairs than
 # multiprocessors (long single sequences) the passes take 32-wide V-blocks, twice the programs in flight.
 STATE_BV = {"state": 64, "state_bwd": 64}
