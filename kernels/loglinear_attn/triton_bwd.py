@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .state import CHUNK_LEVELS, level_of, prior_level, segments
+from .state import CHUNK_LEVELS, prior_level, segments
 from .triton_fwd import (
     CHUNK,
     CHUNK_LEVELS_C,
@@ -36,6 +36,7 @@ from .triton_fwd import (
     _tile_levels,
     dot_precision,
     intra_fwd,
+    last_chunk_levels,
     level_scan_fwd,
     lowp,
     pow2,
@@ -244,39 +245,33 @@ def _prior_reads(q, g, lam, prior, segs, starts, scale):
     return out
 
 
-def _final_levels(k, v, g, rfin, prior, segs, starts, nl, nj):
-    """The final LogLinearState levels [N, H, L, K, V] fp32 (torch, differentiable): levels 0..6 from each
-    sequence's last chunk, levels 7.. from the level scan, plus the prior levels moved to their bucket as seen from
-    the last position (see chunk.py)."""
-    h, dk, dv = k.shape[2], k.shape[3], v.shape[3]
-    finals = []
-    for n, (row, s, e) in enumerate(segs):
-        p0 = starts[n]
-        has_prior = prior is not None and p0 > 0
-        if e == s:
-            finals.append(prior[n].float() if has_prior else k.new_zeros(h, nl, dk, dv, dtype=torch.float32))
-            continue
-        p_end = p0 + e - s - 1
-        s0 = max(s, e - 1 - p_end % CHUNK)
-        kf, vf = k[row, s0:e].float(), v[row, s0:e].float()
-        pos = p0 + (torch.arange(s0, e, device=k.device) - s)
-        onehot = (level_of(torch.tensor(p_end, device=k.device), pos)[:, None]
-                  == torch.arange(nl, device=k.device)[None]).float()  # [m, L]
+def _final_levels(k, v, g, rfin, prior, lay: LevelLayout, nl):
+    """The final LogLinearState levels [N, H, L, K, V] fp32 (torch, differentiable, batched over sequences):
+    levels 0..6 from each sequence's last chunk, levels 7.. from the level scan, plus the prior levels moved to
+    their bucket as seen from the last position (see chunk.py)."""
+    h = k.shape[1]
+    offs = torch.arange(CHUNK, device=k.device)
+    tok = lay.last_of_seq[:, None] - lay.end_offsets[:, None] + offs[None, :]  # [N, C]: the last chunk's offsets
+    valid = (offs[None, :] <= lay.end_offsets[:, None]) & (tok >= lay.first_tokens[:, None])
+    valid = valid & lay.nonempty_mask[:, None]
+    tok = torch.where(valid, tok, torch.zeros_like(tok))
+    kd = k[tok].float() * valid[..., None, None]  # [N, C, H, K]
+    vv = v[tok].float()
+    if g is not None:
+        gw = g[tok].float() * valid[..., None]  # [N, C, H]
+        kd = kd * (gw.sum(1, keepdim=True) - gw.cumsum(1)).exp()[..., None]
+    final = last_chunk_levels(kd, vv, lay, nl)
+    if lay.nj:
+        final = torch.cat([final[:, :, : CHUNK_LEVELS + 1],
+                           final[:, :, CHUNK_LEVELS + 1: CHUNK_LEVELS + 1 + lay.nj] + rfin[:, :, : lay.nj],
+                           final[:, :, CHUNK_LEVELS + 1 + lay.nj:]], 2)
+    if prior is not None:
+        moved = prior.float()
         if g is not None:
-            big_g = g[row, s0:e].float().cumsum(0)
-            kf = kf * (big_g[-1] - big_g).exp()[..., None]
-        final = torch.einsum("sl,shk,shv->hlkv", onehot, kf, vf)
-        if nj:
-            upper = torch.cat([rfin[n, :, :nj], final.new_zeros(h, nl - CHUNK_LEVELS - 1 - nj, dk, dv)], 1)
-            final = torch.cat([final[:, : CHUNK_LEVELS + 1], final[:, CHUNK_LEVELS + 1:] + upper], 1)
-        if has_prior:
-            idx_end = prior_level(torch.tensor([p_end], device=k.device), p0, nl)[0]
-            move = (idx_end[:, None] == torch.arange(nl, device=k.device)[None]).float()  # [from, to]
-            moved = prior[n].float() if g is None else prior[n].float() * g[row, s:e].float().sum(0).exp()[
-                :, None, None, None]
-            final = final + torch.einsum("lm,hlkv->hmkv", move, moved)
-        finals.append(final)
-    return torch.stack(finals, 0)
+            total = g.float().new_zeros(lay.n, h).index_add(0, lay.seq_of_token, g.float())
+            moved = moved * total.exp()[:, :, None, None, None]
+        final = final + torch.einsum("nlm,nhlkv->nhmkv", lay.prior_moves(nl, k.device), moved)
+    return final
 
 
 def loglinear_attn_triton(q, k, v, g, level_scales, scale, initial_state, output_final_state, cu_seqlens, starts):
@@ -294,5 +289,8 @@ def loglinear_attn_triton(q, k, v, g, level_scales, scale, initial_state, output
         extra = _prior_reads(q, g, level_scales, prior, segs, starts, scale)
         if extra is not None:
             o = o + extra
-    final = _final_levels(k, v, g, rfin, prior, segs, starts, nl, lay.nj) if output_final_state else None
+    final = None
+    if output_final_state:
+        flat = (lambda x: None if x is None else x.reshape(b * t, *x.shape[2:]))
+        final = _final_levels(flat(k), flat(v), flat(g), rfin, prior, lay, nl)
     return o.to(q.dtype), final

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .state import CHUNK_LEVELS
+from .state import CHUNK_LEVELS, level_of, prior_level
 
 CHUNK = 1 << CHUNK_LEVELS
 CHUNK_LEVELS_C = tl.constexpr(CHUNK_LEVELS)
@@ -38,7 +38,7 @@ CHUNK_LEVELS_C = tl.constexpr(CHUNK_LEVELS)
 
 # Tuning switches, read at every launch and overridable from the environment, e.g.
 # HILO_LOGLINEAR="scan_cols=64,scan_warps=4,lowp=0". None changes anything for fp32 inputs but the tile shapes.
-#   scan_cols:  columns of the stacked level tile R [K, NJ * BV] of the level scans (BV = scan_cols / NJ, 8..32).
+#   scan_cols:  columns of the stacked level tile R [K, NJ * BV] of the level scans (BV = scan_cols / NJ, 16..32).
 #   scan_warps: warps per level-scan program (forward and backward).
 #   lowp:       16-bit inputs: the level scans' tl.dot operands rounded to the input dtype (fp32 accumulation)
 #               instead of tf32 products of fp32 tiles.
@@ -113,13 +113,49 @@ class LevelLayout:
         self.seq_of_token = ids.to(device)
         self.last_of_seq = torch.tensor(self.last_tokens, dtype=torch.int64, device=device)
         self.nonempty_mask = torch.tensor(self.nonempty, dtype=torch.bool, device=device)
+        self.first_tokens = torch.tensor([bos for bos, _, _ in seq_rows], dtype=torch.int64, device=device)
+        self.starts = list(starts)
+        self.lengths = lengths.tolist()
+        # in-chunk offset of each sequence's last token and its last chunk row (0 for an empty sequence)
+        self.end_offsets = torch.tensor([(p0 + n - 1) % CHUNK if n else 0 for p0, n in zip(starts, self.lengths)],
+                                        dtype=torch.int64, device=device)
+        self.last_rows = torch.tensor([r + c - 1 if c else 0 for r, c in zip(self.first_rows, self.chunk_counts)],
+                                      dtype=torch.int64, device=device)
+
+    def prior_moves(self, nl: int, device) -> torch.Tensor:
+        """[N, L, L] fp32: prior level l lands in level max(l, bit_length(last xor (p0 - 1))) of the final state
+        (the identity for a sequence without tokens; zero without a prior, p0 == 0, whose levels are not read)."""
+        moves = torch.zeros(self.n, nl, nl)
+        for n, (p0, length) in enumerate(zip(self.starts, self.lengths)):
+            if p0 > 0 and length > 0:
+                idx = prior_level(torch.tensor([p0 + length - 1]), p0, nl)[0]
+                moves[n, torch.arange(nl), idx] = 1.0
+            elif p0 > 0:
+                moves[n] = torch.eye(nl)
+        return moves.to(device)
 
     def scan_block_v(self, dv: int, stacked: int | None = None) -> int:
         """V-block of the level scans: the stacked tile R is [K, S * BV] (S = NJ stacked levels unless given) with
-        S * BV about 128 columns."""
+        S * BV about OPTIONS["scan_cols"] columns, BV in 16..32."""
         stacked = stacked or self.NJ
-        bv = min(max(OPTIONS["scan_cols"] // stacked, 8), 32, pow2(dv, lo=8))
-        return max(bv, 16 // stacked)
+        # tl.dot needs every dimension >= 16, and the write's [K, BV] dot has N = BV
+        return min(max(OPTIONS["scan_cols"] // stacked, 16), 32, pow2(dv))
+
+
+def last_chunk_levels(kd, v, lay: LevelLayout, nl: int) -> torch.Tensor:
+    """Levels 0..6 of the final state from each sequence's last chunk, [N, H, L, K, V] fp32 (zero above 6):
+    level l = sum over the chunk's tokens s at level l from the last token of kd_s v_s^T. kd [N, C, H, K] (keys
+    already moved to the last token, zero where not a real token of the chunk), v [N, C, H, V] (torch,
+    differentiable)."""
+    n, c, h, dk = kd.shape
+    dv = v.shape[-1]
+    nin = min(nl, CHUNK_LEVELS + 1)
+    offs = torch.arange(c, device=kd.device)
+    lev = level_of(lay.end_offsets[:, None], offs[None, :])  # [N, C]
+    onehot = (lev[..., None] == torch.arange(nin, device=kd.device)).float()  # [N, C, nin]
+    per_level = torch.einsum("ncl,nchk->nhlkc", onehot, kd).reshape(n, h, nin * dk, c)
+    out = (per_level @ v.permute(0, 2, 1, 3)).reshape(n, h, nin, dk, dv)
+    return torch.nn.functional.pad(out, (0, 0, 0, 0, 0, nl - nin))
 
 
 @triton.jit

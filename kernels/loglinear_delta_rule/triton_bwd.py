@@ -22,7 +22,15 @@ import triton
 import triton.language as tl
 
 from kernels.loglinear_attn.state import CHUNK_LEVELS, level_of, prior_level, segments
-from kernels.loglinear_attn.triton_fwd import CHUNK, CHUNK_LEVELS_C, OPTIONS, LevelLayout, _sum_levels, pow2
+from kernels.loglinear_attn.triton_fwd import (
+    CHUNK,
+    CHUNK_LEVELS_C,
+    OPTIONS,
+    LevelLayout,
+    _sum_levels,
+    last_chunk_levels,
+    pow2,
+)
 
 from .chunk import prepare_delta
 from .triton_fwd import _scan_masks, delta_level_scan_fwd, dot_precision, scan_sizes
@@ -194,27 +202,16 @@ def loglinear_delta_rule_triton(q, k, v, beta, g, level_scales, scale, initial_s
     o = o.permute(1, 2, 0, 3).reshape(lay.rows * CHUNK, h, dv)[lay.chunk_pos].reshape(b, t, h, dv)
     if not output_final_state:
         return o.to(v.dtype), None
-    finals = []
-    for n, ((row, s, e_), p0) in enumerate(zip(segs, starts)):
-        prior_n = initial_state.levels[n].float() if has_prior and p0 > 0 else None
-        if e_ == s:
-            finals.append(prior_n if prior_n is not None else q.new_zeros(h, nl, dk, dv, dtype=torch.float32))
-            continue
-        last = lay.first_rows[n] + lay.chunk_counts[n] - 1
-        p_end = p0 + e_ - s - 1
-        lev_end = level_of(torch.tensor(p_end % CHUNK, device=q.device), offs)
-        onehot = ((lev_end[:, None] == torch.arange(nl, device=q.device)[None])
-                  & (offs <= p_end % CHUNK)[:, None]).float()  # [C, L]
-        final = torch.einsum("hks,sl,hsv->hlkv", zcols[:, last], onehot, vc[:, last])
-        if lay.nj:
-            upper = torch.cat([rfin[n, :, :lay.nj], final.new_zeros(h, nl - CHUNK_LEVELS - 1 - lay.nj, dk, dv)], 1)
-            final = torch.cat([final[:, : CHUNK_LEVELS + 1], final[:, CHUNK_LEVELS + 1:] + upper], 1)
-        if prior_n is not None:
-            idx_end = prior_level(torch.tensor([p_end], device=q.device), p0, nl)[0]
-            move = (idx_end[:, None] == torch.arange(nl, device=q.device)[None]).float()  # [from, to]
-            final = final + torch.einsum("lm,hlkv->hmkv", move, pfin[n])
-        finals.append(final)
-    return o.to(v.dtype), torch.stack(finals, 0)
+    # levels 0..6 from the last chunk's zcols (column s = P_{end<-s} beta_s k_s; zero on padding)
+    zl = zcols[:, lay.last_rows].permute(1, 3, 0, 2) * lay.nonempty_mask[:, None, None, None]  # [N, C, H, K]
+    final = last_chunk_levels(zl, vc[:, lay.last_rows].permute(1, 2, 0, 3), lay, nl)
+    if lay.nj:
+        final = torch.cat([final[:, :, : CHUNK_LEVELS + 1],
+                           final[:, :, CHUNK_LEVELS + 1: CHUNK_LEVELS + 1 + lay.nj] + rfin[:, :, : lay.nj],
+                           final[:, :, CHUNK_LEVELS + 1 + lay.nj:]], 2)
+    if has_prior:
+        final = final + torch.einsum("nlm,nhlkv->nhmkv", lay.prior_moves(nl, q.device), pfin)
+    return o.to(v.dtype), final
 
 
 def _empty_finals(initial_state, starts, h, nl, dk, dv, q):
