@@ -8,9 +8,9 @@ and T=32768 B=1 (H16 D128, bf16), and per-kernel times from torch.profiler.
     python benchmarks/delta_rule_variants.py --no-profile
 
 Variants: "old" is the build before the switches existed (fp32/tf32 backward intermediates, two backward kernels,
-state V-blocks down to 32, tf32 prepare products, separate intra kernel); lowp_bwd, fused, bv16, prep_split and new
-each turn one more switch on ("new" is the default OPTIONS); intra_never / intra_always / prep_bf16 change one switch
-of the new build; the last ones retune warps, stages or state V-blocks of the new build.
+state V-blocks down to 32, tf32 prepare products, separate intra and output kernels); lowp_bwd, fused, bv16,
+prep_split, intra_auto and new each turn one more switch on ("new" is the default OPTIONS); intra_*, out_* and
+prep_bf16 change one switch of the new build; the last ones retune warps, stages or blocks of the new build.
 Imports only torch, triton, kernels and benchmarks.kernels.
 """
 from __future__ import annotations
@@ -32,7 +32,8 @@ from kernels.delta_rule import triton_fwd
 DEFAULTS = dict(triton_fwd.OPTIONS)
 WARPS, STAGES, SBV = dict(triton_fwd.NUM_WARPS), dict(triton_fwd.NUM_STAGES), dict(triton_fwd.STATE_BV)
 GB = dict(triton_fwd.GRADS_BLOCKS)
-OLD = {"lowp_bwd": False, "prepare_mode": 0, "fused_bwd": False, "state_bv_min": 32, "intra_in_state_bwd": 0}
+OLD = {"lowp_bwd": False, "prepare_mode": 0, "fused_bwd": False, "state_bv_min": 32, "intra_in_state_bwd": 0,
+       "output_in_state": 0}
 # name -> OPTIONS, plus optional "_warps" / "_stages" / "_state_bv" / "_grads_blocks" overrides of triton_fwd.NUM_WARPS
 # / NUM_STAGES / STATE_BV / GRADS_BLOCKS (launch tuning).
 VARIANTS = {
@@ -41,9 +42,13 @@ VARIANTS = {
     "fused": {**OLD, "lowp_bwd": True, "fused_bwd": True},
     "bv16": {**OLD, "lowp_bwd": True, "fused_bwd": True, "state_bv_min": 16},
     "prep_split": {**OLD, "lowp_bwd": True, "fused_bwd": True, "state_bv_min": 16, "prepare_mode": 2},
-    "new": DEFAULTS,  # = prep_split + intra folded into the reverse state pass when it needs no V split
+    "intra_auto": {**OLD, "lowp_bwd": True, "fused_bwd": True, "state_bv_min": 16, "prepare_mode": 2,
+                   "intra_in_state_bwd": 2},
+    "new": DEFAULTS,  # = intra_auto + the output written by the forward state pass when it needs no V split
     "intra_never": {**DEFAULTS, "intra_in_state_bwd": 0},
     "intra_always": {**DEFAULTS, "intra_in_state_bwd": 1},
+    "out_never": {**DEFAULTS, "output_in_state": 0},
+    "out_always": {**DEFAULTS, "output_in_state": 1},
     "prep_bf16": {**DEFAULTS, "prepare_mode": 1},
     "new_state_bv128": {**DEFAULTS, "_state_bv": {"state": 128, "state_bwd": 128}},
     "fused_tf32": {**OLD, "fused_bwd": True},  # the fused kernel alone, with fp32 (tf32) operands

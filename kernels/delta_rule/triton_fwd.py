@@ -35,7 +35,10 @@ CHUNK = 64
 #   intra_in_state_bwd: 0 the intra kernel writes dU_intra = scale P^T dO for the reverse state pass; 1 the reverse
 #                 pass forms it itself (one launch and one [L, H, V] round trip less, more work per sequential
 #                 step); 2 auto: 1 when the pass needs no V split to fill the GPU, else 0.
-OPTIONS = {"lowp_bwd": True, "prepare_mode": 2, "fused_bwd": True, "state_bv_min": 16, "intra_in_state_bwd": 2}
+#   output_in_state: the same choice for the forward's output O: 0 separate output kernel, 1 written by the state
+#                 pass, 2 auto (as intra_in_state_bwd).
+OPTIONS = {"lowp_bwd": True, "prepare_mode": 2, "fused_bwd": True, "state_bv_min": 16, "intra_in_state_bwd": 2,
+           "output_in_state": 2}
 
 
 def _apply_env_options():
@@ -44,7 +47,7 @@ def _apply_env_options():
         key, _, val = item.partition("=")
         if key not in OPTIONS:
             raise ValueError(f"HILO_DELTA_RULE: unknown option {key!r}; expected one of {sorted(OPTIONS)}")
-        ints = ("state_bv_min", "prepare_mode", "intra_in_state_bwd")
+        ints = ("state_bv_min", "prepare_mode", "intra_in_state_bwd", "output_in_state")
         OPTIONS[key] = int(val) if key in ints else val.strip().lower() in ("1", "true", "yes", "on")
 
 
@@ -227,11 +230,13 @@ def _prepare_kernel(
 @triton.jit
 def _state_kernel(
     k_ptr, gamma_ptr, w_ptr, ut_ptr, bounds_ptr, choff_ptr, h0_ptr,
-    h_ptr, u_ptr, ht_ptr,
+    h_ptr, u_ptr, ht_ptr, q_ptr, o_ptr, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr,
+    HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr, OUT: tl.constexpr,
 ):
+    """Forward pass over a document's chunks. OUT: also write the chunk's output O (the output kernel's math, on the
+    same rounded operands: the state and U in the input dtype), off the recurrence's critical path."""
     pid_v = tl.program_id(0)
     pid_h = tl.program_id(1)
     pid_n = tl.program_id(2)
@@ -266,6 +271,18 @@ def _state_kernel(
         g_last = tl.load(gamma_ptr + last * H + pid_h)
         b_k = tl.load(k_ptr + (tok[:, None] * H + pid_h) * K + offs_k[None, :],
                       mask=rmask[:, None] & kmask[None, :], other=0.0)
+        if OUT:
+            b_q = tl.load(q_ptr + (tok[:, None] * H + pid_h) * K + offs_k[None, :],
+                          mask=rmask[:, None] & kmask[None, :], other=0.0)
+            incl = rows[:, None] >= rows[None, :]
+            decay = tl.exp(tl.where(incl, b_gamma[:, None] - b_gamma[None, :], float("-inf")))
+            b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * decay
+            b_o = tl.dot(b_q, state.to(h_ptr.dtype.element_ty).to(b_q.dtype), input_precision=PREC)
+            b_o = b_o * tl.exp(b_gamma)[:, None]
+            b_ul = b_u.to(u_ptr.dtype.element_ty)
+            b_o += tl.dot(b_qk.to(b_ul.dtype), b_ul, input_precision=PREC)
+            tl.store(o_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :],
+                     (b_o * scale).to(o_ptr.dtype.element_ty), mask=m2)
         b_kbar = (b_k.to(tl.float32) * tl.exp(g_last - b_gamma)[:, None]).to(b_w.dtype)
         state = state * tl.exp(g_last) + tl.dot(tl.trans(b_kbar), b_u.to(b_w.dtype), input_precision=PREC)
     if STORE_HT:
@@ -365,13 +382,18 @@ def delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, b
     u = torch.empty(total, h, dv, device=dev, dtype=q.dtype)
     final = torch.empty(n, h, dk, dv, device=dev, dtype=torch.float32) if output_final_state else None
     sbv = state_block_v(dv, n * h, dev, "state")
+    o = torch.empty(total, h, dv, device=dev, dtype=v.dtype)
+    mode = int(OPTIONS["output_in_state"])
+    out_fused = mode == 1 or (mode == 2 and sbv >= min(STATE_BV["state"], dv))
     _state_kernel[(triton.cdiv(dv, sbv), h, n)](
         k, gamma, w, ut, bounds, choff, initial_state if initial_state is not None else gamma,
-        hs, u, final if final is not None else gamma,
+        hs, u, final if final is not None else gamma, q, o, scale,
         H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=sbv, HAS_H0=initial_state is not None,
-        STORE_HT=output_final_state, PREC=prec, num_warps=NUM_WARPS["state"], num_stages=state_stages(bk),
+        STORE_HT=output_final_state, PREC=prec, OUT=out_fused, num_warps=NUM_WARPS["state"],
+        num_stages=state_stages(bk),
     )
-    o = torch.empty(total, h, dv, device=dev, dtype=v.dtype)
+    if out_fused:
+        return o, final, (gamma, tinv, w, ut, u, hs)
     _output_kernel[(triton.cdiv(dv, bv), rows, h)](
         q, k, gamma, hs, u, table, o, scale,
         H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, PREC=prec, num_warps=NUM_WARPS["output"],

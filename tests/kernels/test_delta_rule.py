@@ -224,11 +224,13 @@ def test_triton_output_only():
 @needs_triton
 @pytest.mark.parametrize("fused_bwd,intra", [(False, 0), (True, 0), (False, 1), (True, 1)])
 def test_triton_switches_match_naive(monkeypatch, fused_bwd, intra):
-    """Both backward layouts (two kernels / fused) and both places of dU_intra give the oracle's gradients."""
+    """Both backward layouts (two kernels / fused), both places of dU_intra and of the forward's output give the
+    oracle's outputs and gradients."""
     from kernels.delta_rule import triton_fwd
 
     monkeypatch.setitem(triton_fwd.OPTIONS, "fused_bwd", fused_bwd)
     monkeypatch.setitem(triton_fwd.OPTIONS, "intra_in_state_bwd", intra)
+    monkeypatch.setitem(triton_fwd.OPTIONS, "output_in_state", 1 - intra)
     inputs = make(2, 75, 2, 60, 100, seed=12, decay="strong")
     h0 = torch.randn(2, 2, 60, 100)
     inputs, h0 = _device_inputs(inputs, h0)
@@ -237,9 +239,9 @@ def test_triton_switches_match_naive(monkeypatch, fused_bwd, intra):
 
 @needs_triton
 @pytest.mark.parametrize("opts", [
-    {"lowp_bwd": False, "prepare_mode": 0, "fused_bwd": False, "intra_in_state_bwd": 0},
-    {"lowp_bwd": True, "prepare_mode": 2, "fused_bwd": True, "intra_in_state_bwd": 1},
-    {"lowp_bwd": True, "prepare_mode": 1, "fused_bwd": False, "intra_in_state_bwd": 0},
+    {"lowp_bwd": False, "prepare_mode": 0, "fused_bwd": False, "intra_in_state_bwd": 0, "output_in_state": 0},
+    {"lowp_bwd": True, "prepare_mode": 2, "fused_bwd": True, "intra_in_state_bwd": 1, "output_in_state": 1},
+    {"lowp_bwd": True, "prepare_mode": 1, "fused_bwd": False, "intra_in_state_bwd": 0, "output_in_state": 0},
 ])
 def test_triton_fp16_paths(monkeypatch, opts):
     """The 16-bit code paths (16-bit dot operands and intermediates, hi/lo prepare products) on fp16 inputs (the
