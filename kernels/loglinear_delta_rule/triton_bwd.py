@@ -13,8 +13,8 @@ The "triton" backend (`loglinear_delta_rule_triton`): the per-chunk pieces (E, q
 chunk.prepare_delta) and the levels 0..6 block (E * Lambda) V are batched torch ops over all chunks at once,
 differentiated by autograd (a first version: only the level scan, the sequential part, is a custom Triton forward
 and backward); the prior levels of an initial state run through the same scan kernel in mode 1; the final levels
-0..6 come from the last chunk's zcols. Memory: the forward keeps the state entering every chunk, NJ K x V fp32
-matrices per chunk and head (the backward's dM needs them).
+0..6 come from the last chunk's zcols. Memory: the forward keeps the state entering every chunk, NJ K x V
+matrices per chunk and head in the inputs' dtype (the backward's dM needs them).
 """
 
 import torch
@@ -70,7 +70,7 @@ def _delta_level_scan_bwd(q_eff, mat, zcols, v, lam, wts, rs, dout, drfin, dq_ef
         c = c0 + i
         hr = i_h * ROWS + row0 + i
         keep, read, w = _scan_masks(lam, wts, hr, c, o_c, col_j, NL, NW, C, MODE)
-        state = tl.load(rs + hr * NS * K * V + st_off, mask=m_st, other=0.0)
+        state = tl.load(rs + hr * NS * K * V + st_off, mask=m_st, other=0.0).to(tl.float32)
         m_kk = m_k[:, None] & m_k[None, :]
         if MODE == 0:
             # the write added zcols v to every level not read at c: its gradient is the sum of their dR'

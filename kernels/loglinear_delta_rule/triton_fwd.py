@@ -67,7 +67,7 @@ def _delta_level_scan_fwd(q_eff, mat, zcols, v, lam, wts, r0, out, rfin, rs, seq
         hr = i_h * ROWS + row0 + i
         keep, read, w = _scan_masks(lam, wts, hr, c, o_c, col_j, NL, NW, C, MODE)
         state = tl.where(keep[None, :], state, 0.0)
-        tl.store(rs + hr * NS * K * V + st_off, state, mask=m_st)
+        tl.store(rs + hr * NS * K * V + st_off, state.to(rs.dtype.element_ty), mask=m_st)
         qe = tl.load(q_eff + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
         reads = tl.dot(qe, state, input_precision=PREC) * w
         tl.store(out + (hr * C + o_c[:, None]) * V + o_v[None, :], tl.sum(tl.reshape(reads, [C, S, BV]), 1),
@@ -101,8 +101,8 @@ def scan_sizes(lay: LevelLayout, mode: int, nl: int, dv: int):
 
 
 def delta_level_scan_fwd(q_eff, mat, zcols, v, lam, wts, r0, lay: LevelLayout, mode: int, in_dtype):
-    """out [H, rows, C, V] (the scan's reads), rfin [N, H, NS, K, V] (final states), rs [H, rows, NS, K, V]
-    (states entering each chunk); all fp32."""
+    """out [H, rows, C, V] (the scan's reads) and rfin [N, H, NS, K, V] (final states), fp32; rs [H, rows, NS, K, V]
+    (states entering each chunk, in the inputs' dtype)."""
     h, rows, _, dk = q_eff.shape
     dv = v.shape[-1]
     nl = lam.shape[-1]
@@ -111,7 +111,8 @@ def delta_level_scan_fwd(q_eff, mat, zcols, v, lam, wts, r0, lay: LevelLayout, m
     dev = q_eff.device
     out = torch.zeros(h, rows, CHUNK, dv, device=dev, dtype=torch.float32)
     rfin = torch.zeros(lay.n, h, ns, dk, dv, device=dev, dtype=torch.float32)
-    rs = torch.empty(h, rows, ns, dk, dv, device=dev, dtype=torch.float32)
+    # 16-bit inputs keep the chunk states in their dtype (as kernels.delta_rule does): half the memory
+    rs = torch.empty(h, rows, ns, dk, dv, device=dev, dtype=torch.float32 if in_dtype == torch.float32 else in_dtype)
     _delta_level_scan_fwd[(triton.cdiv(dv, bv), lay.n * h)](
         q_eff, mat, zcols, v, lam, wts if wts is not None else lam, r0 if r0 is not None else rfin, out, rfin, rs,
         lay.seq_chunks, nl, nw, rows, K=dk, V=dv, C=CHUNK, BK=pow2(dk), BV=bv, S=s, NS=ns, H=h, MODE=mode,

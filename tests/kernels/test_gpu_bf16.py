@@ -21,3 +21,21 @@ def test_bf16_triton_matches_fp32_oracle(op):
     assert rows
     failures = [f"{shape} {qty}: {err:.2e} > {tol:.0e}" for shape, qty, err, tol in rows if not err <= tol]
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["loglinear_attn", "loglinear_delta_rule"])
+def test_bf16_loglinear_long_sequence(op):
+    """T = 20000 reaches chunk level 9 (16 stacked levels in the level scans, a padded tile) and a prior state at
+    position 100: bf16 Triton vs the fp32 chunked path, every gradient."""
+    from benchmarks.kernels import CASES, OUT_TOL, _run_with_grads
+    from kernels.common import error_ratio
+
+    case = CASES[op]
+    inputs = case.make(1, 20000, 2, 64, "cuda", seed=3, n_state=1)
+    o, s, g = _run_with_grads(case, inputs, None, "triton", torch.bfloat16)
+    ro, rs, rg = _run_with_grads(case, inputs, None, "torch", torch.float32)
+    rows = [("o", error_ratio(o, ro), OUT_TOL), ("final_state", error_ratio(s, rs), OUT_TOL)]
+    rows += [("d" + n, error_ratio(g[n], rg[n]), case.grad_tol[n]) for n in g]
+    failures = [f"{name}: {err:.2e} > {tol:.0e}" for name, err, tol in rows if not err <= tol]
+    assert not failures, "\n".join(failures)
