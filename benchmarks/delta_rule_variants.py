@@ -8,9 +8,11 @@ and T=32768 B=1 (H16 D128, bf16), and per-kernel times from torch.profiler.
     python benchmarks/delta_rule_variants.py --no-profile
 
 Variants: "old" is the build before the switches existed (fp32/tf32 backward intermediates, two backward kernels,
-state V-blocks down to 32, tf32 prepare products, separate intra and output kernels); lowp_bwd, fused, bv16,
-prep_split, intra_auto and new each turn one more switch on ("new" is the default OPTIONS); intra_*, out_* and
-prep_bf16 change one switch of the new build; the last ones retune warps, stages or blocks of the new build.
+state V-blocks down to 32, tf32 prepare products, separate intra and output kernels); "new" is the default OPTIONS;
+lowp_bwd, fused, bv16, prep_split and intra_auto turn the switches on one at a time from "old" (new = intra_auto +
+output_in_state); intra_*, out_* and prep_bf16 change one switch of the new build; the last ones retune warps,
+stages or blocks of the new build. Variants that would start after BUDGET_S seconds are skipped (name them with
+--variants to run them).
 Imports only torch, triton, kernels and benchmarks.kernels.
 """
 from __future__ import annotations
@@ -38,13 +40,13 @@ OLD = {"lowp_bwd": False, "prepare_mode": 0, "fused_bwd": False, "state_bv_min":
 # / NUM_STAGES / STATE_BV / GRADS_BLOCKS (launch tuning).
 VARIANTS = {
     "old": OLD,
+    "new": DEFAULTS,  # every switch at its default (= intra_auto + output in the forward state pass when no V split)
     "lowp_bwd": {**OLD, "lowp_bwd": True},
     "fused": {**OLD, "lowp_bwd": True, "fused_bwd": True},
     "bv16": {**OLD, "lowp_bwd": True, "fused_bwd": True, "state_bv_min": 16},
     "prep_split": {**OLD, "lowp_bwd": True, "fused_bwd": True, "state_bv_min": 16, "prepare_mode": 2},
     "intra_auto": {**OLD, "lowp_bwd": True, "fused_bwd": True, "state_bv_min": 16, "prepare_mode": 2,
                    "intra_in_state_bwd": 2},
-    "new": DEFAULTS,  # = intra_auto + the output written by the forward state pass when it needs no V split
     "intra_never": {**DEFAULTS, "intra_in_state_bwd": 0},
     "intra_always": {**DEFAULTS, "intra_in_state_bwd": 1},
     "out_never": {**DEFAULTS, "output_in_state": 0},

@@ -8,7 +8,8 @@ launches:
   2. state pass (one program per (document, head, V-block)): walks the document's chunks in order, storing the
      chunk-start state S and the pseudo-values U = U~ - W S, then S <- e^{gamma_C} S + (e^{gamma_C-gamma} K)^T U;
   3. output (one program per (chunk, head, V-block)): O = scale (diag(e^gamma) Q S + (Q K^T * Gamma * M) U).
-Chunk-start states are stored in the input dtype (fp32 inputs: fp32), accumulated in fp32.
+Chunk-start states are stored in the input dtype (fp32 inputs: fp32), accumulated in fp32. With OPTIONS
+output_in_state (below) the state pass writes O itself and launch 3 is skipped.
 """
 
 import os
