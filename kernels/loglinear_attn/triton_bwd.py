@@ -25,7 +25,6 @@ from .state import CHUNK_LEVELS, prior_level, segments
 from .triton_fwd import (
     CHUNK,
     CHUNK_LEVELS_C,
-    OPTIONS,
     LevelLayout,
     _chunk_rows,
     _in_chunk_lambda,
@@ -40,6 +39,7 @@ from .triton_fwd import (
     level_scan_fwd,
     lowp,
     pow2,
+    scan_warps,
 )
 
 
@@ -211,7 +211,8 @@ class LogLinearAttnFunction(torch.autograd.Function):
             _level_scan_bwd[(triton.cdiv(dv_, bv), lay.n * h, 2)](
                 qf, kf, vf, gate, lf, do, drfin.contiguous() if has_drfin else qf, dq, dk, dv, dlam, lay.seqs,
                 scale, nl, H=h, K=dk_, V=dv_, C=CHUNK, BK=pow2(dk_), BV=bv, NJ=lay.NJ, HAS_G=gf is not None,
-                HAS_DRFIN=has_drfin, LOWP=lowp(qf.dtype), PREC=prec, num_warps=OPTIONS["scan_warps"], num_stages=1)
+                HAS_DRFIN=has_drfin, LOWP=lowp(qf.dtype), PREC=prec, num_warps=scan_warps(pow2(dk_), lay.NJ * bv),
+                num_stages=1)
         dg = None
         if gf is not None:
             d_big_g = (qf.float() * dq).sum(-1) - (kf.float() * dk).sum(-1)

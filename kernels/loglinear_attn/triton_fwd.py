@@ -39,10 +39,11 @@ CHUNK_LEVELS_C = tl.constexpr(CHUNK_LEVELS)
 # Tuning switches, read at every launch and overridable from the environment, e.g.
 # HILO_LOGLINEAR="scan_cols=64,scan_warps=4,lowp=0". None changes anything for fp32 inputs but the tile shapes.
 #   scan_cols:  columns of the stacked level tile R [K, NJ * BV] of the level scans (BV = scan_cols / NJ, 16..32).
-#   scan_warps: warps per level-scan program (forward and backward).
+#   scan_warps: warps per level-scan program (forward and backward); 0: 8, or 16 when the stacked tile holds more
+#               than 16K values (K = 128 with 16 stacked chunk levels, i.e. T > 16384).
 #   lowp:       16-bit inputs: the level scans' tl.dot operands rounded to the input dtype (fp32 accumulation)
 #               instead of tf32 products of fp32 tiles.
-OPTIONS = {"scan_cols": 128, "scan_warps": 8, "lowp": True}
+OPTIONS = {"scan_cols": 128, "scan_warps": 0, "lowp": True}
 
 
 def _apply_env_options():
@@ -55,6 +56,13 @@ def _apply_env_options():
 
 
 _apply_env_options()
+
+
+def scan_warps(bk: int, cols: int) -> int:
+    """Warps of a level-scan program whose stacked tile is [bk, cols] (OPTIONS["scan_warps"] unless 0)."""
+    if OPTIONS["scan_warps"]:
+        return OPTIONS["scan_warps"]
+    return 16 if bk * cols > 16384 else 8
 
 
 def lowp(dtype: torch.dtype) -> bool:
@@ -323,5 +331,5 @@ def level_scan_fwd(q, k, v, g, lam, scale, lay: LevelLayout, o, store_final: boo
     _level_scan_fwd[(triton.cdiv(dv, bv), lay.n * h)](
         q, k, v, g if g is not None else q, lam, o, rfin if rfin is not None else o, lay.seqs, scale, lam.shape[-1],
         H=h, K=dk, V=dv, C=CHUNK, BK=pow2(dk), BV=bv, NJ=lay.NJ, HAS_G=g is not None, STORE_FINAL=store_final,
-        LOWP=lowp(q.dtype), PREC=dot_precision(q.dtype), num_warps=OPTIONS["scan_warps"], num_stages=1)
+        LOWP=lowp(q.dtype), PREC=dot_precision(q.dtype), num_warps=scan_warps(pow2(dk), lay.NJ * bv), num_stages=1)
     return rfin

@@ -25,11 +25,11 @@ from kernels.loglinear_attn.state import CHUNK_LEVELS, level_of, prior_level, se
 from kernels.loglinear_attn.triton_fwd import (
     CHUNK,
     CHUNK_LEVELS_C,
-    OPTIONS,
     LevelLayout,
     _sum_levels,
     last_chunk_levels,
     pow2,
+    scan_warps,
 )
 
 from .chunk import prepare_delta
@@ -136,7 +136,7 @@ class DeltaLevelScanFunction(torch.autograd.Function):
             drfin.contiguous() if drfin is not None else rs, dq_eff, dmat, dzcols, dv, dlam,
             dwts if dwts is not None else dlam, dr0 if dr0 is not None else dlam, lay.seq_chunks, nl, nw, rows,
             K=dk, V=dv_, C=CHUNK, BK=pow2(dk), BV=bv, S=s, NS=ns, H=h, MODE=mode, HAS_DRFIN=drfin is not None,
-            STORE_DR0=dr0 is not None, PREC=dot_precision(ctx.in_dtype), num_warps=OPTIONS["scan_warps"],
+            STORE_DR0=dr0 is not None, PREC=dot_precision(ctx.in_dtype), num_warps=scan_warps(pow2(dk), s * bv),
             num_stages=1)
         return dq_eff, dmat, dzcols, (dv if mode == 0 else None), (dlam if mode == 0 else None), dwts, dr0, None, \
             None, None

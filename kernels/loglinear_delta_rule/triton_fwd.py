@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.loglinear_attn.triton_fwd import CHUNK, CHUNK_LEVELS_C, OPTIONS, LevelLayout, _tile_levels, pow2
+from kernels.loglinear_attn.triton_fwd import CHUNK, CHUNK_LEVELS_C, LevelLayout, _tile_levels, pow2, scan_warps
 
 
 @triton.jit
@@ -116,6 +116,6 @@ def delta_level_scan_fwd(q_eff, mat, zcols, v, lam, wts, r0, lay: LevelLayout, m
     _delta_level_scan_fwd[(triton.cdiv(dv, bv), lay.n * h)](
         q_eff, mat, zcols, v, lam, wts if wts is not None else lam, r0 if r0 is not None else rfin, out, rfin, rs,
         lay.seq_chunks, nl, nw, rows, K=dk, V=dv, C=CHUNK, BK=pow2(dk), BV=bv, S=s, NS=ns, H=h, MODE=mode,
-        HAS_R0=r0 is not None, STORE_FINAL=True, PREC=dot_precision(in_dtype), num_warps=OPTIONS["scan_warps"],
+        HAS_R0=r0 is not None, STORE_FINAL=True, PREC=dot_precision(in_dtype), num_warps=scan_warps(pow2(dk), s * bv),
         num_stages=1)
     return out, rfin, rs
