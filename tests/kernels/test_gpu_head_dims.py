@@ -1,0 +1,48 @@
+"""On a GPU: linear_attn and delta_rule Triton kernels in bf16 at the small and uneven head dims models use
+(MQAR's Mamba-2 has K = 32, V = 16; GDN at width 32 has K = 32, V = 64), against the fp32 chunked path.
+
+Triton 3.6 on Hopper miscompiled linear_attn's output kernel at some narrow V tiles (wrong values at K = 64,
+V = 16 / 32, an illegal access at K = 32, V = 16), which the D = 128 checks of test_gpu_bf16 never saw. Skipped
+without CUDA."""
+import pytest
+import torch
+
+from kernels import delta_rule, linear_attn
+from kernels.common import error_ratio
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 Triton checks need a CUDA GPU")
+
+DIMS = [(16, 16), (32, 16), (64, 16), (128, 16), (64, 32), (32, 64), (128, 64), (60, 100), (100, 60), (256, 128)]
+
+
+def _grads(op, backend, dtype, x):
+    leaves = [x[n].to(dtype).requires_grad_() for n in ("q", "k", "v")] + [x["g"].clone().requires_grad_()]
+    if op == "delta_rule":
+        beta = x["beta"].clone().requires_grad_()
+        o, _ = delta_rule(*leaves[:3], beta, leaves[3], backend=backend)
+        leaves.append(beta)
+    else:
+        o, _ = linear_attn(*leaves, backend=backend)
+    grads = torch.autograd.grad(o.float(), leaves, x["do"])
+    return [o.float()] + [d.float() for d in grads]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["linear_attn", "delta_rule"])
+@pytest.mark.parametrize("dk,dv", DIMS)
+def test_bf16_triton_small_head_dims(op, dk, dv):
+    gen = torch.Generator(device="cuda").manual_seed(dk * 1000 + dv)
+    b, t, h = 3, 200, 2
+    x = {"q": torch.randn(b, t, h, dk, device="cuda", generator=gen),
+         "k": torch.nn.functional.normalize(torch.randn(b, t, h, dk, device="cuda", generator=gen), dim=-1),
+         "v": torch.randn(b, t, h, dv, device="cuda", generator=gen),
+         "g": -torch.rand(b, t, h, device="cuda", generator=gen) * 0.2,
+         "beta": torch.rand(b, t, h, device="cuda", generator=gen),
+         "do": torch.randn(b, t, h, dv, device="cuda", generator=gen)}
+    ref = _grads(op, "torch", torch.float32, x)
+    got = _grads(op, "triton", torch.bfloat16, x)
+    names = ["o", "dq", "dk", "dv", "dg", "dbeta"]
+    tols = [5e-3, 1e-2, 1e-2, 1e-2, 2e-2, 2e-2]
+    bad = [f"{n}: {error_ratio(a, r):.2e} > {tol:.0e}" for n, a, r, tol in zip(names, got, ref, tols)
+           if not error_ratio(a, r) <= tol]
+    assert not bad, f"{op} K={dk} V={dv}: " + "; ".join(bad)
