@@ -41,6 +41,7 @@ OLD = {"lowp_bwd": False, "prepare_mode": 0, "fused_bwd": False, "state_bv_min":
 VARIANTS = {
     "old": OLD,
     "new": DEFAULTS,  # every switch at its default (= intra_auto + output in the forward state pass when no V split)
+    "new_bv32": {**DEFAULTS, "state_bv_min": 32},  # new with the old state V-block floor (also a fallback)
     "lowp_bwd": {**OLD, "lowp_bwd": True},
     "fused": {**OLD, "lowp_bwd": True, "fused_bwd": True},
     "bv16": {**OLD, "lowp_bwd": True, "fused_bwd": True, "state_bv_min": 16},
