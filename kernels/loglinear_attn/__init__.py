@@ -15,6 +15,7 @@ the oracle). `loglinear_attn_quadratic` (naive.py) is the O(T^2) definition, use
 
 import torch
 
+from kernels.common.precision import autocast_off
 from kernels.common.validate import check_recurrent_inputs, resolve_backend
 
 from .chunk import loglinear_chunk, prepare_linear
@@ -34,6 +35,7 @@ def resolve_loglinear_backend(op: str, backend: str | None, device: torch.device
     return resolve_backend(op, backend, device)
 
 
+@autocast_off
 def loglinear_attn(
     q: torch.Tensor,
     k: torch.Tensor,

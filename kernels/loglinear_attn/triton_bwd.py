@@ -110,10 +110,11 @@ def _level_scan_bwd(q, k, v, g, lam, do, drfin, dq, dk, dv, dlam, seqs, scale, N
         for i in range(nchunks):
             c = p0 // C + i
             o_t, m_t, q_eff, kd, decay, keep, read, w = _scan_chunk(
-                q, k, g, lam, bos, eos, bos - front + i * C, c, i_h, o_k, col_j, scale, NL, H, K, C, HAS_G)
+                q, k, g, lam, bos, eos, bos - front + i * C, c, i_h, o_k, col_j, scale, NL, H, K, C, NJ, BV, HAS_G)
             state = tl.where(keep[None, :], state, 0.0)
-            do_cols = tl.load(do + (o_t[:, None] * H + i_h) * V + col_v[None, :],
-                              mask=m_t[:, None] & m_col[None, :], other=0.0).to(tl.float32)
+            dob = tl.load(do + (o_t[:, None] * H + i_h) * V + o_v[None, :],
+                          mask=m_t[:, None] & (o_v[None, :] < V), other=0.0).to(tl.float32)
+            do_cols = _tile_levels(dob, C, NJ, BV)
             d_q = _mm(do_cols * w, tl.trans(state), q, LOWP, PREC)
             if HAS_G:
                 gc = tl.cumsum(tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32), 0)
@@ -142,7 +143,7 @@ def _level_scan_bwd(q, k, v, g, lam, do, drfin, dq, dk, dv, dlam, seqs, scale, N
             i = nchunks - 1 - it
             c = p0 // C + i
             o_t, m_t, q_eff, kd, decay, keep, read, w = _scan_chunk(
-                q, k, g, lam, bos, eos, bos - front + i * C, c, i_h, o_k, col_j, scale, NL, H, K, C, HAS_G)
+                q, k, g, lam, bos, eos, bos - front + i * C, c, i_h, o_k, col_j, scale, NL, H, K, C, NJ, BV, HAS_G)
             # the write added kd^T v to every level not read at c: its gradient is the sum of those levels' dR
             d_local = _sum_levels(tl.where(read[None, :], 0.0, d_state), BK, NJ, BV)
             m_tv = m_t[:, None] & (o_v[None, :] < V)
@@ -154,9 +155,8 @@ def _level_scan_bwd(q, k, v, g, lam, do, drfin, dq, dk, dv, dlam, seqs, scale, N
                 gb = tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
                 d_kd *= tl.exp(tl.sum(gb, 0) - tl.cumsum(gb, 0))[:, None]
             tl.atomic_add(dk + (o_t[:, None] * H + i_h) * K + o_k[None, :], d_kd, mask=m_t[:, None] & m_k[None, :])
-            do_cols = tl.load(do + (o_t[:, None] * H + i_h) * V + col_v[None, :],
-                              mask=m_t[:, None] & m_col[None, :], other=0.0).to(tl.float32)
-            d_state = d_state * decay + _mm(tl.trans(q_eff), do_cols * w, q, LOWP, PREC)
+            dob = tl.load(do + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
+            d_state = d_state * decay + _mm(tl.trans(q_eff), _tile_levels(dob, C, NJ, BV) * w, q, LOWP, PREC)
             d_state = tl.where(keep[None, :], d_state, 0.0)
 
 

@@ -225,7 +225,8 @@ def _intra_fwd(q, k, v, g, lam, o, chunks, scale, NL,
 
 @triton.jit
 def _scan_chunk(q, k, g, lam, bos, eos, base, c, i_h, o_k, col_j, scale, NL,
-                H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, HAS_G: tl.constexpr):
+                H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, NJ: tl.constexpr, BV: tl.constexpr,
+                HAS_G: tl.constexpr):
     """Per-chunk pieces of the level scans: tokens, masks, q_eff = scale exp(gc) q, kd = exp(gl - gc) k (fp32),
     the chunk's decay exp(gl), the per-column read weights lambda_t[6 + j] [bit j-1 of c] and the masks
     keep (level j survives: c mod 2^j != 0) and read (bit j-1 of c)."""
@@ -247,10 +248,17 @@ def _scan_chunk(q, k, g, lam, bos, eos, base, c, i_h, o_k, col_j, scale, NL,
         decay = 1.0
     keep = (c % (2 << col_j)) != 0
     read = ((c >> col_j) & 1) == 1
-    lev = CHUNK_LEVELS_C + 1 + col_j
+    o_j = tl.arange(0, NJ)
+    lev = CHUNK_LEVELS_C + 1 + o_j
     w = tl.load(lam + (o_t[:, None] * H + i_h) * NL + lev[None, :],
-                mask=m_t[:, None] & (lev < NL)[None, :] & read[None, :], other=0.0).to(tl.float32)
-    return o_t, m_t, q_eff, kd, decay, keep, read, w
+                mask=m_t[:, None] & ((lev < NL) & (((c >> o_j) & 1) == 1))[None, :], other=0.0).to(tl.float32)
+    return o_t, m_t, q_eff, kd, decay, keep, read, _spread_levels(w, C, NJ, BV)
+
+
+@triton.jit
+def _spread_levels(w, R: tl.constexpr, S: tl.constexpr, BV: tl.constexpr):
+    """[R, S] -> [R, S * BV]: each level's value in all of its BV columns."""
+    return tl.reshape(tl.broadcast_to(w[:, :, None], [R, S, BV]), [R, S * BV])
 
 
 @triton.jit
@@ -295,7 +303,7 @@ def _level_scan_fwd(q, k, v, g, lam, o, rfin, seqs, scale, NL,
     for i in range(nchunks):
         c = p0 // C + i
         o_t, m_t, q_eff, kd, decay, keep, read, w = _scan_chunk(
-            q, k, g, lam, bos, eos, bos - front + i * C, c, i_h, o_k, col_j, scale, NL, H, K, C, HAS_G)
+            q, k, g, lam, bos, eos, bos - front + i * C, c, i_h, o_k, col_j, scale, NL, H, K, C, NJ, BV, HAS_G)
         state = tl.where(keep[None, :], state, 0.0)
         inter = _sum_levels(_mm(q_eff, state, q, LOWP, PREC) * w, C, NJ, BV)
         m_tv = m_t[:, None] & (o_v[None, :] < V)

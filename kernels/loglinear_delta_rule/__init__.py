@@ -17,6 +17,7 @@ per higher level, all moved by the chunk's Householder product; exact, different
 
 import torch
 
+from kernels.common.precision import autocast_off
 from kernels.common.validate import check_recurrent_inputs
 from kernels.loglinear_attn import LogLinearState, final_state, resolve_loglinear_backend
 from kernels.loglinear_attn.state import check_loglinear_inputs
@@ -28,6 +29,7 @@ from .step import loglinear_delta_rule_step
 __all__ = ["LogLinearState", "loglinear_delta_rule", "loglinear_delta_rule_quadratic", "loglinear_delta_rule_step"]
 
 
+@autocast_off
 def loglinear_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,

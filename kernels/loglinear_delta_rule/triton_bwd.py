@@ -27,6 +27,7 @@ from kernels.loglinear_attn.triton_fwd import (
     CHUNK_LEVELS_C,
     LevelLayout,
     _sum_levels,
+    _tile_levels,
     last_chunk_levels,
     pow2,
     scan_warps,
@@ -69,7 +70,7 @@ def _delta_level_scan_bwd(q_eff, mat, zcols, v, lam, wts, rs, dout, drfin, dq_ef
         i = nchunks - 1 - it
         c = c0 + i
         hr = i_h * ROWS + row0 + i
-        keep, read, w = _scan_masks(lam, wts, hr, c, o_c, col_j, NL, NW, C, MODE)
+        keep, read, w = _scan_masks(lam, wts, hr, c, o_c, col_j, NL, NW, C, S, BV, MODE)
         state = tl.load(rs + hr * NS * K * V + st_off, mask=m_st, other=0.0).to(tl.float32)
         m_kk = m_k[:, None] & m_k[None, :]
         if MODE == 0:
@@ -86,7 +87,8 @@ def _delta_level_scan_bwd(q_eff, mat, zcols, v, lam, wts, rs, dout, drfin, dq_ef
         m = tl.load(mat + (hr * K + o_k[:, None]) * K + o_k[None, :], mask=m_kk, other=0.0)
         d_state = tl.dot(tl.trans(m), d_state, input_precision=PREC)
         qe = tl.load(q_eff + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
-        do_cols = tl.load(dout + (hr * C + o_c[:, None]) * V + col_v[None, :], mask=m_col[None, :], other=0.0)
+        do_cols = _tile_levels(tl.load(dout + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=(o_v < V)[None, :],
+                                       other=0.0), C, S, BV)
         do_w = do_cols * w
         tl.atomic_add(dq_eff + (hr * C + o_c[:, None]) * K + o_k[None, :],
                       tl.dot(do_w, tl.trans(state), input_precision=PREC), mask=m_k[None, :])

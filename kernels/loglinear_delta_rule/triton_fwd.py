@@ -19,23 +19,33 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.loglinear_attn.triton_fwd import CHUNK, CHUNK_LEVELS_C, LevelLayout, _tile_levels, pow2, scan_warps
+from kernels.loglinear_attn.triton_fwd import (
+    CHUNK,
+    CHUNK_LEVELS_C,
+    LevelLayout,
+    _spread_levels,
+    _tile_levels,
+    pow2,
+    scan_warps,
+)
 
 
 @triton.jit
-def _scan_masks(lam, wts, hr, c, o_c, col_j, NL, NW, C: tl.constexpr, MODE: tl.constexpr):
+def _scan_masks(lam, wts, hr, c, o_c, col_j, NL, NW, C: tl.constexpr, S: tl.constexpr, BV: tl.constexpr,
+                MODE: tl.constexpr):
     """keep [S*BV] (the state survives entering chunk c), read [S*BV] and the read weights w [C, S*BV]."""
+    o_j = tl.arange(0, S)
     if MODE == 0:
         keep = (c % (2 << col_j)) != 0
         read = ((c >> col_j) & 1) == 1
-        lev = CHUNK_LEVELS_C + 1 + col_j
-        w = tl.load(lam + (hr * C + o_c[:, None]) * NL + lev[None, :], mask=((lev < NL) & read)[None, :],
-                    other=0.0)
+        lev = CHUNK_LEVELS_C + 1 + o_j
+        w = tl.load(lam + (hr * C + o_c[:, None]) * NL + lev[None, :],
+                    mask=((lev < NL) & (((c >> o_j) & 1) == 1))[None, :], other=0.0)
     else:
         keep = col_j >= 0
         read = col_j < NW
-        w = tl.load(wts + (hr * C + o_c[:, None]) * NW + col_j[None, :], mask=read[None, :], other=0.0)
-    return keep, read, w
+        w = tl.load(wts + (hr * C + o_c[:, None]) * NW + o_j[None, :], mask=(o_j < NW)[None, :], other=0.0)
+    return keep, read, _spread_levels(w, C, S, BV)
 
 
 @triton.jit(do_not_specialize=["NL", "NW", "ROWS"])
@@ -65,7 +75,7 @@ def _delta_level_scan_fwd(q_eff, mat, zcols, v, lam, wts, r0, out, rfin, rs, seq
     for i in range(nchunks):
         c = c0 + i
         hr = i_h * ROWS + row0 + i
-        keep, read, w = _scan_masks(lam, wts, hr, c, o_c, col_j, NL, NW, C, MODE)
+        keep, read, w = _scan_masks(lam, wts, hr, c, o_c, col_j, NL, NW, C, S, BV, MODE)
         state = tl.where(keep[None, :], state, 0.0)
         tl.store(rs + hr * NS * K * V + st_off, state.to(rs.dtype.element_ty), mask=m_st)
         qe = tl.load(q_eff + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
