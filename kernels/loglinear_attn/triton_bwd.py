@@ -36,6 +36,7 @@ from .triton_fwd import (
     dot_precision,
     intra_fwd,
     last_chunk_levels,
+    level_layout,
     level_scan_fwd,
     lowp,
     pow2,
@@ -282,7 +283,7 @@ def loglinear_attn_triton(q, k, v, g, level_scales, scale, initial_state, output
     b, t = q.shape[:2]
     nl = level_scales.shape[-1]
     segs = segments(b, t, cu_seqlens)
-    lay = LevelLayout(segs, starts, t, q.device)
+    lay = level_layout(tuple(segs), tuple(starts), t, q.device)
     o, rfin = LogLinearAttnFunction.apply(q, k, v, g, level_scales, lay, scale, output_final_state)
     prior = None
     if initial_state is not None and any(p > 0 for p in starts):

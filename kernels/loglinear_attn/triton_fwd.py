@@ -24,6 +24,7 @@ The prior levels of an initial state and the final levels 0..6 are exact torch c
 (triton_bwd.loglinear_attn_triton).
 """
 
+import functools
 import os
 
 import torch
@@ -164,6 +165,13 @@ def last_chunk_levels(kd, v, lay: LevelLayout, nl: int) -> torch.Tensor:
     per_level = torch.einsum("ncl,nchk->nhlkc", onehot, kd).reshape(n, h, nin * dk, c)
     out = (per_level @ v.permute(0, 2, 1, 3)).reshape(n, h, nin, dk, dv)
     return torch.nn.functional.pad(out, (0, 0, 0, 0, 0, nl - nin))
+
+
+@functools.lru_cache(maxsize=16)
+def level_layout(segs: tuple, starts: tuple, t: int, device: torch.device) -> LevelLayout:
+    """LevelLayout, cached: every layer of a model (and every step of a fixed-shape run) sees the same documents,
+    so the host-side tables are built and copied to the device once."""
+    return LevelLayout(segs, starts, t, device)
 
 
 @triton.jit

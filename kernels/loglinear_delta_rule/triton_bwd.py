@@ -29,6 +29,7 @@ from kernels.loglinear_attn.triton_fwd import (
     _sum_levels,
     _tile_levels,
     last_chunk_levels,
+    level_layout,
     pow2,
     scan_warps,
 )
@@ -172,7 +173,7 @@ def loglinear_delta_rule_triton(q, k, v, beta, g, level_scales, scale, initial_s
     dv = v.shape[-1]
     nl = level_scales.shape[-1]
     segs = segments(b, t, cu_seqlens)
-    lay = LevelLayout(segs, starts, t, q.device)
+    lay = level_layout(tuple(segs), tuple(starts), t, q.device)
     if lay.rows == 0:
         o = v.new_zeros(b, t, h, dv)
         return o, (None if not output_final_state else _empty_finals(initial_state, starts, h, nl, dk, dv, q))
