@@ -8,6 +8,7 @@ recurrence in fp32: the test oracle). Default: triton on CUDA, torch otherwise.
 
 import torch
 
+from kernels.common.precision import autocast_off
 from kernels.common.validate import BACKENDS, check_recurrent_inputs, resolve_backend
 
 from .chunk import delta_rule_chunk
@@ -17,6 +18,7 @@ from .step import delta_rule_step
 __all__ = ["BACKENDS", "delta_rule", "delta_rule_step"]
 
 
+@autocast_off
 def delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -22,6 +22,7 @@ States: kernels.hla.state (HLA2State, AHLAState, HLA3State). Decode: hla2_step, 
 
 import torch
 
+from kernels.common.precision import autocast_off
 from kernels.common.validate import check_recurrent_inputs, resolve_backend
 
 from .compose import hla_compose
@@ -33,6 +34,7 @@ __all__ = ["AHLAState", "HLA2State", "HLA3State", "ahla", "ahla_step", "hla2", "
            "hla3_step", "hla_masked", "hla_step"]
 
 
+@autocast_off
 def _hla(op, q, k, v, g, decay, normalize, eps, scale, initial_state, output_final_state, cu_seqlens, backend):
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"{op}: q must be a torch.Tensor, got {type(q).__name__}")

@@ -9,6 +9,7 @@ runs under TRITON_INTERPRET=1), "torch" (chunked PyTorch through autograd, exact
 
 import torch
 
+from kernels.common.precision import autocast_off
 from kernels.common.validate import check_recurrent_inputs, resolve_backend
 
 from .chunk import linear_attn_chunk
@@ -18,6 +19,7 @@ from .step import linear_attn_step
 __all__ = ["linear_attn", "linear_attn_step"]
 
 
+@autocast_off
 def linear_attn(
     q: torch.Tensor,
     k: torch.Tensor,
