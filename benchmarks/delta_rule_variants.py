@@ -9,10 +9,9 @@ and T=32768 B=1 (H16 D128, bf16), and per-kernel times from torch.profiler.
 
 Variants: "old" is the build before the switches existed (fp32/tf32 backward intermediates, two backward kernels,
 state V-blocks down to 32, tf32 prepare products, separate intra and output kernels); "new" is the default OPTIONS;
-lowp_bwd, fused, bv16, prep_split and intra_auto turn the switches on one at a time from "old" (new = intra_auto +
-output_in_state); intra_*, out_* and prep_bf16 change one switch of the new build; the last ones retune warps,
-stages or blocks of the new build. Variants that would start after BUDGET_S seconds are skipped (name them with
---variants to run them).
+lowp_bwd, fused and bv16 turn the switches on one at a time from "old" (new = bv16 + hi/lo prepare products); the
+rest change one thing of the new build (launch warps/stages/blocks, or one OPTIONS switch). Variants that would
+start after BUDGET_S seconds are skipped (name them with --variants to run them).
 Imports only torch, triton, kernels and benchmarks.kernels.
 """
 from __future__ import annotations
@@ -40,27 +39,24 @@ OLD = {"lowp_bwd": False, "prepare_mode": 0, "fused_bwd": False, "state_bv_min":
 # / NUM_STAGES / STATE_BV / GRADS_BLOCKS (launch tuning).
 VARIANTS = {
     "old": OLD,
-    "new": DEFAULTS,  # every switch at its default (= intra_auto + output in the forward state pass when no V split)
+    "new": DEFAULTS,  # every switch at its default
     "new_bv32": {**DEFAULTS, "state_bv_min": 32},  # new with the old state V-block floor (also a fallback)
     "lowp_bwd": {**OLD, "lowp_bwd": True},
     "fused": {**OLD, "lowp_bwd": True, "fused_bwd": True},
-    "bv16": {**OLD, "lowp_bwd": True, "fused_bwd": True, "state_bv_min": 16},
-    "prep_split": {**OLD, "lowp_bwd": True, "fused_bwd": True, "state_bv_min": 16, "prepare_mode": 2},
-    "intra_auto": {**OLD, "lowp_bwd": True, "fused_bwd": True, "state_bv_min": 16, "prepare_mode": 2,
-                   "intra_in_state_bwd": 2},
-    "intra_never": {**DEFAULTS, "intra_in_state_bwd": 0},
-    "intra_always": {**DEFAULTS, "intra_in_state_bwd": 1},
-    "out_never": {**DEFAULTS, "output_in_state": 0},
-    "out_always": {**DEFAULTS, "output_in_state": 1},
+    "bv16": {**OLD, "lowp_bwd": True, "fused_bwd": True, "state_bv_min": 16},  # new = bv16 + prepare_mode 2
+    # one change to the new build
+    "new_state_fw8": {**DEFAULTS, "_warps": {"state": 8}},  # forward state pass: 8 warps spill far less on sm_90
+    "new_prep_w8": {**DEFAULTS, "_warps": {"prepare": 8}},  # prepare: no spill at 8 warps on sm_90
+    "new_grads_kb64": {**DEFAULTS, "_grads_blocks": {"kb": 64, "bv": 64, "bv2": 32}},
     "prep_bf16": {**DEFAULTS, "prepare_mode": 1},
-    "new_state_bv128": {**DEFAULTS, "_state_bv": {"state": 128, "state_bwd": 128}},
+    "intra_auto": {**DEFAULTS, "intra_in_state_bwd": 2},
+    "intra_always": {**DEFAULTS, "intra_in_state_bwd": 1},
+    "out_auto": {**DEFAULTS, "output_in_state": 2},
+    "out_always": {**DEFAULTS, "output_in_state": 1},
     "fused_tf32": {**OLD, "fused_bwd": True},  # the fused kernel alone, with fp32 (tf32) operands
-    # launch tuning of the new default build (only the listed entries change)
     "new_grads_s3": {**DEFAULTS, "_stages": {"grads": 3}},
-    "new_grads_w4": {**DEFAULTS, "_warps": {"grads": 4}},
     "new_state_w4": {**DEFAULTS, "_warps": {"state_bwd": 4}},
-    "new_grads_kb128": {**DEFAULTS, "_grads_blocks": {"kb": 128}},
-    "new_prep_w8": {**DEFAULTS, "_warps": {"prepare": 8}},
+    "new_grads_w4": {**DEFAULTS, "_warps": {"grads": 4}},
 }
 BUDGET_S = 150  # variants that would start after this many seconds are skipped (the run must stay under 3 min)
 

@@ -38,8 +38,11 @@ CHUNK = 64
 #                 step); 2 auto: 1 when the pass needs no V split to fill the GPU, else 0.
 #   output_in_state: the same choice for the forward's output O: 0 separate output kernel, 1 written by the state
 #                 pass, 2 auto (as intra_in_state_bwd).
-OPTIONS = {"lowp_bwd": True, "prepare_mode": 2, "fused_bwd": True, "state_bv_min": 16, "intra_in_state_bwd": 2,
-           "output_in_state": 2}
+# Defaults 0 for the last two: compiled for sm_90 (Triton 3.9, ptxas via cuobjdump --dump-resource-usage) the state
+# passes already use 255 registers and the fused variants spill 2-3x more (state BV=64: 992 -> 2112 bytes of stack at
+# 4 warps; state_bwd BV=64: 320 -> 616 at 8 warps); benchmarks/delta_rule_variants.py measures both.
+OPTIONS = {"lowp_bwd": True, "prepare_mode": 2, "fused_bwd": True, "state_bv_min": 16, "intra_in_state_bwd": 0,
+           "output_in_state": 0}
 
 
 def _apply_env_options():
@@ -64,7 +67,8 @@ NUM_WARPS = {"prepare": 4, "state": 4, "output": 4, "intra": 4, "state_bwd": 8, 
 NUM_STAGES = {"grads_qk": 3, "grads_wy": 2, "grads": 2}  # "grads" (the fused backward): not yet tuned on the GPU
 # Tiles of the fused backward kernel (upper bounds; powers of two >= 16): its K-block, the V-block of its first pass
 # (dP, dY, dA) and of its inner pass per K-block (dq, dW, state terms).
-GRADS_BLOCKS = {"kb": 64, "bv": 64, "bv2": 32}
+# 32/32/32: 220 registers and no spill at 8 warps on sm_90 (Triton 3.9); 64/64/32 spilled 112 bytes per thread.
+GRADS_BLOCKS = {"kb": 32, "bv": 32, "bv2": 32}
 # V-block of the sequential state passes when N * H fills the GPU; with fewer (sequence, head) pairs than
 # multiprocessors (long single sequences) the passes take 32-wide V-blocks, twice the programs in flight.
 STATE_BV = {"state": 64, "state_bwd": 64}
