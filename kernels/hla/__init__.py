@@ -12,7 +12,7 @@ as scale^2 and hla3 as scale^3), b_t = prod_{r <= t} exp(g_r) within a document:
             PyTorch path; the default off CUDA;
   "triton"  the same composition over linear_attn's Triton kernels, run in fp32, forward and backward; the
             default on CUDA;
-  "fused"   hla2 and ahla, K and value columns <= 128: SPEC §3's chunked second-order algorithm in Triton
+  "fused"   hla2 and ahla: SPEC §3's chunked second-order algorithm in Triton
             (kernels.hla.triton_fused), the inner and outer states (S and F; P and E) carried in fp32 and the
             inputs read in their own dtype, forward and backward; benchmarks/kernels.py times it against "triton";
             on CPU tensors it needs TRITON_INTERPRET=1, like "triton";

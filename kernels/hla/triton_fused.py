@@ -30,8 +30,8 @@ the whole dF in one program (dK~ sums over all value columns); here the scans do
 the heavy products run chunk-parallel. The cost is the per-chunk states in memory (fp32: K~ and the states grow
 with t, and bf16 copies would use up most of the bf16 error budget). Dots run on fp32 operands ("ieee" for fp32
 inputs, tf32 for fp16/bf16). Chunk tables come from kernels.common.varlen (no host sync) and T is not
-specialised on, so a new T never recompiles. Head dims: K and the value columns (V, plus one with
-normalize=True) up to MAX_DIM.
+specialised on, so a new T never recompiles. Every kernel loops over or grids K and V in blocks of <= 64, so
+any head dim up to SPEC §2's 256 works.
 """
 
 import torch
@@ -42,8 +42,6 @@ from kernels.linear_attn.triton_bwd import _segment_reverse_cumsum
 from kernels.linear_attn.triton_fwd import BT, Layout, _chunk_bounds, _pow2, _seq_bounds
 
 from .state import STATE_TYPES, decay_powers, split_normalized, with_ones
-
-MAX_DIM = 128  # the per-chunk gradient kernels hold whole K x K and K x V tiles
 
 
 def _precision(x: torch.Tensor) -> str:
@@ -139,66 +137,98 @@ def _chunk_out(q, x, y, g, hs, o, table, scale, T, NT,
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
-def _pass_grads(q, x, y, g, do, hs, dhs, dq_prev, dx_prev, r_prev, dq, dx, dy, r_out, table, scale, T, NT,
-                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                BV: tl.constexpr, POWER: tl.constexpr, HAS_G: tl.constexpr, HAS_PREV: tl.constexpr,
-                IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """Gradients of one pass O = LA(Q^, X, Y; p g) over one (chunk, head), given dO: dq, dx (X as keys), dy and
-    the gate partial p (q^.dq^ - x.dx); with HAS_PREV the partials of a later pass (dq_prev, dx_prev, r_prev)
-    are added. q, x [TT, H, K], y, do [TT, H, V]; hs / dhs: the state entering and the gradient of the state
-    leaving each chunk [rows, H, K, V] fp32. With dA = Gamma * (dO Y^T):
-        dy = e^{p (l_C - l)} (X dS_out) + (Gamma * Q^ X^T)^T dO
-        dq^ = e^{p l} (dO S_in^T) + dA X,     dx = e^{p (l_C - l)} (Y dS_out^T) + dA^T Q^"""
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
+def _pass_dvalues(q, x, do, g, dhs, dy, table, scale, T, NT,
+                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                  BV: tl.constexpr, POWER: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr,
+                  PREC: tl.constexpr):
+    """dY of one pass O = LA(Q^, X, Y; p g) for one (V-block, chunk, head), given dO and dS_out (the gradient of
+    the state leaving each chunk, dhs [rows, H, K, V] fp32):  dy = e^{p (l_C - l)} (X dS_out) + (Gamma * Q^ X^T)^T dO.
+    q, x [TT, H, K], do, dy [TT, H, V]."""
+    i_v, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     start, end = _chunk_bounds(table, i_c, T, NT, BT, IS_VARLEN)
     if start >= end:
         return
     o_t = start + tl.arange(0, BT)
     m_t = o_t < end
-    o_k = tl.arange(0, BK)
-    o_v = tl.arange(0, BV)
-    m_tk = m_t[:, None] & (o_k[None, :] < K)
+    o_v = i_v * BV + tl.arange(0, BV)
     m_tv = m_t[:, None] & (o_v[None, :] < V)
-    tok_k = (o_t[:, None] * H + i_h) * K + o_k[None, :]
-    tok_v = (o_t[:, None] * H + i_h) * V + o_v[None, :]
-    state_off = (i_c.to(tl.int64) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :]
-    m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
+    acc = tl.zeros([BT, BV], dtype=tl.float32)
+    scores_t = tl.zeros([BT, BT], dtype=tl.float32)  # [j, i] = x_j . q^_i
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_tk = m_t[:, None] & (o_k[None, :] < K)
+        xb = tl.load(x + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
+        q_t = tl.load(q + (o_t[None, :] * H + i_h) * K + o_k[:, None], mask=m_tk.T, other=0.0).to(tl.float32)
+        dsb = tl.load(dhs + (i_c.to(tl.int64) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
+                      mask=(o_k[:, None] < K) & (o_v[None, :] < V), other=0.0)
+        acc += tl.dot(xb, dsb, input_precision=PREC)
+        scores_t += tl.dot(xb, q_t, input_precision=PREC)
     o_i = tl.arange(0, BT)
-    causal = o_i[:, None] >= o_i[None, :]
-    qh = tl.load(q + tok_k, mask=m_tk, other=0.0).to(tl.float32) * scale
-    xb = tl.load(x + tok_k, mask=m_tk, other=0.0).to(tl.float32)
-    dob = tl.load(do + tok_v, mask=m_tv, other=0.0).to(tl.float32)
+    anti = o_i[:, None] <= o_i[None, :]  # j <= i in the [j, i] layout
     if HAS_G:
         gb = tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32) * POWER
         gc = tl.cumsum(gb, 0)
-        gl = tl.sum(gb, 0)
-        decay = tl.exp(tl.where(causal, gc[:, None] - gc[None, :], float("-inf")))
-        to_end = tl.exp(gl - gc)
-    else:
-        decay = tl.where(causal, 1.0, 0.0)
-    dsb = tl.load(dhs + state_off, mask=m_kv, other=0.0)
-    acc = tl.dot(xb, dsb, input_precision=PREC)
+        acc *= tl.exp(tl.sum(gb, 0) - gc)[:, None]
+        scores_t *= tl.exp(tl.where(anti, gc[None, :] - gc[:, None], float("-inf")))
+    scores_t = tl.where(anti, scores_t * scale, 0.0)
+    dob = tl.load(do + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
+    acc += tl.dot(scores_t, dob, input_precision=PREC)
+    tl.store(dy + (o_t[:, None] * H + i_h) * V + o_v[None, :], acc.to(dy.dtype.element_ty), mask=m_tv)
+
+
+@triton.jit(do_not_specialize=["T", "NT"])
+def _pass_dqk(q, x, y, g, do, hs, dhs, dq_prev, dx_prev, dq, dx, r_parts, table, scale, T, NT, TT,
+              H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+              BV: tl.constexpr, POWER: tl.constexpr, HAS_G: tl.constexpr, HAS_PREV: tl.constexpr,
+              IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """dq, dX (X as keys) and the gate partial p (q^.dq^ - x.dx) of one pass O = LA(Q^, X, Y; p g) for one
+    (K-block, chunk, head), given dO; with HAS_PREV, dq_prev and dx_prev are added (a later pass's partials, or
+    X's gradient from its other role). With dA = Gamma * (dO Y^T):
+        dq^ = e^{p l} (dO S_in^T) + dA X,     dx = e^{p (l_C - l)} (Y dS_out^T) + dA^T Q^.
+    hs / dhs [rows, H, K, V] fp32: the state entering and the gradient of the state leaving each chunk; the gate
+    partial of K-block i goes to r_parts[i] [TT, H]."""
+    i_k, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    start, end = _chunk_bounds(table, i_c, T, NT, BT, IS_VARLEN)
+    if start >= end:
+        return
+    o_t = start + tl.arange(0, BT)
+    m_t = o_t < end
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_tk = m_t[:, None] & (o_k[None, :] < K)
+    tok_k = (o_t[:, None] * H + i_h) * K + o_k[None, :]
+    state_base = (i_c.to(tl.int64) * H + i_h) * K * V
+    d_scores = tl.zeros([BT, BT], dtype=tl.float32)
+    acc_q = tl.zeros([BT, BK], dtype=tl.float32)
+    acc_x = tl.zeros([BT, BK], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_tv = m_t[:, None] & (o_v[None, :] < V)
+        dob = tl.load(do + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
+        yb = tl.load(y + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
+        y_t = tl.load(y + (o_t[None, :] * H + i_h) * V + o_v[:, None], mask=m_tv.T, other=0.0).to(tl.float32)
+        # states as [BV, BK] tiles (transposed addressing)
+        m_vk = (o_v[:, None] < V) & (o_k[None, :] < K)
+        sb_t = tl.load(hs + state_base + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0)
+        dsb_t = tl.load(dhs + state_base + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0)
+        d_scores += tl.dot(dob, y_t, input_precision=PREC)
+        acc_q += tl.dot(dob, sb_t, input_precision=PREC)
+        acc_x += tl.dot(yb, dsb_t, input_precision=PREC)
+    o_i = tl.arange(0, BT)
+    causal = o_i[:, None] >= o_i[None, :]
     if HAS_G:
-        acc *= to_end[:, None]
-    p_t = tl.trans(tl.dot(qh, tl.trans(xb), input_precision=PREC) * decay)
-    acc += tl.dot(p_t, dob, input_precision=PREC)
-    tl.store(dy + tok_v, acc.to(dy.dtype.element_ty), mask=m_tv)
-    yb = tl.load(y + tok_v, mask=m_tv, other=0.0).to(tl.float32)
-    sb = tl.load(hs + state_off, mask=m_kv, other=0.0)
-    d_scores = tl.dot(dob, tl.trans(yb), input_precision=PREC) * decay
-    acc_q = tl.dot(dob, tl.trans(sb), input_precision=PREC)
-    if HAS_G:
+        gb = tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32) * POWER
+        gc = tl.cumsum(gb, 0)
         acc_q *= tl.exp(gc)[:, None]
+        acc_x *= tl.exp(tl.sum(gb, 0) - gc)[:, None]
+        d_scores *= tl.exp(tl.where(causal, gc[:, None] - gc[None, :], float("-inf")))
+    d_scores = tl.where(causal, d_scores, 0.0)
+    xb = tl.load(x + tok_k, mask=m_tk, other=0.0).to(tl.float32)
     acc_q += tl.dot(d_scores, xb, input_precision=PREC)
-    acc_x = tl.dot(yb, tl.trans(dsb), input_precision=PREC)
-    if HAS_G:
-        acc_x *= to_end[:, None]
+    qh = tl.load(q + tok_k, mask=m_tk, other=0.0).to(tl.float32) * scale
     acc_x += tl.dot(tl.trans(d_scores), qh, input_precision=PREC)
     if HAS_G:
         r = tl.sum(qh * acc_q - xb * acc_x, 1) * POWER
-        if HAS_PREV:
-            r += tl.load(r_prev + o_t * H + i_h, mask=m_t, other=0.0)
-        tl.store(r_out + o_t * H + i_h, r, mask=m_t)
+        tl.store(r_parts + i_k.to(tl.int64) * TT * H + o_t * H + i_h, r, mask=m_t)
     acc_q *= scale
     if HAS_PREV:
         acc_q += tl.load(dq_prev + tok_k, mask=m_tk, other=0.0)
@@ -206,62 +236,6 @@ def _pass_grads(q, x, y, g, do, hs, dhs, dq_prev, dx_prev, r_prev, dq, dx, dy, r
     tl.store(dq + tok_k, acc_q.to(dq.dtype.element_ty), mask=m_tk)
     tl.store(dx + tok_k, acc_x.to(dx.dtype.element_ty), mask=m_tk)
 
-
-@triton.jit(do_not_specialize=["T", "NT"])
-def _inner_grads(q, k, g, dkt, ss, dss, dq_outer, r_outer, dq, dk, r_out, table, scale, T, NT,
-                 H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, POWER: tl.constexpr,
-                 HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """The inner pass K~ = LA(Q^, K, K; a g) of one (chunk, head), given dK~: dq (plus the outer pass's part),
-    dk (as key and as value) and the whole gate partial. ss / dss: S_in and dS_out [rows, H, K, K] fp32."""
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
-    start, end = _chunk_bounds(table, i_c, T, NT, BT, IS_VARLEN)
-    if start >= end:
-        return
-    o_t = start + tl.arange(0, BT)
-    m_t = o_t < end
-    o_k = tl.arange(0, BK)
-    m_tk = m_t[:, None] & (o_k[None, :] < K)
-    tok_k = (o_t[:, None] * H + i_h) * K + o_k[None, :]
-    state_off = (i_c.to(tl.int64) * H + i_h) * K * K + o_k[:, None] * K + o_k[None, :]
-    m_kk = (o_k[:, None] < K) & (o_k[None, :] < K)
-    o_i = tl.arange(0, BT)
-    causal = o_i[:, None] >= o_i[None, :]
-    qh = tl.load(q + tok_k, mask=m_tk, other=0.0).to(tl.float32) * scale
-    kb = tl.load(k + tok_k, mask=m_tk, other=0.0).to(tl.float32)
-    dktb = tl.load(dkt + tok_k, mask=m_tk, other=0.0)
-    if HAS_G:
-        gb = tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32) * POWER
-        gc = tl.cumsum(gb, 0)
-        gl = tl.sum(gb, 0)
-        decay = tl.exp(tl.where(causal, gc[:, None] - gc[None, :], float("-inf")))
-        to_end = tl.exp(gl - gc)
-    else:
-        decay = tl.where(causal, 1.0, 0.0)
-    # dA = Gamma * (dK~ K^T);  dq^ = e^{a l} (dK~ S_in^T) + dA K
-    d_scores = tl.dot(dktb, tl.trans(kb), input_precision=PREC) * decay
-    sb = tl.load(ss + state_off, mask=m_kk, other=0.0)
-    acc_q = tl.dot(dktb, tl.trans(sb), input_precision=PREC)
-    if HAS_G:
-        acc_q *= tl.exp(gc)[:, None]
-    acc_q += tl.dot(d_scores, kb, input_precision=PREC)
-    dq_total = acc_q * scale + tl.load(dq_outer + tok_k, mask=m_tk, other=0.0)
-    tl.store(dq + tok_k, dq_total.to(dq.dtype.element_ty), mask=m_tk)
-    # k as key: e^{a (l_C - l)} (K dS_out^T) + dA^T Q^;  as value: e^{a (l_C - l)} (K dS_out) + (Gamma * Q^ K^T)^T dK~
-    dsb = tl.load(dss + state_off, mask=m_kk, other=0.0)
-    acc_k = tl.dot(kb, tl.trans(dsb), input_precision=PREC)
-    if HAS_G:
-        acc_k *= to_end[:, None]
-    acc_k += tl.dot(tl.trans(d_scores), qh, input_precision=PREC)
-    if HAS_G:
-        r = tl.sum(qh * acc_q - kb * acc_k, 1) * POWER + tl.load(r_outer + o_t * H + i_h, mask=m_t, other=0.0)
-        tl.store(r_out + o_t * H + i_h, r, mask=m_t)
-    as_value = tl.dot(kb, dsb, input_precision=PREC)
-    if HAS_G:
-        as_value *= to_end[:, None]
-    acc_k += as_value
-    p_t = tl.trans(tl.dot(qh, tl.trans(kb), input_precision=PREC) * decay)
-    acc_k += tl.dot(p_t, dktb, input_precision=PREC)
-    tl.store(dk + tok_k, acc_k.to(dk.dtype.element_ty), mask=m_tk)
 
 def _scan_blocks(dx: int, dy: int, programs: int) -> tuple[int, int]:
     """Tiles of the sequential scans: 64 x 64, or 64 x 32 when that leaves the GPU under-filled."""
@@ -293,24 +267,37 @@ def _out(q, x, y, g, power, hs, scale, lay: Layout, out_dtype, prec):
     by = _pow2(dy, hi=64)
     grid = (triton.cdiv(dy, by), lay.rows, lay.heads)
     _chunk_out[grid](q, x, y, g if g is not None else q, hs, o, lay.table, scale, lay.seqlen, lay.nt,
-                     H=lay.heads, K=dk, DY=dy, BT=BT, BK=_pow2(dk), BY=by, POWER=power, HAS_G=g is not None,
-                     IS_VARLEN=lay.varlen, PREC=prec, num_warps=4, num_stages=2)
+                     H=lay.heads, K=dk, DY=dy, BT=BT, BK=min(_pow2(dk), 64), BY=by, POWER=power,
+                     HAS_G=g is not None, IS_VARLEN=lay.varlen, PREC=prec, num_warps=8, num_stages=2)
     return o
 
 
-def _pass_grads_launch(q, x, y, g, do, hs, dhs, power, scale, lay: Layout, dtypes, prev=None):
-    """(dq, dx, dy, gate partial or None) of one pass, in dtypes (dq, dx, dy); prev: a later pass's
-    (dq, dx, gate partial) to add."""
+def _pass_grads(q, x, y, g, do, hs, dhs, power, scale, lay: Layout, dtypes, prev=None, dy=None):
+    """(dq, dx, dy, gate partial or None) of one pass O = LA(Q^, X, Y; p g), in dtypes (dq, dx, dy); prev: the
+    (dq, dx, gate partial) to add (a later pass's, or X's gradient from its other role); dy: a buffer for dY."""
     dk, dv = q.shape[-1], y.shape[-1]
     h = lay.heads
-    dq, dx, dy = (torch.empty(t.shape, device=q.device, dtype=d) for t, d in zip((q, x, y), dtypes, strict=True))
-    r = torch.empty(lay.total, h, device=q.device, dtype=torch.float32) if g is not None else None
-    dq_prev, dx_prev, r_prev = prev if prev is not None else (dq, dx, r)
-    _pass_grads[(lay.rows, h)](q, x, y, g if g is not None else q, do, hs, dhs, dq_prev, dx_prev,
-                               r_prev if r_prev is not None else dq, dq, dx, dy, r if r is not None else dq,
-                               lay.table, scale, lay.seqlen, lay.nt, H=h, K=dk, V=dv, BT=BT, BK=_pow2(dk),
-                               BV=_pow2(dv), POWER=power, HAS_G=g is not None, HAS_PREV=prev is not None,
-                               IS_VARLEN=lay.varlen, PREC=_precision(q), num_warps=8, num_stages=1)
+    prec = _precision(q)
+    gate = g if g is not None else q
+    dy = torch.empty(y.shape, device=q.device, dtype=dtypes[2]) if dy is None else dy
+    bk, bv = min(_pow2(dk), 64), _pow2(dv, hi=64)
+    _pass_dvalues[(triton.cdiv(dv, bv), lay.rows, h)](q, x, do, gate, dhs, dy, lay.table, scale, lay.seqlen,
+                                                      lay.nt, H=h, K=dk, V=dv, BT=BT, BK=bk, BV=bv, POWER=power,
+                                                      HAS_G=g is not None, IS_VARLEN=lay.varlen, PREC=prec,
+                                                      num_warps=8, num_stages=2)
+    dq, dx = (torch.empty(t.shape, device=q.device, dtype=d) for t, d in zip((q, x), dtypes[:2], strict=True))
+    bk = min(_pow2(dk), 64)
+    nk = triton.cdiv(dk, bk)
+    r_parts = torch.empty(nk, lay.total, h, device=q.device, dtype=torch.float32) if g is not None else None
+    dq_prev, dx_prev, r_prev = prev if prev is not None else (dq, dx, None)
+    _pass_dqk[(nk, lay.rows, h)](q, x, y, gate, do, hs, dhs, dq_prev, dx_prev, dq, dx,
+                                 r_parts if r_parts is not None else dq, lay.table, scale, lay.seqlen, lay.nt,
+                                 lay.total, H=h, K=dk, V=dv, BT=BT, BK=bk, BV=32, POWER=power, HAS_G=g is not None,
+                                 HAS_PREV=prev is not None, IS_VARLEN=lay.varlen, PREC=prec, num_warps=8,
+                                 num_stages=2)
+    r = None
+    if g is not None:
+        r = r_parts.sum(0) if r_prev is None else r_parts.sum(0) + r_prev
     return dq, dx, dy, r
 
 
@@ -355,26 +342,21 @@ def fused_bwd(op, q, k, v, g, saved, finals, do, d_finals, scale, powers, lay: L
     d_out_states, d_out_h0 = _scan(q, do, g, p_out, d_finals[1], lay, True, scale, need_h0)
     f32 = torch.float32
     if op == "hla2":
-        # outer pass: keys K~, values V;  then the inner pass K~ = LA(Q^, K, K), whose k is key and value
-        dq_outer, dmid, dv, r = _pass_grads_launch(q, mid, v, g, do, out_states, d_out_states, p_out, scale, lay,
-                                                   (f32, f32, v.dtype))
+        # outer pass: keys K~, values V;  then the inner pass K~ = LA(Q^, K, K), whose k is key and value: its
+        # value gradient (written first) is added to its key gradient
+        dq_outer, dmid, dv, r = _pass_grads(q, mid, v, g, do, out_states, d_out_states, p_out, scale, lay,
+                                            (f32, f32, v.dtype))
         d_in_states, d_in_h0 = _scan(q, dmid, g, p_in, d_finals[0], lay, True, scale, need_h0)
-        dq = torch.empty_like(q)
-        dk = torch.empty_like(k)
-        r_all = torch.empty_like(r) if g is not None else None
-        _inner_grads[(lay.rows, lay.heads)](q, k, g if g is not None else q, dmid, in_states, d_in_states,
-                                            dq_outer, r if r is not None else dmid, dq, dk,
-                                            r_all if r_all is not None else dmid, lay.table, scale, lay.seqlen,
-                                            lay.nt, H=lay.heads, K=q.shape[-1], BT=BT, BK=_pow2(q.shape[-1]),
-                                            POWER=p_in, HAS_G=g is not None, IS_VARLEN=lay.varlen,
-                                            PREC=_precision(q), num_warps=8, num_stages=1)
+        dk_as_value = torch.empty(k.shape, device=k.device, dtype=f32)
+        dq, dk, _, r_all = _pass_grads(q, k, k, g, dmid, in_states, d_in_states, p_in, scale, lay,
+                                       (q.dtype, k.dtype, f32), prev=(dq_outer, dk_as_value, r), dy=dk_as_value)
     else:
         # outer pass: keys K, values V~;  then the inner pass V~ = LA(Q^, K, V), adding the outer partials
-        dq_outer, dk_outer, dmid, r = _pass_grads_launch(q, k, mid, g, do, out_states, d_out_states, p_out, scale,
-                                                         lay, (f32, f32, f32))
+        dq_outer, dk_outer, dmid, r = _pass_grads(q, k, mid, g, do, out_states, d_out_states, p_out, scale, lay,
+                                                  (f32, f32, f32))
         d_in_states, d_in_h0 = _scan(q, dmid, g, p_in, d_finals[0], lay, True, scale, need_h0)
-        dq, dk, dv, r_all = _pass_grads_launch(q, k, v, g, dmid, in_states, d_in_states, p_in, scale, lay,
-                                               (q.dtype, k.dtype, v.dtype), prev=(dq_outer, dk_outer, r))
+        dq, dk, dv, r_all = _pass_grads(q, k, v, g, dmid, in_states, d_in_states, p_in, scale, lay,
+                                        (q.dtype, k.dtype, v.dtype), prev=(dq_outer, dk_outer, r))
     dg = None
     if g is not None:
         dg = _segment_reverse_cumsum(_final_state_gate_terms(r_all, finals, d_finals, powers, lay), lay)
@@ -417,10 +399,6 @@ def hla_fused(op, q, k, v, g, decay, normalize, eps, scale, initial_state, outpu
     """Backend "fused" of kernels.hla2 and kernels.ahla (same contract); inputs already validated. Returns
     (o in q's dtype, HLA2State / AHLAState or None). normalize=True appends a ones column to v (the
     denominator rides through both passes) and divides at the end."""
-    dk, dvs = q.shape[-1], v.shape[-1] + (1 if normalize else 0)
-    if dk > MAX_DIM or dvs > MAX_DIM:
-        raise ValueError(f"{op}: backend='fused' supports K and value columns up to {MAX_DIM} (V + 1 with "
-                         f"normalize=True), got K={dk}, {dvs}; use backend='triton' (the composition)")
     powers = decay_powers(op, decay)
     vv = with_ones(v) if normalize else v
     h0 = (None, None) if initial_state is None else tuple(initial_state)
