@@ -3,14 +3,15 @@
 Two launches (notation of triton_fwd; P[t, s] = scale q_t.k_s exp(gc_t - gc_s) [s <= t], W[t, s] = P * Lambda):
   1. `_intra_bwd`, one program per (chunk, head): dW = do v^T, dv = W^T do, dlambda_t[l] = sum_{s: level l}
      (dW * P)[t, s] for l = 0..6, dP = dW * Lambda, dq = dP k * ..., dk = dP^T q * ... (plain stores, fp32).
-  2. `_level_scan_bwd`, one program per (V-block, sequence, head, direction), the two directions running at once:
+  2. `_level_scan_bwd`, one program per (V-block, sequence, head, level group, direction), the two directions
+     running at once:
      - direction 0 walks the chunks forward, recomputing R exactly as the forward does, and adds
        dq_t += scale exp(gc_t) sum_j w_tj (do_t R_j^T) and dlambda_t[6 + j] += [bit j-1 of c] do_t . (q_eff_t R_j);
      - direction 1 walks them backward carrying dR [K, NJ * BV] (all chunk levels, one tile), starting from the
        final-state gradient: at chunk c, with dL = sum_j [bit j-1 of c clear] dR_j (the levels c wrote to),
            dv += kd dL,   dk += exp(gl - gc) * (v dL^T),   dR <- exp(gl) dR + q_eff^T (w * do),
        then levels reset at c get dR_j = 0.
-     dq and dk sum over V-blocks with fp32 atomics; dv is owned by one program.
+     dq, dk, dv and dlambda sum over V-blocks and level groups with fp32 atomics.
 Recomputing R in direction 0 keeps the backward's memory at the forward's (no per-chunk level states stored).
 Gate gradient: every decay is exp(G_t - G_s) with q_t carrying exp(G_t) and k_s exp(-G_s) (G the in-document
 cumsum of g), so dL/dG_t = q_t . dq_t - k_t . dk_t (+ sum_j <R_j, dR_j> of the final chunk-level states at a
@@ -86,12 +87,14 @@ def _intra_bwd(q, k, v, g, lam, do, dq, dk, dv, dlam, chunks, scale, NL,
              mask=m_tk)
 
 
-@triton.jit(do_not_specialize=["NL"])
-def _level_scan_bwd(q, k, v, g, lam, do, drfin, dq, dk, dv, dlam, seqs, scale, NL,
+@triton.jit(do_not_specialize=["NL", "J0", "NJT"])
+def _level_scan_bwd(q, k, v, g, lam, do, drfin, dq, dk, dv, dlam, seqs, scale, NL, J0, NJT,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                     BV: tl.constexpr, NJ: tl.constexpr, HAS_G: tl.constexpr, HAS_DRFIN: tl.constexpr,
                     LOWP: tl.constexpr, PREC: tl.constexpr):
-    i_v, i_nh, direction = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    direction = tl.program_id(2) % 2
+    j0 = J0 + (tl.program_id(2) // 2) * NJ  # this program's levels: j0 + 1 .. j0 + NJ
     i_n, i_h = i_nh // H, i_nh % H
     bos = tl.load(seqs + i_n * 3).to(tl.int64)
     eos = tl.load(seqs + i_n * 3 + 1).to(tl.int64)
@@ -101,17 +104,17 @@ def _level_scan_bwd(q, k, v, g, lam, do, drfin, dq, dk, dv, dlam, seqs, scale, N
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     cols = tl.arange(0, NJ * BV)
-    col_j = cols // BV
+    col_j = j0 + cols // BV  # level j - 1 of each column
     col_v = i_v * BV + cols % BV
     m_col = col_v < V
     o_v = i_v * BV + tl.arange(0, BV)
-    o_j = tl.arange(0, NJ)
+    o_j = j0 + tl.arange(0, NJ)
     if direction == 0:
         state = tl.zeros([BK, NJ * BV], dtype=tl.float32)
         for i in range(nchunks):
             c = p0 // C + i
             o_t, m_t, q_eff, kd, decay, keep, read, w = _scan_chunk(
-                q, k, g, lam, bos, eos, bos - front + i * C, c, i_h, o_k, col_j, scale, NL, H, K, C, NJ, BV, HAS_G)
+                q, k, g, lam, bos, eos, bos - front + i * C, c, i_h, o_k, col_j, j0, scale, NL, H, K, C, NJ, BV, HAS_G)
             state = tl.where(keep[None, :], state, 0.0)
             dob = tl.load(do + (o_t[:, None] * H + i_h) * V + o_v[None, :],
                           mask=m_t[:, None] & (o_v[None, :] < V), other=0.0).to(tl.float32)
@@ -136,21 +139,20 @@ def _level_scan_bwd(q, k, v, g, lam, do, drfin, dq, dk, dv, dlam, seqs, scale, N
         d_state = tl.zeros([BK, NJ * BV], dtype=tl.float32)
         if HAS_DRFIN:
             c_last = (p0 + eos - bos - 1) // C
-            on = (((c_last >> col_j) & 1) == 1) & m_col
-            ptr = drfin + ((i_nh.to(tl.int64) * NJ + col_j[None, :]) * K + o_k[:, None]) * V + col_v[None, :]
+            on = (((c_last >> col_j) & 1) == 1) & m_col & (col_j < NJT)
+            ptr = drfin + ((i_nh.to(tl.int64) * NJT + col_j[None, :]) * K + o_k[:, None]) * V + col_v[None, :]
             d_state += tl.load(ptr, mask=m_k[:, None] & on[None, :], other=0.0)
             d_state = tl.where(nchunks > 0, d_state, 0.0)
         for it in range(nchunks):
             i = nchunks - 1 - it
             c = p0 // C + i
             o_t, m_t, q_eff, kd, decay, keep, read, w = _scan_chunk(
-                q, k, g, lam, bos, eos, bos - front + i * C, c, i_h, o_k, col_j, scale, NL, H, K, C, NJ, BV, HAS_G)
+                q, k, g, lam, bos, eos, bos - front + i * C, c, i_h, o_k, col_j, j0, scale, NL, H, K, C, NJ, BV, HAS_G)
             # the write added kd^T v to every level not read at c: its gradient is the sum of those levels' dR
             d_local = _sum_levels(tl.where(read[None, :], 0.0, d_state), BK, NJ, BV)
             m_tv = m_t[:, None] & (o_v[None, :] < V)
             vb = tl.load(v + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
-            dv_ptr = dv + (o_t[:, None] * H + i_h) * V + o_v[None, :]
-            tl.store(dv_ptr, tl.load(dv_ptr, mask=m_tv, other=0.0) + _mm(kd, d_local, q, LOWP, PREC), mask=m_tv)
+            tl.atomic_add(dv + (o_t[:, None] * H + i_h) * V + o_v[None, :], _mm(kd, d_local, q, LOWP, PREC), mask=m_tv)
             d_kd = _mm(vb, tl.trans(d_local), q, LOWP, PREC)
             if HAS_G:
                 gb = tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
@@ -206,14 +208,14 @@ class LogLinearAttnFunction(torch.autograd.Function):
             _intra_bwd[(lay.rows, h)](qf, kf, vf, gate, lf, do, dq, dk, dv, dlam, lay.chunks, scale, nl, H=h, K=dk_,
                                       V=dv_, C=CHUNK, BK=pow2(dk_), BV=min(64, pow2(dv_)), HAS_G=gf is not None,
                                       PREC=prec, num_warps=8, num_stages=1)
-        if lay.nj:
-            bv = lay.scan_block_v(dv_)
-            has_drfin = drfin is not None and rfin is not None
-            _level_scan_bwd[(triton.cdiv(dv_, bv), lay.n * h, 2)](
+        has_drfin = drfin is not None and rfin is not None
+        for j0, nj, groups in lay.level_groups():
+            bv = lay.scan_block_v(dv_, nj)
+            _level_scan_bwd[(triton.cdiv(dv_, bv), lay.n * h, 2 * groups)](
                 qf, kf, vf, gate, lf, do, drfin.contiguous() if has_drfin else qf, dq, dk, dv, dlam, lay.seqs,
-                scale, nl, H=h, K=dk_, V=dv_, C=CHUNK, BK=pow2(dk_), BV=bv, NJ=lay.NJ, HAS_G=gf is not None,
-                HAS_DRFIN=has_drfin, LOWP=lowp(qf.dtype), PREC=prec, num_warps=scan_warps(pow2(dk_), lay.NJ * bv),
-                num_stages=1)
+                scale, nl, j0, lay.nj, H=h, K=dk_, V=dv_, C=CHUNK, BK=pow2(dk_), BV=bv, NJ=nj,
+                HAS_G=gf is not None, HAS_DRFIN=has_drfin, LOWP=lowp(qf.dtype), PREC=prec,
+                num_warps=scan_warps(pow2(dk_), nj * bv), num_stages=1)
         dg = None
         if gf is not None:
             d_big_g = (qf.float() * dq).sum(-1) - (kf.float() * dk).sum(-1)

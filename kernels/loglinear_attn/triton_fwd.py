@@ -9,17 +9,19 @@ of which lo .. hi - 1 are real. Two launches:
   1. `_intra_fwd`, one program per (V-block, chunk, head), all chunks in parallel, levels 0..6:
          o = scale * ((q k^T * exp(gc_t - gc_s) [s <= t]) * Lambda) v,   Lambda[t, s] = lambda_t[bit_length(t xor s)]
      with gc the in-chunk inclusive cumsum of g and t, s in-chunk offsets (Lambda built in-kernel).
-  2. `_level_scan_fwd`, one program per (V-block, sequence, head), walks the sequence's chunks in order and carries
-     every chunk-level state at once in one register tile R [K, NJ * BV] (level j = 1..NJ in columns
-     (j - 1) * BV .. j * BV - 1; level 6 + j of SPEC's Fenwick hierarchy). Chunk c (absolute index):
+  2. `_level_scan_fwd`, one program per (V-block, sequence, head, level group), walks the sequence's chunks in
+     order and carries all chunk-level states of its group at once in one register tile R [K, NJ * BV] (level
+     j = 1..NJ in columns (j - 1) * BV .. j * BV - 1; level 6 + j of SPEC's Fenwick hierarchy; one group holds up
+     to OPTIONS["scan_levels"] = 8 levels, so up to T = 64 * 2^8 = 16384 one program carries every level).
+     Chunk c (absolute index):
          reset level j if c mod 2^j == 0;
          o_t += sum_j [bit j-1 of c] lambda_t[6 + j] (scale exp(gc_t) q_t) R_j     (one tl.dot, then a sum over j)
          R <- exp(gl) R + [bit j-1 of c clear] (k * exp(gl - gc))^T v             (gl: the chunk's total log decay)
-     The read is one tl.dot on the stacked tile; the write is one [K, BV] tl.dot copied into the written levels'
-     columns. At the end it stores the final chunk-level states R_j * [bit j-1 of the last chunk set] (the levels
-     7.. of the final state).
-Both accumulate in fp32 and write an fp32 output (the caller casts). NJ, the number of chunk levels, is the next
-power of two of the levels the longest sequence reaches, so a handful of variants compile; nothing specialises on T.
+     The read is one tl.dot on the stacked tile (added to o with fp32 atomics: level groups share tokens); the
+     write is one [K, BV] tl.dot copied into the written levels' columns. At the end it stores the final
+     chunk-level states R_j * [bit j-1 of the last chunk set] (the levels 7.. of the final state).
+Both accumulate in fp32 and write an fp32 output (the caller casts). NJ is a power of two (the last group of levels
+is padded), so a handful of variants compile; nothing specialises on T.
 The prior levels of an initial state and the final levels 0..6 are exact torch code around these kernels
 (triton_bwd.loglinear_attn_triton).
 """
@@ -42,9 +44,11 @@ CHUNK_LEVELS_C = tl.constexpr(CHUNK_LEVELS)
 #   scan_cols:  columns of the stacked level tile R [K, NJ * BV] of the level scans (BV = scan_cols / NJ, 16..32).
 #   scan_warps: warps per level-scan program (forward and backward); 0: 8, or 16 when the stacked tile holds more
 #               than 16K values (K = 128 with 16 stacked chunk levels, i.e. T > 16384).
+#   scan_levels: most chunk levels one level-scan program carries (a power of two); more levels take more
+#               programs (see LevelLayout.level_groups).
 #   lowp:       16-bit inputs: the level scans' tl.dot operands rounded to the input dtype (fp32 accumulation)
 #               instead of tf32 products of fp32 tiles.
-OPTIONS = {"scan_cols": 128, "scan_warps": 0, "lowp": True}
+OPTIONS = {"scan_cols": 128, "scan_warps": 0, "scan_levels": 8, "lowp": True}
 
 
 def _apply_env_options():
@@ -143,6 +147,18 @@ class LevelLayout:
                 moves[n] = torch.eye(nl)
         return moves.to(device)
 
+    def level_groups(self, count: int | None = None) -> list[tuple[int, int, int]]:
+        """Launches of a level scan over `count` stacked states (the nj chunk levels unless given) as (first index
+        j0, stacked states NJ, programs along the group axis): groups of OPTIONS["scan_levels"] (a power of two),
+        then the rest padded to a power of two. Levels evolve independently, so a group's programs carry only their
+        own levels (and their reads add atomically): nj = 9 is 8 + 1 stacked levels, not 16."""
+        size = OPTIONS["scan_levels"]
+        full, rest = divmod(self.nj if count is None else count, size)
+        out = [(0, size, full)] if full else []
+        if rest:
+            out.append((full * size, triton.next_power_of_2(rest), 1))
+        return out
+
     def scan_block_v(self, dv: int, stacked: int | None = None) -> int:
         """V-block of the level scans: the stacked tile R is [K, S * BV] (S = NJ stacked levels unless given) with
         S * BV about OPTIONS["scan_cols"] columns, BV in 16..32."""
@@ -232,12 +248,13 @@ def _intra_fwd(q, k, v, g, lam, o, chunks, scale, NL,
 
 
 @triton.jit
-def _scan_chunk(q, k, g, lam, bos, eos, base, c, i_h, o_k, col_j, scale, NL,
+def _scan_chunk(q, k, g, lam, bos, eos, base, c, i_h, o_k, col_j, j0, scale, NL,
                 H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, NJ: tl.constexpr, BV: tl.constexpr,
                 HAS_G: tl.constexpr):
     """Per-chunk pieces of the level scans: tokens, masks, q_eff = scale exp(gc) q, kd = exp(gl - gc) k (fp32),
     the chunk's decay exp(gl), the per-column read weights lambda_t[6 + j] [bit j-1 of c] and the masks
-    keep (level j survives: c mod 2^j != 0) and read (bit j-1 of c)."""
+    keep (level j survives: c mod 2^j != 0) and read (bit j-1 of c); col_j = j - 1 per column, levels
+    j0 + 1 .. j0 + NJ."""
     o_t = base + tl.arange(0, C)
     m_t = (o_t >= bos) & (o_t < eos)
     m_tk = m_t[:, None] & (o_k[None, :] < K)
@@ -256,7 +273,7 @@ def _scan_chunk(q, k, g, lam, bos, eos, base, c, i_h, o_k, col_j, scale, NL,
         decay = 1.0
     keep = (c % (2 << col_j)) != 0
     read = ((c >> col_j) & 1) == 1
-    o_j = tl.arange(0, NJ)
+    o_j = j0 + tl.arange(0, NJ)
     lev = CHUNK_LEVELS_C + 1 + o_j
     w = tl.load(lam + (o_t[:, None] * H + i_h) * NL + lev[None, :],
                 mask=m_t[:, None] & ((lev < NL) & (((c >> o_j) & 1) == 1))[None, :], other=0.0).to(tl.float32)
@@ -289,12 +306,13 @@ def _sum_levels(x, R: tl.constexpr, S: tl.constexpr, BV: tl.constexpr):
     return tl.sum(tl.reshape(x, [R, S, BV]), 1)
 
 
-@triton.jit(do_not_specialize=["NL"])
-def _level_scan_fwd(q, k, v, g, lam, o, rfin, seqs, scale, NL,
+@triton.jit(do_not_specialize=["NL", "J0", "NJT"])
+def _level_scan_fwd(q, k, v, g, lam, o, rfin, seqs, scale, NL, J0, NJT,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                     BV: tl.constexpr, NJ: tl.constexpr, HAS_G: tl.constexpr, STORE_FINAL: tl.constexpr,
                     LOWP: tl.constexpr, PREC: tl.constexpr):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    j0 = J0 + tl.program_id(2) * NJ  # this program's levels: j0 + 1 .. j0 + NJ
     i_n, i_h = i_nh // H, i_nh % H
     bos = tl.load(seqs + i_n * 3).to(tl.int64)
     eos = tl.load(seqs + i_n * 3 + 1).to(tl.int64)
@@ -303,7 +321,7 @@ def _level_scan_fwd(q, k, v, g, lam, o, rfin, seqs, scale, NL,
     nchunks = (front + eos - bos + C - 1) // C
     o_k = tl.arange(0, BK)
     cols = tl.arange(0, NJ * BV)
-    col_j = cols // BV
+    col_j = j0 + cols // BV  # level j - 1 of each column
     col_v = i_v * BV + cols % BV
     m_col = col_v < V
     o_v = i_v * BV + tl.arange(0, BV)
@@ -311,20 +329,19 @@ def _level_scan_fwd(q, k, v, g, lam, o, rfin, seqs, scale, NL,
     for i in range(nchunks):
         c = p0 // C + i
         o_t, m_t, q_eff, kd, decay, keep, read, w = _scan_chunk(
-            q, k, g, lam, bos, eos, bos - front + i * C, c, i_h, o_k, col_j, scale, NL, H, K, C, NJ, BV, HAS_G)
+            q, k, g, lam, bos, eos, bos - front + i * C, c, i_h, o_k, col_j, j0, scale, NL, H, K, C, NJ, BV, HAS_G)
         state = tl.where(keep[None, :], state, 0.0)
         inter = _sum_levels(_mm(q_eff, state, q, LOWP, PREC) * w, C, NJ, BV)
         m_tv = m_t[:, None] & (o_v[None, :] < V)
-        out_ptr = o + (o_t[:, None] * H + i_h) * V + o_v[None, :]
-        tl.store(out_ptr, tl.load(out_ptr, mask=m_tv, other=0.0) + inter, mask=m_tv)
+        tl.atomic_add(o + (o_t[:, None] * H + i_h) * V + o_v[None, :], inter, mask=m_tv)
         vb = tl.load(v + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
         local = _mm(tl.trans(kd), vb, q, LOWP, PREC)
         state = state * decay + tl.where(read[None, :], 0.0, _tile_levels(local, BK, NJ, BV))
     if STORE_FINAL:
         c_last = (p0 + eos - bos - 1) // C
         on = (((c_last >> col_j) & 1) == 1) & (nchunks > 0)
-        ptr = rfin + ((i_nh.to(tl.int64) * NJ + col_j[None, :]) * K + o_k[:, None]) * V + col_v[None, :]
-        tl.store(ptr, tl.where(on[None, :], state, 0.0), mask=(o_k[:, None] < K) & m_col[None, :])
+        ptr = rfin + ((i_nh.to(tl.int64) * NJT + col_j[None, :]) * K + o_k[:, None]) * V + col_v[None, :]
+        tl.store(ptr, tl.where(on[None, :], state, 0.0), mask=(o_k[:, None] < K) & (m_col & (col_j < NJT))[None, :])
 
 
 def intra_fwd(q, k, v, g, lam, scale, lay: LevelLayout, o):
@@ -340,12 +357,14 @@ def intra_fwd(q, k, v, g, lam, scale, lay: LevelLayout, o):
 
 
 def level_scan_fwd(q, k, v, g, lam, scale, lay: LevelLayout, o, store_final: bool):
-    """o += the chunk-level reads; returns the final chunk-level states [N, H, NJ, K, V] fp32 (or None)."""
+    """o += the chunk-level reads; returns the final chunk-level states [N, H, nj, K, V] fp32 (or None)."""
     h, dk, dv = q.shape[1], q.shape[2], v.shape[2]
-    rfin = torch.empty(lay.n, h, lay.NJ, dk, dv, device=q.device, dtype=torch.float32) if store_final else None
-    bv = lay.scan_block_v(dv)
-    _level_scan_fwd[(triton.cdiv(dv, bv), lay.n * h)](
-        q, k, v, g if g is not None else q, lam, o, rfin if rfin is not None else o, lay.seqs, scale, lam.shape[-1],
-        H=h, K=dk, V=dv, C=CHUNK, BK=pow2(dk), BV=bv, NJ=lay.NJ, HAS_G=g is not None, STORE_FINAL=store_final,
-        LOWP=lowp(q.dtype), PREC=dot_precision(q.dtype), num_warps=scan_warps(pow2(dk), lay.NJ * bv), num_stages=1)
+    rfin = torch.empty(lay.n, h, lay.nj, dk, dv, device=q.device, dtype=torch.float32) if store_final else None
+    for j0, nj, groups in lay.level_groups():
+        bv = lay.scan_block_v(dv, nj)
+        _level_scan_fwd[(triton.cdiv(dv, bv), lay.n * h, groups)](
+            q, k, v, g if g is not None else q, lam, o, rfin if rfin is not None else o, lay.seqs, scale,
+            lam.shape[-1], j0, lay.nj, H=h, K=dk, V=dv, C=CHUNK, BK=pow2(dk), BV=bv, NJ=nj, HAS_G=g is not None,
+            STORE_FINAL=store_final, LOWP=lowp(q.dtype), PREC=dot_precision(q.dtype),
+            num_warps=scan_warps(pow2(dk), nj * bv), num_stages=1)
     return rfin

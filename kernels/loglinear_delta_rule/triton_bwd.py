@@ -6,8 +6,8 @@ forward) and the forward step R' = M where(keep, R, 0) + zcols v_w (mode 0; no w
     dL = sum_j [write j] dR'_j:   dM += dR' R^T,   dzcols += dL v^T,   dv += zcols^T dL        (the write)
     dR = M^T dR' + q_eff^T (w * do),   dq_eff += (w * do) R^T,   dw_tj = do_t . (q_eff_t R_j)   (the read)
     dR <- where(keep, dR, 0)
-dM, dzcols, dq_eff and the weights' gradients sum over V-blocks with fp32 atomics; dv is owned by one program. In
-mode 1 the gradient left at the first chunk is the initial levels' gradient.
+dM, dzcols, dq_eff, dv and the weights' gradients sum over V-blocks and level groups with fp32 atomics. In mode 1
+the gradient left at the first chunk is the initial levels' gradient.
 
 The "triton" backend (`loglinear_delta_rule_triton`): the per-chunk pieces (E, q_eff, M, zcols: the WY/UT form of
 chunk.prepare_delta) and the levels 0..6 block (E * Lambda) V are batched torch ops over all chunks at once,
@@ -35,16 +35,17 @@ from kernels.loglinear_attn.triton_fwd import (
 )
 
 from .chunk import prepare_delta
-from .triton_fwd import _scan_masks, delta_level_scan_fwd, dot_precision, scan_sizes
+from .triton_fwd import _scan_masks, delta_level_scan_fwd, dot_precision, scan_launches
 
 
-@triton.jit(do_not_specialize=["NL", "NW", "ROWS"])
+@triton.jit(do_not_specialize=["NL", "NW", "ROWS", "NS", "J0"])
 def _delta_level_scan_bwd(q_eff, mat, zcols, v, lam, wts, rs, dout, drfin, dq_eff, dmat, dzcols, dv, dlam, dwts,
-                          dr0, seq_chunks, NL, NW, ROWS,
+                          dr0, seq_chunks, NL, NW, ROWS, NS, J0,
                           K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                          S: tl.constexpr, NS: tl.constexpr, H: tl.constexpr, MODE: tl.constexpr,
+                          S: tl.constexpr, H: tl.constexpr, MODE: tl.constexpr,
                           HAS_DRFIN: tl.constexpr, STORE_DR0: tl.constexpr, PREC: tl.constexpr):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    j0 = J0 + tl.program_id(2) * S  # this program's stacked states j0 .. j0 + S - 1
     i_n, i_h = i_nh // H, i_nh % H
     row0 = tl.load(seq_chunks + i_n * 3).to(tl.int64)
     nchunks = tl.load(seq_chunks + i_n * 3 + 1)
@@ -53,11 +54,11 @@ def _delta_level_scan_bwd(q_eff, mat, zcols, v, lam, wts, rs, dout, drfin, dq_ef
     m_k = o_k < K
     o_c = tl.arange(0, C)
     cols = tl.arange(0, S * BV)
-    col_j = cols // BV
+    col_j = j0 + cols // BV
     col_v = i_v * BV + cols % BV
     m_col = col_v < V
     o_v = i_v * BV + tl.arange(0, BV)
-    o_j = tl.arange(0, S)
+    o_j = j0 + tl.arange(0, S)
     st_off = (col_j[None, :] * K + o_k[:, None]) * V + col_v[None, :]
     m_st = m_k[:, None] & (m_col & (col_j < NS))[None, :]
     d_state = tl.zeros([BK, S * BV], dtype=tl.float32)
@@ -71,7 +72,7 @@ def _delta_level_scan_bwd(q_eff, mat, zcols, v, lam, wts, rs, dout, drfin, dq_ef
         i = nchunks - 1 - it
         c = c0 + i
         hr = i_h * ROWS + row0 + i
-        keep, read, w = _scan_masks(lam, wts, hr, c, o_c, col_j, NL, NW, C, S, BV, MODE)
+        keep, read, w = _scan_masks(lam, wts, hr, c, o_c, col_j, j0, NL, NW, C, S, BV, MODE)
         state = tl.load(rs + hr * NS * K * V + st_off, mask=m_st, other=0.0).to(tl.float32)
         m_kk = m_k[:, None] & m_k[None, :]
         if MODE == 0:
@@ -81,8 +82,8 @@ def _delta_level_scan_bwd(q_eff, mat, zcols, v, lam, wts, rs, dout, drfin, dq_ef
             vb = tl.load(v + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=(o_v < V)[None, :], other=0.0)
             tl.atomic_add(dzcols + (hr * K + o_k[:, None]) * C + o_c[None, :],
                           tl.dot(d_local, tl.trans(vb), input_precision=PREC), mask=m_k[:, None])
-            tl.store(dv + (hr * C + o_c[:, None]) * V + o_v[None, :],
-                     tl.dot(tl.trans(zc), d_local, input_precision=PREC), mask=(o_v < V)[None, :])
+            tl.atomic_add(dv + (hr * C + o_c[:, None]) * V + o_v[None, :],
+                          tl.dot(tl.trans(zc), d_local, input_precision=PREC), mask=(o_v < V)[None, :])
         tl.atomic_add(dmat + (hr * K + o_k[:, None]) * K + o_k[None, :],
                       tl.dot(d_state, tl.trans(state), input_precision=PREC), mask=m_kk)
         m = tl.load(mat + (hr * K + o_k[:, None]) * K + o_k[None, :], mask=m_kk, other=0.0)
@@ -128,19 +129,20 @@ class DeltaLevelScanFunction(torch.autograd.Function):
         dv_ = v.shape[-1]
         nl = lam.shape[-1]
         nw = wts.shape[-1] if wts is not None else 1
-        s, ns, bv = scan_sizes(lay, mode, nw if mode == 1 else nl, dv_)
+        ns = nw if mode == 1 else lay.nj
         dq_eff, dmat, dzcols = torch.zeros_like(q_eff), torch.zeros_like(mat), torch.zeros_like(zcols)
         dv = torch.zeros_like(v)
         dlam = torch.zeros_like(lam)
         dwts = None if wts is None else torch.zeros_like(wts)
         dr0 = torch.zeros(lay.n, h, ns, dk, dv_, device=v.device, dtype=torch.float32) if ctx.has_r0 else None
-        _delta_level_scan_bwd[(triton.cdiv(dv_, bv), lay.n * h)](
-            q_eff, mat, zcols, v, lam, wts if wts is not None else lam, rs, dout.contiguous(),
-            drfin.contiguous() if drfin is not None else rs, dq_eff, dmat, dzcols, dv, dlam,
-            dwts if dwts is not None else dlam, dr0 if dr0 is not None else dlam, lay.seq_chunks, nl, nw, rows,
-            K=dk, V=dv_, C=CHUNK, BK=pow2(dk), BV=bv, S=s, NS=ns, H=h, MODE=mode, HAS_DRFIN=drfin is not None,
-            STORE_DR0=dr0 is not None, PREC=dot_precision(ctx.in_dtype), num_warps=scan_warps(pow2(dk), s * bv),
-            num_stages=1)
+        for j0, s, groups, bv in scan_launches(lay, mode, ns, dv_):
+            _delta_level_scan_bwd[(triton.cdiv(dv_, bv), lay.n * h, groups)](
+                q_eff, mat, zcols, v, lam, wts if wts is not None else lam, rs, dout.contiguous(),
+                drfin.contiguous() if drfin is not None else rs, dq_eff, dmat, dzcols, dv, dlam,
+                dwts if dwts is not None else dlam, dr0 if dr0 is not None else dlam, lay.seq_chunks, nl, nw, rows,
+                ns, j0, K=dk, V=dv_, C=CHUNK, BK=pow2(dk), BV=bv, S=s, H=h, MODE=mode,
+                HAS_DRFIN=drfin is not None, STORE_DR0=dr0 is not None, PREC=dot_precision(ctx.in_dtype),
+                num_warps=scan_warps(pow2(dk), s * bv), num_stages=1)
         return dq_eff, dmat, dzcols, (dv if mode == 0 else None), (dlam if mode == 0 else None), dwts, dr0, None, \
             None, None
 

@@ -4,7 +4,8 @@ one program, moved chunk to chunk by the chunk's Householder product with one tl
 Inputs are chunk-major, [H, rows, ...] fp32 (the per-chunk pieces of kernels.loglinear_delta_rule.chunk.prepare_delta
 on the chunks of kernels.loglinear_attn.triton_fwd.LevelLayout): q_eff [C, K] (q_eff_t S = q_t^T P_{t<-chunk start} S),
 M [K, K] (a state through the chunk: S -> M S), zcols [K, C] (column s = P_{end<-s} beta_s k_s), v [C, V].
-`_delta_level_scan_fwd`, one program per (V-block, sequence, head), carries R [K, S * BV], S stacked states:
+`_delta_level_scan_fwd`, one program per (V-block, sequence, head, group of up to 8 states; reads added with fp32
+atomics), carries R [K, S * BV], S stacked states:
   mode 0 (chunk levels, S = NJ): level j = 1..NJ resets at chunks c with c mod 2^j == 0, is read when bit j-1 of c
       is set (weights lambda_t[6 + j]) and written otherwise:
           R <- where(keep, R, 0);  o_t += sum_j w_tj q_eff_t R_j;  R <- M R + [write j] zcols v
@@ -31,10 +32,11 @@ from kernels.loglinear_attn.triton_fwd import (
 
 
 @triton.jit
-def _scan_masks(lam, wts, hr, c, o_c, col_j, NL, NW, C: tl.constexpr, S: tl.constexpr, BV: tl.constexpr,
+def _scan_masks(lam, wts, hr, c, o_c, col_j, j0, NL, NW, C: tl.constexpr, S: tl.constexpr, BV: tl.constexpr,
                 MODE: tl.constexpr):
-    """keep [S*BV] (the state survives entering chunk c), read [S*BV] and the read weights w [C, S*BV]."""
-    o_j = tl.arange(0, S)
+    """keep [S*BV] (the state survives entering chunk c), read [S*BV] and the read weights w [C, S*BV] of the
+    stacked states j0 .. j0 + S - 1 (col_j: each column's state index)."""
+    o_j = j0 + tl.arange(0, S)
     if MODE == 0:
         keep = (c % (2 << col_j)) != 0
         read = ((c >> col_j) & 1) == 1
@@ -48,12 +50,13 @@ def _scan_masks(lam, wts, hr, c, o_c, col_j, NL, NW, C: tl.constexpr, S: tl.cons
     return keep, read, _spread_levels(w, C, S, BV)
 
 
-@triton.jit(do_not_specialize=["NL", "NW", "ROWS"])
-def _delta_level_scan_fwd(q_eff, mat, zcols, v, lam, wts, r0, out, rfin, rs, seq_chunks, NL, NW, ROWS,
+@triton.jit(do_not_specialize=["NL", "NW", "ROWS", "NS", "J0"])
+def _delta_level_scan_fwd(q_eff, mat, zcols, v, lam, wts, r0, out, rfin, rs, seq_chunks, NL, NW, ROWS, NS, J0,
                           K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                          S: tl.constexpr, NS: tl.constexpr, H: tl.constexpr, MODE: tl.constexpr,
+                          S: tl.constexpr, H: tl.constexpr, MODE: tl.constexpr,
                           HAS_R0: tl.constexpr, STORE_FINAL: tl.constexpr, PREC: tl.constexpr):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    j0 = J0 + tl.program_id(2) * S  # this program's stacked states j0 .. j0 + S - 1
     i_n, i_h = i_nh // H, i_nh % H
     row0 = tl.load(seq_chunks + i_n * 3).to(tl.int64)
     nchunks = tl.load(seq_chunks + i_n * 3 + 1)
@@ -62,7 +65,7 @@ def _delta_level_scan_fwd(q_eff, mat, zcols, v, lam, wts, r0, out, rfin, rs, seq
     m_k = o_k < K
     o_c = tl.arange(0, C)
     cols = tl.arange(0, S * BV)
-    col_j = cols // BV
+    col_j = j0 + cols // BV
     col_v = i_v * BV + cols % BV
     m_col = col_v < V
     o_v = i_v * BV + tl.arange(0, BV)
@@ -75,13 +78,13 @@ def _delta_level_scan_fwd(q_eff, mat, zcols, v, lam, wts, r0, out, rfin, rs, seq
     for i in range(nchunks):
         c = c0 + i
         hr = i_h * ROWS + row0 + i
-        keep, read, w = _scan_masks(lam, wts, hr, c, o_c, col_j, NL, NW, C, S, BV, MODE)
+        keep, read, w = _scan_masks(lam, wts, hr, c, o_c, col_j, j0, NL, NW, C, S, BV, MODE)
         state = tl.where(keep[None, :], state, 0.0)
         tl.store(rs + hr * NS * K * V + st_off, state.to(rs.dtype.element_ty), mask=m_st)
         qe = tl.load(q_eff + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
         reads = tl.dot(qe, state, input_precision=PREC) * w
-        tl.store(out + (hr * C + o_c[:, None]) * V + o_v[None, :], tl.sum(tl.reshape(reads, [C, S, BV]), 1),
-                 mask=(o_v < V)[None, :])
+        tl.atomic_add(out + (hr * C + o_c[:, None]) * V + o_v[None, :], tl.sum(tl.reshape(reads, [C, S, BV]), 1),
+                      mask=(o_v < V)[None, :])
         m = tl.load(mat + (hr * K + o_k[:, None]) * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)
         state = tl.dot(m, state, input_precision=PREC)
         if MODE == 0:
@@ -102,12 +105,10 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def scan_sizes(lay: LevelLayout, mode: int, nl: int, dv: int):
-    """(S stacked states, NS stored levels, BV) of a mode-0 (chunk levels) or mode-1 (prior levels) scan."""
-    if mode == 0:
-        return lay.NJ, lay.nj, lay.scan_block_v(dv)
-    stacked = triton.next_power_of_2(nl)
-    return stacked, nl, lay.scan_block_v(dv, stacked)
+def scan_launches(lay: LevelLayout, mode: int, count: int, dv: int) -> list[tuple[int, int, int, int]]:
+    """(first state j0, stacked states S, programs along the group axis, BV) of each launch of a scan over `count`
+    states (mode 0: the nj chunk levels; mode 1: the L prior levels), grouped as LevelLayout.level_groups."""
+    return [(j0, s, groups, lay.scan_block_v(dv, s)) for j0, s, groups in lay.level_groups(count)]
 
 
 def delta_level_scan_fwd(q_eff, mat, zcols, v, lam, wts, r0, lay: LevelLayout, mode: int, in_dtype):
@@ -117,15 +118,16 @@ def delta_level_scan_fwd(q_eff, mat, zcols, v, lam, wts, r0, lay: LevelLayout, m
     dv = v.shape[-1]
     nl = lam.shape[-1]
     nw = wts.shape[-1] if wts is not None else 1
-    s, ns, bv = scan_sizes(lay, mode, nw if mode == 1 else nl, dv)
+    ns = nw if mode == 1 else lay.nj
     dev = q_eff.device
     out = torch.zeros(h, rows, CHUNK, dv, device=dev, dtype=torch.float32)
     rfin = torch.zeros(lay.n, h, ns, dk, dv, device=dev, dtype=torch.float32)
     # 16-bit inputs keep the chunk states in their dtype (as kernels.delta_rule does): half the memory
     rs = torch.empty(h, rows, ns, dk, dv, device=dev, dtype=torch.float32 if in_dtype == torch.float32 else in_dtype)
-    _delta_level_scan_fwd[(triton.cdiv(dv, bv), lay.n * h)](
-        q_eff, mat, zcols, v, lam, wts if wts is not None else lam, r0 if r0 is not None else rfin, out, rfin, rs,
-        lay.seq_chunks, nl, nw, rows, K=dk, V=dv, C=CHUNK, BK=pow2(dk), BV=bv, S=s, NS=ns, H=h, MODE=mode,
-        HAS_R0=r0 is not None, STORE_FINAL=True, PREC=dot_precision(in_dtype), num_warps=scan_warps(pow2(dk), s * bv),
-        num_stages=1)
+    for j0, s, groups, bv in scan_launches(lay, mode, ns, dv):
+        _delta_level_scan_fwd[(triton.cdiv(dv, bv), lay.n * h, groups)](
+            q_eff, mat, zcols, v, lam, wts if wts is not None else lam, r0 if r0 is not None else rfin, out, rfin,
+            rs, lay.seq_chunks, nl, nw, rows, ns, j0, K=dk, V=dv, C=CHUNK, BK=pow2(dk), BV=bv, S=s, H=h, MODE=mode,
+            HAS_R0=r0 is not None, STORE_FINAL=True, PREC=dot_precision(in_dtype),
+            num_warps=scan_warps(pow2(dk), s * bv), num_stages=1)
     return out, rfin, rs

@@ -249,6 +249,19 @@ def test_triton_half_inputs():
         assert error_ratio(a, b) <= tol, f"fp16 {name}: {error_ratio(a, b)}"
 
 
+@triton_only
+def test_triton_level_groups(monkeypatch):
+    """Two chunk levels per scan program (so T = 300 after a 100-token prior splits its three chunk levels into
+    groups of 2 + 1, and the delta rule's prior levels into groups of 2): the groups add up to the definition."""
+    from kernels.loglinear_attn.triton_fwd import OPTIONS
+
+    monkeypatch.setitem(OPTIONS, "scan_levels", 2)
+    x = make(2, 300, seed=17, nl=num_levels(400))
+    init = prior_state([0, 100], nl=x["lam"].shape[-1], seed=18)
+    ref = run("quadratic", x, init=init, dtype=torch.float64)
+    assert_close(run("triton", x, init=init), ref, "triton level groups of 2")
+
+
 def test_input_errors():
     x = {n: val.float() for n, val in make(1, 75, seed=2).items()}
     args = (x["q"], x["k"], x["v"], x["g"])

@@ -228,6 +228,19 @@ def test_triton_unit_level_scales_is_delta_rule():
     assert error_ratio(st.levels.sum(2), sb) <= TOL
 
 
+@triton_only
+def test_triton_level_groups(monkeypatch):
+    """Two chunk levels per scan program (so T = 300 after a 100-token prior splits its three chunk levels into
+    groups of 2 + 1, and the delta rule's prior levels into groups of 2): the groups add up to the definition."""
+    from kernels.loglinear_attn.triton_fwd import OPTIONS
+
+    monkeypatch.setitem(OPTIONS, "scan_levels", 2)
+    x = make(2, 300, seed=17, nl=num_levels(400))
+    init = prior_state([0, 100], nl=x["lam"].shape[-1], seed=18)
+    ref = run("quadratic", x, init=init, dtype=torch.float64)
+    assert_close(run("triton", x, init=init), ref, "triton level groups of 2")
+
+
 def test_input_errors():
     x = {n: val.float() for n, val in make(1, 75, seed=2).items()}
     args = [x[n] for n in NAMES[:5]]
