@@ -13,12 +13,13 @@ states are fp32 and every exponent is <= 0. Forward, four launches:
   2. `_chunk_out`: K~ (or V~) for all chunks in parallel, fp32,
   3. `_state_scan`: the outer state entering every chunk (F_in),
   4. `_chunk_out`: O for all chunks in parallel.
-Backward, the same in reverse (dF carried backwards, then dS):
+Backward, the same in reverse (dF carried backwards, then dS), each pass's gradients in two chunk-parallel
+kernels (`_pass_dvalues` per (V-block, chunk, head); `_pass_dqk` per (K-block, chunk, head), looping over V):
   1. `_state_scan` reversed with (Q^, dO): dF_out of every chunk, and d F_0,
-  2. `_pass_grads` per chunk: the outer pass's dK~ (fp32), dv and its parts of dq and of the gate gradient,
+  2. `_pass_dvalues`, `_pass_dqk` of the outer pass: dv, dK~ (fp32) and its parts of dq and of the gate gradient,
   3. `_state_scan` reversed with (Q^, dK~): dS_out of every chunk, and d S_0,
-  4. `_inner_grads` (hla2: k is key and value of the inner pass) or `_pass_grads` (ahla): dq, dk, dv and the
-     whole gate partial.
+  4. `_pass_dvalues`, `_pass_dqk` of the inner pass: k's gradient as value (written first), then dq and dk as
+     key with the outer pass's partials and the value part added (ahla: the inner pass's dq, dk, dv likewise).
 Gate gradient: pass p decays by exp(p (G_t - G_s)), G the in-document cumsum of g, so
 dL/dG_t = b (q^_t.dq^outer_t - x_t.dx_t) + a (q^_t.dq^inner_t - k_t.dk^key_t) (x the outer pass's keys), plus
 b <F_T, dF_T> + a <S_T, dS_T> at a document's last token; dg_t = sum_{s >= t in its document} dL/dG_s (as in
@@ -176,7 +177,7 @@ def _pass_dvalues(q, x, do, g, dhs, dy, table, scale, T, NT,
     tl.store(dy + (o_t[:, None] * H + i_h) * V + o_v[None, :], acc.to(dy.dtype.element_ty), mask=m_tv)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])
+@triton.jit(do_not_specialize=["T", "NT", "TT"])
 def _pass_dqk(q, x, y, g, do, hs, dhs, dq_prev, dx_prev, dq, dx, r_parts, table, scale, T, NT, TT,
               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
               BV: tl.constexpr, POWER: tl.constexpr, HAS_G: tl.constexpr, HAS_PREV: tl.constexpr,

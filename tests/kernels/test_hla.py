@@ -521,8 +521,10 @@ def test_paper_chunk_formulas_are_not_hla2():
     assert error_ratio(ref - fig2, own) < F64
 
 
-# The fused chunked kernels (backend "fused", hla2 and ahla): fp32 under the interpreter against the float64
-# oracles.
+# The fused chunked kernels (backend "fused", hla2 and ahla): fp32 (under the interpreter without CUDA) against the
+# float64 oracles on the CPU.
+FUSED_DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 def _fused_vs_references(q, k, v, g, h0, decay, normalize=False, scale=1.0, cu=None, seed=30, op="hla2"):
     """Outputs, both final states and every gradient (q, k, v, g, both initial states) of "fused" in fp32 against
@@ -533,13 +535,14 @@ def _fused_vs_references(q, k, v, g, h0, decay, normalize=False, scale=1.0, cu=N
     dst = [torch.randn(x.shape, generator=gen, dtype=torch.float64) for x in h0]
 
     def run(backend, dtype):
-        leaves = [None if x is None else x.to(dtype).requires_grad_() for x in (q, k, v, g, *h0)]
+        dev = FUSED_DEV if backend == "fused" else "cpu"
+        leaves = [None if x is None else x.to(device=dev, dtype=dtype).requires_grad_() for x in (q, k, v, g, *h0)]
         o, fin = OPS[op](*leaves[:4], decay=decay, normalize=normalize, scale=scale,
-                         initial_state=type(h0)(*leaves[4:]), output_final_state=True, cu_seqlens=cu,
-                         backend=backend)
+                         initial_state=type(h0)(*leaves[4:]), output_final_state=True,
+                         cu_seqlens=None if cu is None else cu.to(dev), backend=backend)
         loss = (o * do.to(o)).sum() + sum((f * d.to(f)).sum() for f, d in zip(fin, dst, strict=True))
         inputs = [x for x in leaves if x is not None]
-        return [o, *fin], list(torch.autograd.grad(loss, inputs))
+        return [x.cpu() for x in (o, *fin)], [x.cpu() for x in torch.autograd.grad(loss, inputs)]
 
     out_f, grad_f = run("fused", torch.float32)
     assert out_f[0].dtype == torch.float32 and all(x.dtype == torch.float32 for x in out_f[1:])
@@ -593,13 +596,13 @@ def test_fused_hla2_without_states(decay):
     gen = torch.Generator().manual_seed(38)
     do = torch.randn(v.shape, generator=gen, dtype=torch.float64)
 
-    def grads(fn, dtype):
-        leaves = [x.to(dtype).requires_grad_() for x in (q, k, v, g)]
+    def grads(fn, dtype, dev):
+        leaves = [x.to(device=dev, dtype=dtype).requires_grad_() for x in (q, k, v, g)]
         o = fn(*leaves)
-        return [o, *torch.autograd.grad((o * do.to(o)).sum(), leaves)]
+        return [x.cpu() for x in (o, *torch.autograd.grad((o * do.to(o)).sum(), leaves))]
 
-    got = grads(lambda *x: hla2(*x, decay=decay, backend="fused")[0], torch.float32)
-    ref = grads(lambda *x: hla_masked("hla2", *x, decay=decay), torch.float64)
+    got = grads(lambda *x: hla2(*x, decay=decay, backend="fused")[0], torch.float32, FUSED_DEV)
+    ref = grads(lambda *x: hla_masked("hla2", *x, decay=decay), torch.float64, "cpu")
     for name, a, b in zip(["o", "dq", "dk", "dv", "dg"], got, ref, strict=True):
         assert error_ratio(a, b) < 1e-4, name
 
@@ -617,12 +620,13 @@ def test_fused_hla2_low_precision_inputs():
     """bf16 / fp16 inputs: o and grads in the inputs' dtype, states fp32, close to the float64 definition."""
     q, k, v, g = make(1, 70, 2, 16, 8, "weak", seed=39)
     for dtype, tol in ((torch.bfloat16, 1e-2), (torch.float16, 2e-3)):
-        leaves = [x.to(dtype).requires_grad_() for x in (q, k, v)]
-        o, st = hla2(*leaves, g.float(), backend="fused", output_final_state=True)
+        leaves = [x.to(device=FUSED_DEV, dtype=dtype).requires_grad_() for x in (q, k, v)]
+        o, st = hla2(*leaves, g.float().to(FUSED_DEV), backend="fused", output_final_state=True)
         assert o.dtype == dtype and all(x.dtype == torch.float32 for x in st)
         dq, = torch.autograd.grad(o.float().square().sum(), leaves[:1])
         assert dq.dtype == dtype
-        exact = [x.detach().double().requires_grad_() for x in leaves]
+        o, dq = o.cpu(), dq.cpu()
+        exact = [x.detach().cpu().double().requires_grad_() for x in leaves]
         ref = hla_masked("hla2", *exact, g)
         ref_dq, = torch.autograd.grad(ref.square().sum(), exact[:1])
         assert error_ratio(o, ref) < tol and error_ratio(dq, ref_dq) < 2 * tol, dtype
@@ -641,8 +645,9 @@ def test_fused_ahla_matches_float64(gate):
     _fused_vs_references(q, k, v, g, AHLAState(h0.P.abs(), h0.E.abs()), "d1", normalize=True, op="ahla")
 
 
+@pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
 def test_fused_backend_errors():
-    q, k, v, _ = make(1, 5, 1, 4, 3, None)
+    q, k, v, _ = (None if x is None else x.to(FUSED_DEV) for x in make(1, 5, 1, 4, 3, None))
     with pytest.raises(ValueError, match="hla2 and ahla only"):
         hla3(q.float(), k.float(), v.float(), backend="fused")
     with pytest.raises(TypeError, match="float32"):
