@@ -43,7 +43,7 @@ CHUNK_LEVELS_C = tl.constexpr(CHUNK_LEVELS)
 # HILO_LOGLINEAR="scan_cols=64,scan_warps=4,lowp=0". None changes anything for fp32 inputs but the tile shapes.
 #   scan_cols:  columns of the stacked level tile R [K, NJ * BV] of the level scans (BV = scan_cols / NJ, 16..32).
 #   scan_warps: warps per level-scan program (forward and backward); 0: 8, or 16 when the stacked tile holds more
-#               than 16K values (K = 128 with 16 stacked chunk levels, i.e. T > 16384).
+#               than 16K values (K = 256, or scan_cols above 128).
 #   scan_levels: most chunk levels one level-scan program carries (a power of two); more levels take more
 #               programs (see LevelLayout.level_groups).
 #   lowp:       16-bit inputs: the level scans' tl.dot operands rounded to the input dtype (fp32 accumulation)
@@ -94,7 +94,6 @@ class LevelLayout:
 
     def __init__(self, segs, starts, t: int, device):
         self.n = len(segs)
-        self.total = (max(r for r, _, _ in segs) + 1) * t if segs else 0
         seq_rows, chunk_rows, seq_chunks, positions, nj = [], [], [], [], 0
         self.last_tokens, self.nonempty, self.first_rows, self.chunk_counts = [], [], [], []
         for (row, s, e), p0 in zip(segs, starts):
@@ -119,7 +118,6 @@ class LevelLayout:
         self.chunk_pos = torch.cat(positions).to(device)
         self.rows = len(chunk_rows)
         self.nj = nj
-        self.NJ = triton.next_power_of_2(max(nj, 1))
         lengths = torch.tensor([e - s for _, s, e in segs], dtype=torch.int64)
         ids = torch.repeat_interleave(torch.arange(self.n, dtype=torch.int64), lengths)
         # rows of a [B, T] batch are all covered (no gaps), so token order == sequence order
@@ -159,10 +157,10 @@ class LevelLayout:
             out.append((full * size, triton.next_power_of_2(rest), 1))
         return out
 
-    def scan_block_v(self, dv: int, stacked: int | None = None) -> int:
-        """V-block of the level scans: the stacked tile R is [K, S * BV] (S = NJ stacked levels unless given) with
-        S * BV about OPTIONS["scan_cols"] columns, BV in 16..32."""
-        stacked = stacked or self.NJ
+    @staticmethod
+    def scan_block_v(dv: int, stacked: int) -> int:
+        """V-block of a level scan whose stacked tile R is [K, stacked * BV]: stacked * BV about
+        OPTIONS["scan_cols"] columns, BV in 16..32."""
         # tl.dot needs every dimension >= 16, and the write's [K, BV] dot has N = BV
         return min(max(OPTIONS["scan_cols"] // stacked, 16), 32, pow2(dv))
 
