@@ -173,7 +173,7 @@ def _segment_reverse_cumsum(x: torch.Tensor, lay: LevelLayout) -> torch.Tensor:
 
 class LogLinearAttnFunction(torch.autograd.Function):
     """(q, k, v, g, lam) -> (o fp32 [B, T, H, V] without the prior levels' reads, final chunk-level states
-    [N, H, NJ, K, V] fp32 or None)."""
+    [N, H, nj, K, V] fp32 or None)."""
 
     @staticmethod
     def forward(ctx, q, k, v, g, lam, lay, scale, want_final):
