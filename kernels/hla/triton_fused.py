@@ -45,8 +45,9 @@ from kernels.linear_attn.triton_fwd import BT, Layout, _chunk_bounds, _pow2, _se
 from .state import STATE_TYPES, decay_powers, split_normalized, with_ones
 
 
-def _precision(x: torch.Tensor) -> str:
-    return "ieee" if x.dtype == torch.float32 else "tf32"
+def _precision(q: torch.Tensor) -> str:
+    """The dots' precision for inputs of q's dtype (fp32 intermediates such as K~ do not change it)."""
+    return "ieee" if q.dtype == torch.float32 else "tf32"
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
@@ -246,7 +247,7 @@ def _scan_blocks(dx: int, dy: int, programs: int) -> tuple[int, int]:
     return bx, by
 
 
-def _scan(x, y, g, power, h0, lay: Layout, reverse: bool, x_scale: float, store_last: bool):
+def _scan(x, y, g, power, h0, lay: Layout, reverse: bool, x_scale: float, store_last: bool, prec: str):
     """Per-chunk states hs [rows, H, DX, DY] fp32 and the last state [N, H, DX, DY] fp32 (or None)."""
     dx, dy = x.shape[-1], y.shape[-1]
     h = lay.heads
@@ -257,7 +258,7 @@ def _scan(x, y, g, power, h0, lay: Layout, reverse: bool, x_scale: float, store_
     _state_scan[grid](x, y, g if g is not None else x, h0 if h0 is not None else hs, hs,
                       ht if ht is not None else hs, lay.bounds, lay.offsets, x_scale, lay.seqlen, lay.nt,
                       H=h, DX=dx, DY=dy, BT=BT, BX=bx, BY=by, POWER=power, REVERSE=reverse, HAS_G=g is not None,
-                      HAS_H0=h0 is not None, STORE_HT=store_last, IS_VARLEN=lay.varlen, PREC=_precision(x),
+                      HAS_H0=h0 is not None, STORE_HT=store_last, IS_VARLEN=lay.varlen, PREC=prec,
                       num_warps=4, num_stages=2)
     return hs, ht
 
@@ -281,13 +282,12 @@ def _pass_grads(q, x, y, g, do, hs, dhs, power, scale, lay: Layout, dtypes, prev
     prec = _precision(q)
     gate = g if g is not None else q
     dy = torch.empty(y.shape, device=q.device, dtype=dtypes[2]) if dy is None else dy
-    bk, bv = min(_pow2(dk), 64), _pow2(dv, hi=64)
+    bk, bv = min(_pow2(dk), 64), _pow2(dv, hi=64)  # 64-wide blocks keep the bf16 H200 build free of spills
     _pass_dvalues[(triton.cdiv(dv, bv), lay.rows, h)](q, x, do, gate, dhs, dy, lay.table, scale, lay.seqlen,
                                                       lay.nt, H=h, K=dk, V=dv, BT=BT, BK=bk, BV=bv, POWER=power,
                                                       HAS_G=g is not None, IS_VARLEN=lay.varlen, PREC=prec,
                                                       num_warps=8, num_stages=2)
     dq, dx = (torch.empty(t.shape, device=q.device, dtype=d) for t, d in zip((q, x), dtypes[:2], strict=True))
-    bk = min(_pow2(dk), 64)
     nk = triton.cdiv(dk, bk)
     r_parts = torch.empty(nk, lay.total, h, device=q.device, dtype=torch.float32) if g is not None else None
     dq_prev, dx_prev, r_prev = prev if prev is not None else (dq, dx, None)
@@ -328,10 +328,10 @@ def fused_fwd(op, q, k, v, g, scale, powers, h0, lay: Layout, store_final: bool,
     p_in, p_out = powers
     prec = _precision(q)
     inner_value = k if op == "hla2" else v
-    in_states, in_last = _scan(k, inner_value, g, p_in, h0[0], lay, False, 1.0, store_final)
+    in_states, in_last = _scan(k, inner_value, g, p_in, h0[0], lay, False, 1.0, store_final, prec)
     mid = _out(q, k, inner_value, g, p_in, in_states, scale, lay, torch.float32, prec)
     outer_key, outer_value = (mid, v) if op == "hla2" else (k, mid)
-    out_states, out_last = _scan(outer_key, outer_value, g, p_out, h0[1], lay, False, 1.0, store_final)
+    out_states, out_last = _scan(outer_key, outer_value, g, p_out, h0[1], lay, False, 1.0, store_final, prec)
     o = _out(q, outer_key, outer_value, g, p_out, out_states, scale, lay, out_dtype, prec)
     return o, (in_last, out_last), (mid, in_states, out_states)
 
@@ -340,14 +340,15 @@ def fused_bwd(op, q, k, v, g, saved, finals, do, d_finals, scale, powers, lay: L
     """Gradients (dq, dk, dv, dg or None, (d inner, d outer) initial states or None) on the packed layout."""
     p_in, p_out = powers
     mid, in_states, out_states = saved
-    d_out_states, d_out_h0 = _scan(q, do, g, p_out, d_finals[1], lay, True, scale, need_h0)
+    prec = _precision(q)
+    d_out_states, d_out_h0 = _scan(q, do, g, p_out, d_finals[1], lay, True, scale, need_h0, prec)
     f32 = torch.float32
     if op == "hla2":
         # outer pass: keys K~, values V;  then the inner pass K~ = LA(Q^, K, K), whose k is key and value: its
         # value gradient (written first) is added to its key gradient
         dq_outer, dmid, dv, r = _pass_grads(q, mid, v, g, do, out_states, d_out_states, p_out, scale, lay,
                                             (f32, f32, v.dtype))
-        d_in_states, d_in_h0 = _scan(q, dmid, g, p_in, d_finals[0], lay, True, scale, need_h0)
+        d_in_states, d_in_h0 = _scan(q, dmid, g, p_in, d_finals[0], lay, True, scale, need_h0, prec)
         dk_as_value = torch.empty(k.shape, device=k.device, dtype=f32)
         dq, dk, _, r_all = _pass_grads(q, k, k, g, dmid, in_states, d_in_states, p_in, scale, lay,
                                        (q.dtype, k.dtype, f32), prev=(dq_outer, dk_as_value, r), dy=dk_as_value)
@@ -355,7 +356,7 @@ def fused_bwd(op, q, k, v, g, saved, finals, do, d_finals, scale, powers, lay: L
         # outer pass: keys K, values V~;  then the inner pass V~ = LA(Q^, K, V), adding the outer partials
         dq_outer, dk_outer, dmid, r = _pass_grads(q, k, mid, g, do, out_states, d_out_states, p_out, scale, lay,
                                                   (f32, f32, f32))
-        d_in_states, d_in_h0 = _scan(q, dmid, g, p_in, d_finals[0], lay, True, scale, need_h0)
+        d_in_states, d_in_h0 = _scan(q, dmid, g, p_in, d_finals[0], lay, True, scale, need_h0, prec)
         dq, dk, dv, r_all = _pass_grads(q, k, v, g, dmid, in_states, d_in_states, p_in, scale, lay,
                                         (q.dtype, k.dtype, v.dtype), prev=(dq_outer, dk_outer, r))
     dg = None
