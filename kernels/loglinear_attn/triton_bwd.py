@@ -27,6 +27,7 @@ from .triton_fwd import (
     CHUNK,
     CHUNK_LEVELS_C,
     LevelLayout,
+    _accumulate,
     _chunk_rows,
     _in_chunk_lambda,
     _in_chunk_levels,
@@ -125,12 +126,12 @@ def _level_scan_bwd(q, k, v, g, lam, do, drfin, dq, dk, dv, dlam, seqs, scale, N
                 d_q *= (tl.exp(gc) * scale)[:, None]
             else:
                 d_q *= scale
-            tl.atomic_add(dq + (o_t[:, None] * H + i_h) * K + o_k[None, :], d_q, mask=m_t[:, None] & m_k[None, :])
+            _accumulate(dq + (o_t[:, None] * H + i_h) * K + o_k[None, :], d_q, m_t[:, None] & m_k[None, :])
             reads = _mm(q_eff, state, q, LOWP, PREC) * do_cols * read.to(tl.float32)[None, :]
             d_w = tl.sum(tl.reshape(reads, [C, NJ, BV]), 2)
             lev = CHUNK_LEVELS_C + 1 + o_j
-            tl.atomic_add(dlam + (o_t[:, None] * H + i_h) * NL + lev[None, :], d_w,
-                          mask=m_t[:, None] & (lev < NL)[None, :])
+            _accumulate(dlam + (o_t[:, None] * H + i_h) * NL + lev[None, :], d_w,
+                        mask=m_t[:, None] & (lev < NL)[None, :])
             vb = tl.load(v + (o_t[:, None] * H + i_h) * V + o_v[None, :],
                          mask=m_t[:, None] & (o_v[None, :] < V), other=0.0).to(tl.float32)
             local = _mm(tl.trans(kd), vb, q, LOWP, PREC)
@@ -152,12 +153,12 @@ def _level_scan_bwd(q, k, v, g, lam, do, drfin, dq, dk, dv, dlam, seqs, scale, N
             d_local = _sum_levels(tl.where(read[None, :], 0.0, d_state), BK, NJ, BV)
             m_tv = m_t[:, None] & (o_v[None, :] < V)
             vb = tl.load(v + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
-            tl.atomic_add(dv + (o_t[:, None] * H + i_h) * V + o_v[None, :], _mm(kd, d_local, q, LOWP, PREC), mask=m_tv)
+            _accumulate(dv + (o_t[:, None] * H + i_h) * V + o_v[None, :], _mm(kd, d_local, q, LOWP, PREC), m_tv)
             d_kd = _mm(vb, tl.trans(d_local), q, LOWP, PREC)
             if HAS_G:
                 gb = tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
                 d_kd *= tl.exp(tl.sum(gb, 0) - tl.cumsum(gb, 0))[:, None]
-            tl.atomic_add(dk + (o_t[:, None] * H + i_h) * K + o_k[None, :], d_kd, mask=m_t[:, None] & m_k[None, :])
+            _accumulate(dk + (o_t[:, None] * H + i_h) * K + o_k[None, :], d_kd, m_t[:, None] & m_k[None, :])
             dob = tl.load(do + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
             d_state = d_state * decay + _mm(tl.trans(q_eff), _tile_levels(dob, C, NJ, BV) * w, q, LOWP, PREC)
             d_state = tl.where(keep[None, :], d_state, 0.0)

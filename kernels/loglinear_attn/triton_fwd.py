@@ -285,6 +285,12 @@ def _spread_levels(w, R: tl.constexpr, S: tl.constexpr, BV: tl.constexpr):
 
 
 @triton.jit
+def _accumulate(ptr, val, mask):
+    """*ptr += val with fp32 atomics; relaxed: only the sum matters, no ordering with other memory."""
+    tl.atomic_add(ptr, val, mask=mask, sem="relaxed")
+
+
+@triton.jit
 def _mm(a, b, ref, LOWP: tl.constexpr, PREC: tl.constexpr):
     """a @ b with fp32 accumulation; LOWP: operands rounded to ref's (16-bit input) dtype first, for the fast MMA."""
     if LOWP:
@@ -331,7 +337,7 @@ def _level_scan_fwd(q, k, v, g, lam, o, rfin, seqs, scale, NL, J0, NJT,
         state = tl.where(keep[None, :], state, 0.0)
         inter = _sum_levels(_mm(q_eff, state, q, LOWP, PREC) * w, C, NJ, BV)
         m_tv = m_t[:, None] & (o_v[None, :] < V)
-        tl.atomic_add(o + (o_t[:, None] * H + i_h) * V + o_v[None, :], inter, mask=m_tv)
+        _accumulate(o + (o_t[:, None] * H + i_h) * V + o_v[None, :], inter, m_tv)
         vb = tl.load(v + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
         local = _mm(tl.trans(kd), vb, q, LOWP, PREC)
         state = state * decay + tl.where(read[None, :], 0.0, _tile_levels(local, BK, NJ, BV))

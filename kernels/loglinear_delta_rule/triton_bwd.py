@@ -26,6 +26,7 @@ from kernels.loglinear_attn.triton_fwd import (
     CHUNK,
     CHUNK_LEVELS_C,
     LevelLayout,
+    _accumulate,
     _sum_levels,
     _tile_levels,
     last_chunk_levels,
@@ -80,28 +81,28 @@ def _delta_level_scan_bwd(q_eff, mat, zcols, v, lam, wts, rs, dout, drfin, dq_ef
             d_local = _sum_levels(tl.where(read[None, :], 0.0, d_state), BK, S, BV)
             zc = tl.load(zcols + (hr * K + o_k[:, None]) * C + o_c[None, :], mask=m_k[:, None], other=0.0)
             vb = tl.load(v + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=(o_v < V)[None, :], other=0.0)
-            tl.atomic_add(dzcols + (hr * K + o_k[:, None]) * C + o_c[None, :],
-                          tl.dot(d_local, tl.trans(vb), input_precision=PREC), mask=m_k[:, None])
-            tl.atomic_add(dv + (hr * C + o_c[:, None]) * V + o_v[None, :],
-                          tl.dot(tl.trans(zc), d_local, input_precision=PREC), mask=(o_v < V)[None, :])
-        tl.atomic_add(dmat + (hr * K + o_k[:, None]) * K + o_k[None, :],
-                      tl.dot(d_state, tl.trans(state), input_precision=PREC), mask=m_kk)
+            _accumulate(dzcols + (hr * K + o_k[:, None]) * C + o_c[None, :],
+                        tl.dot(d_local, tl.trans(vb), input_precision=PREC), m_k[:, None])
+            _accumulate(dv + (hr * C + o_c[:, None]) * V + o_v[None, :],
+                        tl.dot(tl.trans(zc), d_local, input_precision=PREC), (o_v < V)[None, :])
+        _accumulate(dmat + (hr * K + o_k[:, None]) * K + o_k[None, :],
+                    tl.dot(d_state, tl.trans(state), input_precision=PREC), m_kk)
         m = tl.load(mat + (hr * K + o_k[:, None]) * K + o_k[None, :], mask=m_kk, other=0.0)
         d_state = tl.dot(tl.trans(m), d_state, input_precision=PREC)
         qe = tl.load(q_eff + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
         do_cols = _tile_levels(tl.load(dout + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=(o_v < V)[None, :],
                                        other=0.0), C, S, BV)
         do_w = do_cols * w
-        tl.atomic_add(dq_eff + (hr * C + o_c[:, None]) * K + o_k[None, :],
-                      tl.dot(do_w, tl.trans(state), input_precision=PREC), mask=m_k[None, :])
+        _accumulate(dq_eff + (hr * C + o_c[:, None]) * K + o_k[None, :],
+                    tl.dot(do_w, tl.trans(state), input_precision=PREC), m_k[None, :])
         d_w = tl.sum(tl.reshape(tl.dot(qe, state, input_precision=PREC) * do_cols, [C, S, BV]), 2)
         if MODE == 0:
             lev = CHUNK_LEVELS_C + 1 + o_j
             bits = ((c >> o_j) & 1) == 1
-            tl.atomic_add(dlam + (hr * C + o_c[:, None]) * NL + lev[None, :], d_w,
-                          mask=((lev < NL) & bits)[None, :])
+            _accumulate(dlam + (hr * C + o_c[:, None]) * NL + lev[None, :], d_w,
+                        mask=((lev < NL) & bits)[None, :])
         else:
-            tl.atomic_add(dwts + (hr * C + o_c[:, None]) * NW + o_j[None, :], d_w, mask=(o_j < NW)[None, :])
+            _accumulate(dwts + (hr * C + o_c[:, None]) * NW + o_j[None, :], d_w, (o_j < NW)[None, :])
         d_state += tl.dot(tl.trans(qe), do_w, input_precision=PREC)
         d_state = tl.where(keep[None, :], d_state, 0.0)
     if STORE_DR0:

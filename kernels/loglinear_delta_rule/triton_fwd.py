@@ -24,6 +24,7 @@ from kernels.loglinear_attn.triton_fwd import (
     CHUNK,
     CHUNK_LEVELS_C,
     LevelLayout,
+    _accumulate,
     _spread_levels,
     _tile_levels,
     pow2,
@@ -83,8 +84,8 @@ def _delta_level_scan_fwd(q_eff, mat, zcols, v, lam, wts, r0, out, rfin, rs, seq
         tl.store(rs + hr * NS * K * V + st_off, state.to(rs.dtype.element_ty), mask=m_st)
         qe = tl.load(q_eff + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
         reads = tl.dot(qe, state, input_precision=PREC) * w
-        tl.atomic_add(out + (hr * C + o_c[:, None]) * V + o_v[None, :], tl.sum(tl.reshape(reads, [C, S, BV]), 1),
-                      mask=(o_v < V)[None, :])
+        _accumulate(out + (hr * C + o_c[:, None]) * V + o_v[None, :], tl.sum(tl.reshape(reads, [C, S, BV]), 1),
+                    mask=(o_v < V)[None, :])
         m = tl.load(mat + (hr * K + o_k[:, None]) * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)
         state = tl.dot(m, state, input_precision=PREC)
         if MODE == 0:
