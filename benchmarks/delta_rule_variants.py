@@ -9,8 +9,8 @@ and T=32768 B=1 (H16 D128, bf16), and per-kernel times from torch.profiler.
 
 Variants: "old" is the build before the switches existed (fp32/tf32 backward intermediates, two backward kernels,
 state V-blocks down to 32, tf32 prepare products, separate intra and output kernels); "new" is the default OPTIONS;
-lowp_bwd, fused and bv16 turn the switches on one at a time from "old" (new = bv16 + hi/lo prepare products); the
-rest change one thing of the new build (launch warps/stages/blocks, or one OPTIONS switch). Variants that would
+lowp_bwd, fused, bv16 and prep_split turn the switches on one at a time from "old" (new = prep_split +
+state_scale_v); the rest change one thing of the new build (launch warps/stages/blocks, or one OPTIONS switch). Variants that would
 start after BUDGET_S seconds are skipped (name them with --variants to run them).
 Imports only torch, triton, kernels and benchmarks.kernels.
 """
@@ -34,7 +34,7 @@ DEFAULTS = dict(triton_fwd.OPTIONS)
 WARPS, STAGES, SBV = dict(triton_fwd.NUM_WARPS), dict(triton_fwd.NUM_STAGES), dict(triton_fwd.STATE_BV)
 GB = dict(triton_fwd.GRADS_BLOCKS)
 OLD = {"lowp_bwd": False, "prepare_mode": 0, "fused_bwd": False, "state_bv_min": 32, "intra_in_state_bwd": 0,
-       "output_in_state": 0}
+       "output_in_state": 0, "state_scale_v": False}
 # name -> OPTIONS, plus optional "_warps" / "_stages" / "_state_bv" / "_grads_blocks" overrides of triton_fwd.NUM_WARPS
 # / NUM_STAGES / STATE_BV / GRADS_BLOCKS (launch tuning).
 VARIANTS = {
@@ -43,7 +43,9 @@ VARIANTS = {
     "new_bv32": {**DEFAULTS, "state_bv_min": 32},  # new with the old state V-block floor (also a fallback)
     "lowp_bwd": {**OLD, "lowp_bwd": True},
     "fused": {**OLD, "lowp_bwd": True, "fused_bwd": True},
-    "bv16": {**OLD, "lowp_bwd": True, "fused_bwd": True, "state_bv_min": 16},  # new = bv16 + prepare_mode 2
+    "bv16": {**OLD, "lowp_bwd": True, "fused_bwd": True, "state_bv_min": 16},
+    "prep_split": {**OLD, "lowp_bwd": True, "fused_bwd": True, "state_bv_min": 16, "prepare_mode": 2},
+    # new = prep_split + state_scale_v
     # one change to the new build
     "new_state_fw8": {**DEFAULTS, "_warps": {"state": 8}},  # forward state pass: 8 warps spill far less on sm_90
     "new_prep_w8": {**DEFAULTS, "_warps": {"prepare": 8}},  # prepare: no spill at 8 warps on sm_90

@@ -41,8 +41,12 @@ CHUNK = 64
 # Defaults 0 for the last two: compiled for sm_90 (Triton 3.9, ptxas via cuobjdump --dump-resource-usage) the state
 # passes already use 255 registers and the fused variants spill 2-3x more (state BV=64: 992 -> 2112 bytes of stack at
 # 4 warps; state_bwd BV=64: 320 -> 616 at 8 warps); benchmarks/delta_rule_variants.py measures both.
+#   state_scale_v: the state passes put per-token decays (and scale) on their [C, BV] tiles (U in the forward, dO
+#                 in the backward) rather than on [C, K] tiles of K and Q, which then feed the products as loaded:
+#                 fewer registers (sm_90, Triton 3.9: forward state at BV 64 spills 96 B instead of 992 B per thread,
+#                 state_bwd 32 B instead of 320 B). Same rounding class (one 16-bit rounding of a scaled tile).
 OPTIONS = {"lowp_bwd": True, "prepare_mode": 2, "fused_bwd": True, "state_bv_min": 16, "intra_in_state_bwd": 0,
-           "output_in_state": 0}
+           "output_in_state": 0, "state_scale_v": True}
 
 
 def _apply_env_options():
@@ -238,7 +242,7 @@ def _state_kernel(
     h_ptr, u_ptr, ht_ptr, q_ptr, o_ptr, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr, OUT: tl.constexpr,
+    HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr, OUT: tl.constexpr, SCALE_V: tl.constexpr,
 ):
     """Forward pass over a document's chunks. OUT: also write the chunk's output O (the output kernel's math, on the
     same rounded operands: the state and U in the input dtype), off the recurrence's critical path."""
@@ -288,8 +292,14 @@ def _state_kernel(
             b_o += tl.dot(b_qk.to(b_ul.dtype), b_ul, input_precision=PREC)
             tl.store(o_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :],
                      (b_o * scale).to(o_ptr.dtype.element_ty), mask=m2)
-        b_kbar = (b_k.to(tl.float32) * tl.exp(g_last - b_gamma)[:, None]).to(b_w.dtype)
-        state = state * tl.exp(g_last) + tl.dot(tl.trans(b_kbar), b_u.to(b_w.dtype), input_precision=PREC)
+        if SCALE_V:
+            # Kbar^T U = K^T (diag(e^{gamma_C - gamma}) U): the decay goes on the [C, BV] tile, K feeds the product
+            # as loaded (no [C, K] fp32 temporary).
+            b_ud = (b_u * tl.exp(g_last - b_gamma)[:, None]).to(b_w.dtype)
+            state = state * tl.exp(g_last) + tl.dot(tl.trans(b_k), b_ud, input_precision=PREC)
+        else:
+            b_kbar = (b_k.to(tl.float32) * tl.exp(g_last - b_gamma)[:, None]).to(b_w.dtype)
+            state = state * tl.exp(g_last) + tl.dot(tl.trans(b_kbar), b_u.to(b_w.dtype), input_precision=PREC)
     if STORE_HT:
         tl.store(ht_ptr + (pid_n * H + pid_h) * K * V + s_off, state, mask=smask)
 
@@ -394,7 +404,8 @@ def delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, b
         k, gamma, w, ut, bounds, choff, initial_state if initial_state is not None else gamma,
         hs, u, final if final is not None else gamma, q, o, scale,
         H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=sbv, HAS_H0=initial_state is not None,
-        STORE_HT=output_final_state, PREC=prec, OUT=out_fused, num_warps=NUM_WARPS["state"],
+        STORE_HT=output_final_state, PREC=prec, OUT=out_fused, SCALE_V=bool(OPTIONS["state_scale_v"]),
+        num_warps=NUM_WARPS["state"],
         num_stages=state_stages(bk),
     )
     if out_fused:

@@ -231,6 +231,7 @@ def test_triton_switches_match_naive(monkeypatch, fused_bwd, intra):
     monkeypatch.setitem(triton_fwd.OPTIONS, "fused_bwd", fused_bwd)
     monkeypatch.setitem(triton_fwd.OPTIONS, "intra_in_state_bwd", intra)
     monkeypatch.setitem(triton_fwd.OPTIONS, "output_in_state", 1 - intra)
+    monkeypatch.setitem(triton_fwd.OPTIONS, "state_scale_v", fused_bwd)
     inputs = make(2, 75, 2, 60, 100, seed=12, decay="strong")
     h0 = torch.randn(2, 2, 60, 100)
     inputs, h0 = _device_inputs(inputs, h0)
@@ -239,7 +240,8 @@ def test_triton_switches_match_naive(monkeypatch, fused_bwd, intra):
 
 @needs_triton
 @pytest.mark.parametrize("opts", [
-    {"lowp_bwd": False, "prepare_mode": 0, "fused_bwd": False, "intra_in_state_bwd": 0, "output_in_state": 0},
+    {"lowp_bwd": False, "prepare_mode": 0, "fused_bwd": False, "intra_in_state_bwd": 0, "output_in_state": 0,
+     "state_scale_v": False},
     {"lowp_bwd": True, "prepare_mode": 2, "fused_bwd": True, "intra_in_state_bwd": 1, "output_in_state": 1},
     {"lowp_bwd": True, "prepare_mode": 1, "fused_bwd": False, "intra_in_state_bwd": 0, "output_in_state": 0},
 ])
