@@ -57,10 +57,9 @@ VARIANTS = {
     "out_always": {**DEFAULTS, "output_in_state": 1},
     "fused_tf32": {**OLD, "fused_bwd": True},  # the fused kernel alone, with fp32 (tf32) operands
     "new_grads_s3": {**DEFAULTS, "_stages": {"grads": 3}},
-    "new_state_w4": {**DEFAULTS, "_warps": {"state_bwd": 4}},
     "new_grads_w4": {**DEFAULTS, "_warps": {"grads": 4}},
 }
-BUDGET_S = 150  # variants that would start after this many seconds are skipped (the run must stay under 3 min)
+BUDGET_S = 140  # variants that would start after this many seconds are skipped (the run must stay under 3 min)
 
 
 def apply_variant(spec: dict):
