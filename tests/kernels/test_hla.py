@@ -1,5 +1,6 @@
 """HLA family (SPEC §3): index-sum definition == masked matrices == token recurrence ("naive") == linear_attn
-composition ("torch", and "triton" under the interpreter) == one-pass chunked hla2 == exclusive associative scan;
+composition ("torch", and "triton" under the interpreter) == one-pass chunked hla2 == exclusive associative scan
+== the fused Triton kernels (hla2, ahla; outputs, states and every gradient);
 gradients against autograd of the masked matrices; varlen, continuation, normalization, decode steps; and the
 paper's wrong formulas kept as references that must differ from the masked operators."""
 
