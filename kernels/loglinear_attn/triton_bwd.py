@@ -211,7 +211,7 @@ class LogLinearAttnFunction(torch.autograd.Function):
                                       PREC=prec, num_warps=8, num_stages=1)
         has_drfin = drfin is not None and rfin is not None
         for j0, nj, groups in lay.level_groups():
-            bv = lay.scan_block_v(dv_, nj)
+            bv = lay.scan_block_v(dv_, nj, pow2(dk_))
             _level_scan_bwd[(triton.cdiv(dv_, bv), lay.n * h, 2 * groups)](
                 qf, kf, vf, gate, lf, do, drfin.contiguous() if has_drfin else qf, dq, dk, dv, dlam, lay.seqs,
                 scale, nl, j0, lay.nj, H=h, K=dk_, V=dv_, C=CHUNK, BK=pow2(dk_), BV=bv, NJ=nj,

@@ -158,11 +158,12 @@ class LevelLayout:
         return out
 
     @staticmethod
-    def scan_block_v(dv: int, stacked: int) -> int:
-        """V-block of a level scan whose stacked tile R is [K, stacked * BV]: stacked * BV about
-        OPTIONS["scan_cols"] columns, BV in 16..32."""
+    def scan_block_v(dv: int, stacked: int, bk: int) -> int:
+        """V-block of a level scan whose stacked tile R is [bk, stacked * BV]: stacked * BV about
+        OPTIONS["scan_cols"] columns (halved for bk = 256, so the tile stays at 16K values), BV in 16..32."""
+        cols = OPTIONS["scan_cols"] * 128 // max(bk, 128)
         # tl.dot needs every dimension >= 16, and the write's [K, BV] dot has N = BV
-        return min(max(OPTIONS["scan_cols"] // stacked, 16), 32, pow2(dv))
+        return min(max(cols // stacked, 16), 32, pow2(dv))
 
 
 def last_chunk_levels(kd, v, lay: LevelLayout, nl: int) -> torch.Tensor:
@@ -365,7 +366,7 @@ def level_scan_fwd(q, k, v, g, lam, scale, lay: LevelLayout, o, store_final: boo
     h, dk, dv = q.shape[1], q.shape[2], v.shape[2]
     rfin = torch.empty(lay.n, h, lay.nj, dk, dv, device=q.device, dtype=torch.float32) if store_final else None
     for j0, nj, groups in lay.level_groups():
-        bv = lay.scan_block_v(dv, nj)
+        bv = lay.scan_block_v(dv, nj, pow2(dk))
         _level_scan_fwd[(triton.cdiv(dv, bv), lay.n * h, groups)](
             q, k, v, g if g is not None else q, lam, o, rfin if rfin is not None else o, lay.seqs, scale,
             lam.shape[-1], j0, lay.nj, H=h, K=dk, V=dv, C=CHUNK, BK=pow2(dk), BV=bv, NJ=nj, HAS_G=g is not None,

@@ -17,11 +17,19 @@ import torch
 
 from kernels.loglinear_attn.chunk import _decay_matrices, loglinear_chunk
 
-__all__ = ["loglinear_delta_rule_chunk", "prepare_delta"]
+__all__ = ["delta_wy_pieces", "loglinear_delta_rule_chunk", "prepare_delta"]
 
 
 def prepare_delta(q, k, v, gamma, beta):
     """Per-chunk pieces for the delta rule; q, k [b, h, n, C, K], v [.., C, V], gamma, beta [b, h, n, C]."""
+    e, q_eff, w, kd, zcols = delta_wy_pieces(q, k, gamma, beta)
+    ident = torch.eye(k.shape[-1], dtype=q.dtype, device=q.device)
+    trans = gamma[..., -1].exp()[..., None, None] * ident - kd.transpose(-1, -2) @ w
+    return e, q_eff, trans, zcols @ v, zcols
+
+
+def delta_wy_pieces(q, k, gamma, beta):
+    """(E, q_eff, W, Kd, zcols) of the docstring: the transition is M = exp(gamma_C) I - Kd^T W."""
     decay, causal = _decay_matrices(gamma)
     c = gamma.shape[-1]
     kk = k @ k.transpose(-1, -2)
@@ -34,10 +42,7 @@ def prepare_delta(q, k, v, gamma, beta):
     w = x @ (k * gamma.exp()[..., None])
     q_eff = q * gamma.exp()[..., None] - qk @ w
     kd = k * (gamma[..., -1:] - gamma).exp()[..., None]
-    ident = torch.eye(k.shape[-1], dtype=q.dtype, device=q.device)
-    trans = gamma[..., -1].exp()[..., None, None] * ident - kd.transpose(-1, -2) @ w
-    zcols = kd.transpose(-1, -2) @ x
-    return e, q_eff, trans, zcols @ v, zcols
+    return e, q_eff, w, kd, kd.transpose(-1, -2) @ x
 
 
 def loglinear_delta_rule_chunk(q, k, v, beta, g, level_scales, scale, initial_state, output_final_state,

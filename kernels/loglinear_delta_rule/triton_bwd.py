@@ -1,20 +1,22 @@
 """Triton backward of the log-linear delta rule's level scan, its autograd.Function, and the "triton" backend.
 
-`_delta_level_scan_bwd`, one program per (V-block, sequence, head), walks the chunks backward carrying dR [K, S * BV]
-(all stacked states), starting from the final states' gradient; with R the state entering chunk c (stored by the
-forward) and the forward step R' = M where(keep, R, 0) + zcols v_w (mode 0; no write in mode 1):
-    dL = sum_j [write j] dR'_j:   dM += dR' R^T,   dzcols += dL v^T,   dv += zcols^T dL        (the write)
-    dR = M^T dR' + q_eff^T (w * do),   dq_eff += (w * do) R^T,   dw_tj = do_t . (q_eff_t R_j)   (the read)
+`_delta_level_scan_bwd`, one program per (V-block, sequence, head, group of stacked states), walks the chunks backward
+carrying dR [K, S * BV] (all stacked states), starting from the final states' gradient; with R the state entering
+chunk c (after its reset; stored by the forward) and the forward step R' = exp(gl) R - Kd^T (W R) + zcols v_w
+(mode 0; no write in mode 1):
+    dL = sum_j [write j] dR'_j:   dzcols += dL v^T,   dv += zcols^T dL                          (the write)
+    dU = -Kd dR':   dKd += -(W R) dR'^T,   dW += dU R^T,   d exp(gl) += <R, dR'>,   dR = exp(gl) dR' + W^T dU
+    dR += q_eff^T (w * do),   dq_eff += (w * do) R^T,   dw_tj = do_t . (q_eff_t R_j)            (the read)
     dR <- where(keep, dR, 0)
-dM, dzcols, dq_eff, dv and the weights' gradients sum over V-blocks and level groups with fp32 atomics. In mode 1
-the gradient left at the first chunk is the initial levels' gradient.
+Every piece's gradient sums over V-blocks and groups with fp32 atomics. In mode 1 the gradient left at the first
+chunk is the initial levels' gradient.
 
-The "triton" backend (`loglinear_delta_rule_triton`): the per-chunk pieces (E, q_eff, M, zcols: the WY/UT form of
-chunk.prepare_delta) and the levels 0..6 block (E * Lambda) V are batched torch ops over all chunks at once,
+The "triton" backend (`loglinear_delta_rule_triton`): the per-chunk pieces (E, q_eff, W, Kd, zcols: the WY/UT form
+of chunk.delta_wy_pieces) and the levels 0..6 block (E * Lambda) V are batched torch ops over all chunks at once,
 differentiated by autograd (a first version: only the level scan, the sequential part, is a custom Triton forward
 and backward); the prior levels of an initial state run through the same scan kernel in mode 1; the final levels
-0..6 come from the last chunk's zcols. Memory: the forward keeps the state entering every chunk, NJ K x V
-matrices per chunk and head in the inputs' dtype (the backward's dM needs them).
+0..6 come from the last chunk's zcols. Memory: the forward keeps the state entering every chunk, nj K x V
+matrices per chunk and head in the inputs' dtype (the backward needs them for dW and dKd).
 """
 
 import torch
@@ -35,13 +37,13 @@ from kernels.loglinear_attn.triton_fwd import (
     scan_warps,
 )
 
-from .chunk import prepare_delta
+from .chunk import delta_wy_pieces
 from .triton_fwd import _scan_masks, delta_level_scan_fwd, dot_precision, scan_launches
 
 
 @triton.jit(do_not_specialize=["NL", "NW", "ROWS", "NS", "J0"])
-def _delta_level_scan_bwd(q_eff, mat, zcols, v, lam, wts, rs, dout, drfin, dq_eff, dmat, dzcols, dv, dlam, dwts,
-                          dr0, seq_chunks, NL, NW, ROWS, NS, J0,
+def _delta_level_scan_bwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs, dout, drfin, dq_eff, dw_wy, dkd, ddecay,
+                          dzcols, dv, dlam, dwts, dr0, seq_chunks, NL, NW, ROWS, NS, J0,
                           K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                           S: tl.constexpr, H: tl.constexpr, MODE: tl.constexpr,
                           HAS_DRFIN: tl.constexpr, STORE_DR0: tl.constexpr, PREC: tl.constexpr):
@@ -75,7 +77,6 @@ def _delta_level_scan_bwd(q_eff, mat, zcols, v, lam, wts, rs, dout, drfin, dq_ef
         hr = i_h * ROWS + row0 + i
         keep, read, w = _scan_masks(lam, wts, hr, c, o_c, col_j, j0, NL, NW, C, S, BV, MODE)
         state = tl.load(rs + hr * NS * K * V + st_off, mask=m_st, other=0.0).to(tl.float32)
-        m_kk = m_k[:, None] & m_k[None, :]
         if MODE == 0:
             # the write added zcols v to every level not read at c: its gradient is the sum of their dR'
             d_local = _sum_levels(tl.where(read[None, :], 0.0, d_state), BK, S, BV)
@@ -85,10 +86,17 @@ def _delta_level_scan_bwd(q_eff, mat, zcols, v, lam, wts, rs, dout, drfin, dq_ef
                         tl.dot(d_local, tl.trans(vb), input_precision=PREC), m_k[:, None])
             _accumulate(dv + (hr * C + o_c[:, None]) * V + o_v[None, :],
                         tl.dot(tl.trans(zc), d_local, input_precision=PREC), (o_v < V)[None, :])
-        _accumulate(dmat + (hr * K + o_k[:, None]) * K + o_k[None, :],
-                    tl.dot(d_state, tl.trans(state), input_precision=PREC), m_kk)
-        m = tl.load(mat + (hr * K + o_k[:, None]) * K + o_k[None, :], mask=m_kk, other=0.0)
-        d_state = tl.dot(tl.trans(m), d_state, input_precision=PREC)
+        # the transition R' = exp(gl) R - Kd^T U, U = W R
+        wb = tl.load(w_wy + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+        kdb = tl.load(kd + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+        u = tl.dot(wb, state, input_precision=PREC)
+        d_u = -tl.dot(kdb, d_state, input_precision=PREC)
+        _accumulate(dkd + (hr * C + o_c[:, None]) * K + o_k[None, :],
+                    -tl.dot(u, tl.trans(d_state), input_precision=PREC), m_k[None, :])
+        _accumulate(dw_wy + (hr * C + o_c[:, None]) * K + o_k[None, :],
+                    tl.dot(d_u, tl.trans(state), input_precision=PREC), m_k[None, :])
+        tl.atomic_add(ddecay + hr, tl.sum(tl.sum(state * d_state, 1), 0), sem="relaxed")
+        d_state = d_state * tl.load(decay + hr) + tl.dot(tl.trans(wb), d_u, input_precision=PREC)
         qe = tl.load(q_eff + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
         do_cols = _tile_levels(tl.load(dout + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=(o_v < V)[None, :],
                                        other=0.0), C, S, BV)
@@ -110,42 +118,43 @@ def _delta_level_scan_bwd(q_eff, mat, zcols, v, lam, wts, rs, dout, drfin, dq_ef
 
 
 class DeltaLevelScanFunction(torch.autograd.Function):
-    """(q_eff, M, zcols, v, lam or prior weights, r0) -> (reads [H, rows, C, V], final states [N, H, NS, K, V])."""
+    """(q_eff, W, Kd, decay, zcols, v, lam or prior weights, r0) -> (reads [H, rows, C, V], final states
+    [N, H, NS, K, V])."""
 
     @staticmethod
-    def forward(ctx, q_eff, mat, zcols, v, lam, wts, r0, lay, mode, in_dtype):
-        q_eff, mat, zcols, v, lam = (x.contiguous() for x in (q_eff, mat, zcols, v, lam))
+    def forward(ctx, q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, lay, mode, in_dtype):
+        q_eff, w_wy, kd, decay, zcols, v, lam = (x.contiguous() for x in (q_eff, w_wy, kd, decay, zcols, v, lam))
         wts = None if wts is None else wts.contiguous()
         r0 = None if r0 is None else r0.contiguous()
-        out, rfin, rs = delta_level_scan_fwd(q_eff, mat, zcols, v, lam, wts, r0, lay, mode, in_dtype)
-        ctx.save_for_backward(q_eff, mat, zcols, v, lam, wts, rs)
+        out, rfin, rs = delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, lay, mode, in_dtype)
+        ctx.save_for_backward(q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs)
         ctx.lay, ctx.mode, ctx.in_dtype, ctx.has_r0 = lay, mode, in_dtype, r0 is not None
         return out, rfin
 
     @staticmethod
     def backward(ctx, dout, drfin):
-        q_eff, mat, zcols, v, lam, wts, rs = ctx.saved_tensors
+        q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs = ctx.saved_tensors
         lay, mode = ctx.lay, ctx.mode
         h, rows, _, dk = q_eff.shape
         dv_ = v.shape[-1]
         nl = lam.shape[-1]
         nw = wts.shape[-1] if wts is not None else 1
         ns = nw if mode == 1 else lay.nj
-        dq_eff, dmat, dzcols = torch.zeros_like(q_eff), torch.zeros_like(mat), torch.zeros_like(zcols)
-        dv = torch.zeros_like(v)
+        dq_eff, dw_wy, dkd = torch.zeros_like(q_eff), torch.zeros_like(w_wy), torch.zeros_like(kd)
+        ddecay, dzcols, dv = torch.zeros_like(decay), torch.zeros_like(zcols), torch.zeros_like(v)
         dlam = torch.zeros_like(lam)
         dwts = None if wts is None else torch.zeros_like(wts)
         dr0 = torch.zeros(lay.n, h, ns, dk, dv_, device=v.device, dtype=torch.float32) if ctx.has_r0 else None
-        for j0, s, groups, bv in scan_launches(lay, mode, ns, dv_):
+        for j0, s, groups, bv in scan_launches(lay, mode, ns, dk, dv_):
             _delta_level_scan_bwd[(triton.cdiv(dv_, bv), lay.n * h, groups)](
-                q_eff, mat, zcols, v, lam, wts if wts is not None else lam, rs, dout.contiguous(),
-                drfin.contiguous() if drfin is not None else rs, dq_eff, dmat, dzcols, dv, dlam,
+                q_eff, w_wy, kd, decay, zcols, v, lam, wts if wts is not None else lam, rs, dout.contiguous(),
+                drfin.contiguous() if drfin is not None else rs, dq_eff, dw_wy, dkd, ddecay, dzcols, dv, dlam,
                 dwts if dwts is not None else dlam, dr0 if dr0 is not None else dlam, lay.seq_chunks, nl, nw, rows,
                 ns, j0, K=dk, V=dv_, C=CHUNK, BK=pow2(dk), BV=bv, S=s, H=h, MODE=mode,
                 HAS_DRFIN=drfin is not None, STORE_DR0=dr0 is not None, PREC=dot_precision(ctx.in_dtype),
                 num_warps=scan_warps(pow2(dk), s * bv), num_stages=1)
-        return dq_eff, dmat, dzcols, (dv if mode == 0 else None), (dlam if mode == 0 else None), dwts, dr0, None, \
-            None, None
+        return (dq_eff, dw_wy, dkd, ddecay, (dzcols if mode == 0 else None), (dv if mode == 0 else None),
+                (dlam if mode == 0 else None), dwts, dr0, None, None, None)
 
 
 def _to_chunks(x, lay: LevelLayout):
@@ -187,7 +196,9 @@ def loglinear_delta_rule_triton(q, k, v, beta, g, level_scales, scale, initial_s
     bc = _to_chunks(flat(beta), lay)[..., 0]
     lam_tok = flat(level_scales)
     lc = _to_chunks(lam_tok, lay)
-    e, q_eff, mat, _, zcols = prepare_delta(qc, kc, vc, gc.cumsum(-1), bc)
+    gamma = gc.cumsum(-1)
+    e, q_eff, w_wy, kd, zcols = delta_wy_pieces(qc, kc, gamma, bc)
+    decay = gamma[..., -1].exp()  # [H, rows]
     nl_int = max(nl, CHUNK_LEVELS + 1)
     offs = torch.arange(CHUNK, device=q.device)
     lev_in = level_of(offs[:, None], offs[None, :]).clamp(max=nl_int - 1)
@@ -196,14 +207,15 @@ def loglinear_delta_rule_triton(q, k, v, beta, g, level_scales, scale, initial_s
     o = (e * lam_in) @ vc  # [H, rows, C, V]
     rfin = None
     if lay.nj:
-        inter, rfin = DeltaLevelScanFunction.apply(q_eff, mat, zcols, vc, lc, None, None, lay, 0, q.dtype)
+        inter, rfin = DeltaLevelScanFunction.apply(q_eff, w_wy, kd, decay, zcols, vc, lc, None, None, lay, 0,
+                                                   q.dtype)
         o = o + inter
     has_prior = initial_state is not None and any(p > 0 for p in starts)
     pfin = None
     if has_prior:
         wts = _to_chunks(_prior_weights(lam_tok, segs, starts, t), lay)
-        inter, pfin = DeltaLevelScanFunction.apply(q_eff, mat, zcols, vc, lc, wts, initial_state.levels.float(),
-                                                   lay, 1, q.dtype)
+        inter, pfin = DeltaLevelScanFunction.apply(q_eff, w_wy, kd, decay, zcols, vc, lc, wts,
+                                                   initial_state.levels.float(), lay, 1, q.dtype)
         o = o + inter
     o = o.permute(1, 2, 0, 3).reshape(lay.rows * CHUNK, h, dv)[lay.chunk_pos].reshape(b, t, h, dv)
     if not output_final_state:

@@ -1,15 +1,17 @@
 """Triton level scan of the log-linear delta rule (forward): every chunk-level state of a (sequence, head, V-block) in
-one program, moved chunk to chunk by the chunk's Householder product with one tl.dot.
+one program, moved chunk to chunk by the chunk's Householder product (two tl.dot in WY form).
 
-Inputs are chunk-major, [H, rows, ...] fp32 (the per-chunk pieces of kernels.loglinear_delta_rule.chunk.prepare_delta
-on the chunks of kernels.loglinear_attn.triton_fwd.LevelLayout): q_eff [C, K] (q_eff_t S = q_t^T P_{t<-chunk start} S),
-M [K, K] (a state through the chunk: S -> M S), zcols [K, C] (column s = P_{end<-s} beta_s k_s), v [C, V].
+Inputs are chunk-major, [H, rows, ...] fp32 (the per-chunk pieces of kernels.loglinear_delta_rule.chunk
+.delta_wy_pieces on the chunks of kernels.loglinear_attn.triton_fwd.LevelLayout): q_eff [C, K] (q_eff_t S =
+q_t^T P_{t<-chunk start} S), W and Kd [C, K] and decay = exp(gl) (a state through the chunk: S -> M S with the
+Householder product M = exp(gl) I - Kd^T W, applied as two dots over the chunk's tokens, so K = 256 needs no
+K x K tile), zcols [K, C] (column s = P_{end<-s} beta_s k_s), v [C, V].
 `_delta_level_scan_fwd`, one program per (V-block, sequence, head, group of up to 8 states; reads added with fp32
 atomics), carries R [K, S * BV], S stacked states:
   mode 0 (chunk levels, S = NJ): level j = 1..NJ resets at chunks c with c mod 2^j == 0, is read when bit j-1 of c
       is set (weights lambda_t[6 + j]) and written otherwise:
           R <- where(keep, R, 0);  o_t += sum_j w_tj q_eff_t R_j;  R <- M R + [write j] zcols v
-      (three tl.dot: the read and the transition on the stacked tile, zcols v [K, BV] once, copied per level)
+      (the read and the transition's two dots on the stacked tile, zcols v [K, BV] once, copied per level)
   mode 1 (the prior levels of an initial state, S >= L): R starts at the state's levels, is never reset nor written,
       and query t reads level l with an explicit weight lambda_t[max(l, bit_length(t xor (p0 - 1)))]:  R <- M R.
 It stores the state entering each chunk (after the reset; the backward's dM needs it) and the final states (mode 0:
@@ -52,7 +54,8 @@ def _scan_masks(lam, wts, hr, c, o_c, col_j, j0, NL, NW, C: tl.constexpr, S: tl.
 
 
 @triton.jit(do_not_specialize=["NL", "NW", "ROWS", "NS", "J0"])
-def _delta_level_scan_fwd(q_eff, mat, zcols, v, lam, wts, r0, out, rfin, rs, seq_chunks, NL, NW, ROWS, NS, J0,
+def _delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, out, rfin, rs, seq_chunks, NL, NW, ROWS,
+                          NS, J0,
                           K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                           S: tl.constexpr, H: tl.constexpr, MODE: tl.constexpr,
                           HAS_R0: tl.constexpr, STORE_FINAL: tl.constexpr, PREC: tl.constexpr):
@@ -86,8 +89,11 @@ def _delta_level_scan_fwd(q_eff, mat, zcols, v, lam, wts, r0, out, rfin, rs, seq
         reads = tl.dot(qe, state, input_precision=PREC) * w
         _accumulate(out + (hr * C + o_c[:, None]) * V + o_v[None, :], tl.sum(tl.reshape(reads, [C, S, BV]), 1),
                     mask=(o_v < V)[None, :])
-        m = tl.load(mat + (hr * K + o_k[:, None]) * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)
-        state = tl.dot(m, state, input_precision=PREC)
+        # the transition M R = exp(gl) R - Kd^T (W R): two dots over the chunk's tokens, never a K x K matrix
+        wb = tl.load(w_wy + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+        kdb = tl.load(kd + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+        u = tl.dot(wb, state, input_precision=PREC)
+        state = state * tl.load(decay + hr) - tl.dot(tl.trans(kdb), u, input_precision=PREC)
         if MODE == 0:
             zc = tl.load(zcols + (hr * K + o_k[:, None]) * C + o_c[None, :], mask=m_k[:, None], other=0.0)
             vb = tl.load(v + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=(o_v < V)[None, :], other=0.0)
@@ -106,13 +112,13 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def scan_launches(lay: LevelLayout, mode: int, count: int, dv: int) -> list[tuple[int, int, int, int]]:
+def scan_launches(lay: LevelLayout, mode: int, count: int, dk: int, dv: int) -> list[tuple[int, int, int, int]]:
     """(first state j0, stacked states S, programs along the group axis, BV) of each launch of a scan over `count`
     states (mode 0: the nj chunk levels; mode 1: the L prior levels), grouped as LevelLayout.level_groups."""
-    return [(j0, s, groups, lay.scan_block_v(dv, s)) for j0, s, groups in lay.level_groups(count)]
+    return [(j0, s, groups, lay.scan_block_v(dv, s, pow2(dk))) for j0, s, groups in lay.level_groups(count)]
 
 
-def delta_level_scan_fwd(q_eff, mat, zcols, v, lam, wts, r0, lay: LevelLayout, mode: int, in_dtype):
+def delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, lay: LevelLayout, mode: int, in_dtype):
     """out [H, rows, C, V] (the scan's reads) and rfin [N, H, NS, K, V] (final states), fp32; rs [H, rows, NS, K, V]
     (states entering each chunk, in the inputs' dtype)."""
     h, rows, _, dk = q_eff.shape
@@ -125,10 +131,10 @@ def delta_level_scan_fwd(q_eff, mat, zcols, v, lam, wts, r0, lay: LevelLayout, m
     rfin = torch.zeros(lay.n, h, ns, dk, dv, device=dev, dtype=torch.float32)
     # 16-bit inputs keep the chunk states in their dtype (as kernels.delta_rule does): half the memory
     rs = torch.empty(h, rows, ns, dk, dv, device=dev, dtype=torch.float32 if in_dtype == torch.float32 else in_dtype)
-    for j0, s, groups, bv in scan_launches(lay, mode, ns, dv):
+    for j0, s, groups, bv in scan_launches(lay, mode, ns, dk, dv):
         _delta_level_scan_fwd[(triton.cdiv(dv, bv), lay.n * h, groups)](
-            q_eff, mat, zcols, v, lam, wts if wts is not None else lam, r0 if r0 is not None else rfin, out, rfin,
-            rs, lay.seq_chunks, nl, nw, rows, ns, j0, K=dk, V=dv, C=CHUNK, BK=pow2(dk), BV=bv, S=s, H=h, MODE=mode,
+            q_eff, w_wy, kd, decay, zcols, v, lam, wts if wts is not None else lam, r0 if r0 is not None else rfin,
+            out, rfin, rs, lay.seq_chunks, nl, nw, rows, ns, j0, K=dk, V=dv, C=CHUNK, BK=pow2(dk), BV=bv, S=s, H=h, MODE=mode,
             HAS_R0=r0 is not None, STORE_FINAL=True, PREC=dot_precision(in_dtype),
             num_warps=scan_warps(pow2(dk), s * bv), num_stages=1)
     return out, rfin, rs
