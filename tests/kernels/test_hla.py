@@ -609,6 +609,26 @@ def test_fused_hla2_without_states(decay):
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("op", ["hla2", "ahla"])
+def test_fused_initial_state_without_final_state(op):
+    """initial_state given, output_final_state=False: the backward starts both reverse scans from zero."""
+    q, k, v, g = make(1, 80, 2, 12, 6, "weak", seed=45)
+    h0 = random_state(op, 2, 2, 12, 6, seed=46)
+    cu = torch.tensor([0, 30, 80])
+
+    def run(dev, dtype):
+        leaves = [x.to(device=dev, dtype=dtype).requires_grad_() for x in (q, k, v, g, *h0)]
+        o, fin = OPS[op](*leaves[:4], initial_state=type(h0)(*leaves[4:]), cu_seqlens=cu.to(dev),
+                         backend="fused" if dev == FUSED_DEV and dtype == torch.float32 else "naive")
+        assert fin is None
+        return [x.cpu() for x in (o, *torch.autograd.grad(o.square().sum(), leaves))]
+
+    for name, a, b in zip(["o", "dq", "dk", "dv", "dg", "d0", "d1"], run(FUSED_DEV, torch.float32),
+                          run("cpu", torch.float64), strict=True):
+        assert error_ratio(a, b) < 1e-4, name
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
 def test_fused_hla2_wide_keys():
     """K = 130 > 128 (three 64-wide K blocks, the last partial), V = 20, with states."""
     q, k, v, g = make(1, 20, 1, 130, 20, "weak", seed=43)
