@@ -46,9 +46,11 @@ CHUNK_LEVELS_C = tl.constexpr(CHUNK_LEVELS)
 #               than 16K values (K = 256, or scan_cols above 128).
 #   scan_levels: most chunk levels one level-scan program carries (a power of two); more levels take more
 #               programs (see LevelLayout.level_groups).
-#   lowp:       16-bit inputs: the level scans' tl.dot operands rounded to the input dtype (fp32 accumulation)
-#               instead of tf32 products of fp32 tiles.
-OPTIONS = {"scan_cols": 128, "scan_warps": 0, "scan_levels": 8, "lowp": True}
+#   lowp:       16-bit inputs: loglinear_attn's level scans round their tl.dot operands to the input dtype (fp32
+#               accumulation) instead of taking tf32 products of fp32 tiles. Off by default: Triton 3.6 on Hopper
+#               miscompiled some 16-bit dots with narrow tiles in linear_attn (benchmarks/RESULTS.md), and these
+#               scans have such tiles (N = BV < 64); turn it on where tests/kernels/test_gpu_bf16.py passes with it.
+OPTIONS = {"scan_cols": 128, "scan_warps": 0, "scan_levels": 8, "lowp": False}
 
 
 def _apply_env_options():

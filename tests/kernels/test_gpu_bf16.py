@@ -39,3 +39,40 @@ def test_bf16_loglinear_long_sequence(op):
     rows += [("d" + n, error_ratio(g[n], rg[n]), case.grad_tol[n]) for n in g]
     failures = [f"{name}: {err:.2e} > {tol:.0e}" for name, err, tol in rows if not err <= tol]
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["loglinear_attn", "loglinear_delta_rule"])
+@pytest.mark.parametrize("dk,dv", [(16, 16), (32, 16), (64, 16), (128, 16), (64, 32), (32, 64), (60, 100),
+                                   (256, 128)])
+def test_bf16_loglinear_small_head_dims(op, dk, dv):
+    """The log-linear ops at the small and uneven head dims models use (narrow V tiles: Triton 3.6 on Hopper
+    miscompiled some of linear_attn's, see tests/kernels/test_gpu_head_dims.py), T = 700 (four chunk levels) and
+    T = 100 (one), bf16 vs the fp32 chunked path."""
+    from kernels import loglinear_attn, loglinear_delta_rule
+    from kernels.common import error_ratio
+    from kernels.loglinear_attn import num_levels
+
+    for t in (700, 100):
+        gen = torch.Generator(device="cuda").manual_seed(dk * 1000 + dv + t)
+        b, h = 2, 2
+        x = {"q": torch.randn(b, t, h, dk, device="cuda", generator=gen),
+             "k": torch.nn.functional.normalize(torch.randn(b, t, h, dk, device="cuda", generator=gen), dim=-1),
+             "v": torch.randn(b, t, h, dv, device="cuda", generator=gen),
+             "g": -torch.rand(b, t, h, device="cuda", generator=gen) * 0.2,
+             "beta": torch.rand(b, t, h, device="cuda", generator=gen),
+             "lam": torch.rand(b, t, h, num_levels(t), device="cuda", generator=gen) + 0.5,
+             "do": torch.randn(b, t, h, dv, device="cuda", generator=gen)}
+        results = {}
+        for backend, dtype in (("torch", torch.float32), ("triton", torch.bfloat16)):
+            order = ("q", "k", "v", "g", "lam") if op == "loglinear_attn" else ("q", "k", "v", "beta", "g", "lam")
+            leaves = {n: x[n].to(dtype if n in ("q", "k", "v") else torch.float32).requires_grad_() for n in order}
+            fn = loglinear_attn if op == "loglinear_attn" else loglinear_delta_rule
+            o, _ = fn(*leaves.values(), backend=backend)
+            grads = torch.autograd.grad(o.float(), list(leaves.values()), x["do"])
+            results[backend] = [o.float()] + [d.float() for d in grads]
+        names = ["o"] + ["d" + n for n in leaves]
+        tols = [5e-3, 1e-2, 1e-2, 1e-2] + [2e-2] * (len(names) - 4)
+        bad = [f"{n}: {error_ratio(a, r):.2e} > {tol:.0e}" for n, a, r, tol in
+               zip(names, results["triton"], results["torch"], tols) if not error_ratio(a, r) <= tol]
+        assert not bad, f"{op} K={dk} V={dv} T={t}: " + "; ".join(bad)

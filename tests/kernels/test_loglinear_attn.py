@@ -227,9 +227,13 @@ def test_triton_unit_level_scales_is_linear_attn():
 
 
 @triton_only
-def test_triton_half_inputs():
-    """fp16 q, k, v (the level scans round their dot operands to fp16; bf16 needs a GPU: the interpreter's bf16
-    tl.dot is wrong) against the fp32 chunked path on the same values, at SPEC's bf16 tolerances."""
+@pytest.mark.parametrize("lowp", [False, True])
+def test_triton_half_inputs(lowp, monkeypatch):
+    """fp16 q, k, v (bf16 needs a GPU: the interpreter's bf16 tl.dot is wrong) against the fp32 chunked path on the
+    same values, at SPEC's bf16 tolerances; with lowp the level scans round their dot operands to fp16."""
+    from kernels.loglinear_attn.triton_fwd import OPTIONS
+
+    monkeypatch.setitem(OPTIONS, "lowp", lowp)
     x = make(1, 200, seed=21)
     outs = {}
     for backend, dtype in (("torch", torch.float32), ("triton", torch.float16)):
