@@ -4,7 +4,7 @@ Two launches (notation of triton_fwd; P[t, s] = scale q_t.k_s exp(gc_t - gc_s) [
   1. `_intra_bwd`, one program per (chunk, head): dW = do v^T, dv = W^T do, dlambda_t[l] = sum_{s: level l}
      (dW * P)[t, s] for l = 0..6, dP = dW * Lambda, dq = dP k * ..., dk = dP^T q * ... (plain stores, fp32).
   2. `_level_scan_bwd`, one program per (V-block, sequence, head, level group, direction), the two directions
-     running at once:
+     running at once (or as two launches, OPTIONS["scan_bwd_split"]):
      - direction 0 walks the chunks forward, recomputing R exactly as the forward does, and adds
        dq_t += scale exp(gc_t) sum_j w_tj (do_t R_j^T) and dlambda_t[6 + j] += [bit j-1 of c] do_t . (q_eff_t R_j);
      - direction 1 walks them backward carrying dR [K, NJ * BV] (all chunk levels, one tile), starting from the
@@ -26,6 +26,7 @@ from .state import CHUNK_LEVELS, prior_level, segments
 from .triton_fwd import (
     CHUNK,
     CHUNK_LEVELS_C,
+    OPTIONS,
     LevelLayout,
     _accumulate,
     _chunk_rows,
@@ -92,10 +93,14 @@ def _intra_bwd(q, k, v, g, lam, do, dq, dk, dv, dlam, chunks, scale, NL,
 def _level_scan_bwd(q, k, v, g, lam, do, drfin, dq, dk, dv, dlam, seqs, scale, NL, J0, NJT,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                     BV: tl.constexpr, NJ: tl.constexpr, HAS_G: tl.constexpr, HAS_DRFIN: tl.constexpr,
-                    LOWP: tl.constexpr, PREC: tl.constexpr):
+                    DIRECTION: tl.constexpr, LOWP: tl.constexpr, PREC: tl.constexpr):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    direction = tl.program_id(2) % 2
-    j0 = J0 + (tl.program_id(2) // 2) * NJ  # this program's levels: j0 + 1 .. j0 + NJ
+    if DIRECTION == 2:  # both directions in one launch, alternating along the group axis
+        direction = tl.program_id(2) % 2
+        j0 = J0 + (tl.program_id(2) // 2) * NJ  # this program's levels: j0 + 1 .. j0 + NJ
+    else:
+        direction = DIRECTION
+        j0 = J0 + tl.program_id(2) * NJ
     i_n, i_h = i_nh // H, i_nh % H
     bos = tl.load(seqs + i_n * 3).to(tl.int64)
     eos = tl.load(seqs + i_n * 3 + 1).to(tl.int64)
@@ -114,27 +119,22 @@ def _level_scan_bwd(q, k, v, g, lam, do, drfin, dq, dk, dv, dlam, seqs, scale, N
         state = tl.zeros([BK, NJ * BV], dtype=tl.float32)
         for i in range(nchunks):
             c = p0 // C + i
-            o_t, m_t, q_eff, kd, decay, keep, read, w = _scan_chunk(
-                q, k, g, lam, bos, eos, bos - front + i * C, c, i_h, o_k, col_j, j0, scale, NL, H, K, C, NJ, BV, HAS_G)
+            o_t, m_t, qb, kb, q_scale, k_scale, decay, keep, read, w = _scan_chunk(
+                q, k, g, lam, bos, eos, bos - front + i * C, c, i_h, o_k, col_j, j0, scale, NL, H, K, C, NJ, BV,
+                HAS_G)
             state = tl.where(keep[None, :], state, 0.0)
-            dob = tl.load(do + (o_t[:, None] * H + i_h) * V + o_v[None, :],
-                          mask=m_t[:, None] & (o_v[None, :] < V), other=0.0).to(tl.float32)
+            m_tv = m_t[:, None] & (o_v[None, :] < V)
+            dob = tl.load(do + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
             do_cols = _tile_levels(dob, C, NJ, BV)
-            d_q = _mm(do_cols * w, tl.trans(state), q, LOWP, PREC)
-            if HAS_G:
-                gc = tl.cumsum(tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32), 0)
-                d_q *= (tl.exp(gc) * scale)[:, None]
-            else:
-                d_q *= scale
+            d_q = _mm(do_cols * w, tl.trans(state), q, LOWP, PREC) * q_scale[:, None]
             _accumulate(dq + (o_t[:, None] * H + i_h) * K + o_k[None, :], d_q, m_t[:, None] & m_k[None, :])
-            reads = _mm(q_eff, state, q, LOWP, PREC) * do_cols * read.to(tl.float32)[None, :]
+            reads = _mm(qb, state, q, LOWP, PREC) * (do_cols * q_scale[:, None]) * read.to(tl.float32)[None, :]
             d_w = tl.sum(tl.reshape(reads, [C, NJ, BV]), 2)
             lev = CHUNK_LEVELS_C + 1 + o_j
             _accumulate(dlam + (o_t[:, None] * H + i_h) * NL + lev[None, :], d_w,
                         mask=m_t[:, None] & (lev < NL)[None, :])
-            vb = tl.load(v + (o_t[:, None] * H + i_h) * V + o_v[None, :],
-                         mask=m_t[:, None] & (o_v[None, :] < V), other=0.0).to(tl.float32)
-            local = _mm(tl.trans(kd), vb, q, LOWP, PREC)
+            vb = tl.load(v + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
+            local = _mm(tl.trans(kb), vb * k_scale[:, None], q, LOWP, PREC)
             state = state * decay + tl.where(read[None, :], 0.0, _tile_levels(local, BK, NJ, BV))
     else:
         d_state = tl.zeros([BK, NJ * BV], dtype=tl.float32)
@@ -147,20 +147,20 @@ def _level_scan_bwd(q, k, v, g, lam, do, drfin, dq, dk, dv, dlam, seqs, scale, N
         for it in range(nchunks):
             i = nchunks - 1 - it
             c = p0 // C + i
-            o_t, m_t, q_eff, kd, decay, keep, read, w = _scan_chunk(
-                q, k, g, lam, bos, eos, bos - front + i * C, c, i_h, o_k, col_j, j0, scale, NL, H, K, C, NJ, BV, HAS_G)
+            o_t, m_t, qb, kb, q_scale, k_scale, decay, keep, read, w = _scan_chunk(
+                q, k, g, lam, bos, eos, bos - front + i * C, c, i_h, o_k, col_j, j0, scale, NL, H, K, C, NJ, BV,
+                HAS_G)
             # the write added kd^T v to every level not read at c: its gradient is the sum of those levels' dR
             d_local = _sum_levels(tl.where(read[None, :], 0.0, d_state), BK, NJ, BV)
             m_tv = m_t[:, None] & (o_v[None, :] < V)
             vb = tl.load(v + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
-            _accumulate(dv + (o_t[:, None] * H + i_h) * V + o_v[None, :], _mm(kd, d_local, q, LOWP, PREC), m_tv)
-            d_kd = _mm(vb, tl.trans(d_local), q, LOWP, PREC)
-            if HAS_G:
-                gb = tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
-                d_kd *= tl.exp(tl.sum(gb, 0) - tl.cumsum(gb, 0))[:, None]
+            _accumulate(dv + (o_t[:, None] * H + i_h) * V + o_v[None, :],
+                        _mm(kb, d_local, q, LOWP, PREC) * k_scale[:, None], m_tv)
+            d_kd = _mm(vb * k_scale[:, None], tl.trans(d_local), q, LOWP, PREC)
             _accumulate(dk + (o_t[:, None] * H + i_h) * K + o_k[None, :], d_kd, m_t[:, None] & m_k[None, :])
             dob = tl.load(do + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
-            d_state = d_state * decay + _mm(tl.trans(q_eff), _tile_levels(dob, C, NJ, BV) * w, q, LOWP, PREC)
+            d_read = _tile_levels(dob * q_scale[:, None], C, NJ, BV) * w
+            d_state = d_state * decay + _mm(tl.trans(qb), d_read, q, LOWP, PREC)
             d_state = tl.where(keep[None, :], d_state, 0.0)
 
 
@@ -210,13 +210,16 @@ class LogLinearAttnFunction(torch.autograd.Function):
                                       V=dv_, C=CHUNK, BK=pow2(dk_), BV=min(64, pow2(dv_)), HAS_G=gf is not None,
                                       PREC=prec, num_warps=8, num_stages=1)
         has_drfin = drfin is not None and rfin is not None
+        # both directions in one launch (they run side by side), or one launch each (fewer registers per program)
+        directions = ((0, 1), (1, 1)) if OPTIONS["scan_bwd_split"] else ((2, 2),)
         for j0, nj, groups in lay.level_groups():
             bv = lay.scan_block_v(dv_, nj, pow2(dk_))
-            _level_scan_bwd[(triton.cdiv(dv_, bv), lay.n * h, 2 * groups)](
-                qf, kf, vf, gate, lf, do, drfin.contiguous() if has_drfin else qf, dq, dk, dv, dlam, lay.seqs,
-                scale, nl, j0, lay.nj, H=h, K=dk_, V=dv_, C=CHUNK, BK=pow2(dk_), BV=bv, NJ=nj,
-                HAS_G=gf is not None, HAS_DRFIN=has_drfin, LOWP=lowp(qf.dtype), PREC=prec,
-                num_warps=scan_warps(pow2(dk_), nj * bv), num_stages=1)
+            for direction, per_group in directions:
+                _level_scan_bwd[(triton.cdiv(dv_, bv), lay.n * h, per_group * groups)](
+                    qf, kf, vf, gate, lf, do, drfin.contiguous() if has_drfin else qf, dq, dk, dv, dlam, lay.seqs,
+                    scale, nl, j0, lay.nj, H=h, K=dk_, V=dv_, C=CHUNK, BK=pow2(dk_), BV=bv, NJ=nj,
+                    HAS_G=gf is not None, HAS_DRFIN=has_drfin, DIRECTION=direction, LOWP=lowp(qf.dtype), PREC=prec,
+                    num_warps=scan_warps(pow2(dk_), nj * bv), num_stages=1)
         dg = None
         if gf is not None:
             d_big_g = (qf.float() * dq).sum(-1) - (kf.float() * dk).sum(-1)

@@ -50,7 +50,10 @@ CHUNK_LEVELS_C = tl.constexpr(CHUNK_LEVELS)
 #               accumulation) instead of taking tf32 products of fp32 tiles. Off by default: Triton 3.6 on Hopper
 #               miscompiled some 16-bit dots with narrow tiles in linear_attn (benchmarks/RESULTS.md), and these
 #               scans have such tiles (N = BV < 64); turn it on where tests/kernels/test_gpu_bf16.py passes with it.
-OPTIONS = {"scan_cols": 128, "scan_warps": 0, "scan_levels": 8, "lowp": False}
+#   scan_bwd_split: loglinear_attn's backward scan as two launches (forward recompute, then the reverse pass)
+#               instead of one launch running both side by side: fewer registers per program (sm_90, K = V = 128:
+#               spills 416 + 224 B instead of 776 B at one chunk level), half the programs in flight.
+OPTIONS = {"scan_cols": 128, "scan_warps": 0, "scan_levels": 8, "lowp": False, "scan_bwd_split": False}
 
 
 def _apply_env_options():
@@ -59,7 +62,8 @@ def _apply_env_options():
         key, _, val = item.partition("=")
         if key not in OPTIONS:
             raise ValueError(f"HILO_LOGLINEAR: unknown option {key!r}; expected one of {sorted(OPTIONS)}")
-        OPTIONS[key] = val.strip().lower() in ("1", "true", "yes", "on") if key == "lowp" else int(val)
+        flag = key in ("lowp", "scan_bwd_split")
+        OPTIONS[key] = val.strip().lower() in ("1", "true", "yes", "on") if flag else int(val)
 
 
 _apply_env_options()
@@ -252,25 +256,26 @@ def _intra_fwd(q, k, v, g, lam, o, chunks, scale, NL,
 def _scan_chunk(q, k, g, lam, bos, eos, base, c, i_h, o_k, col_j, j0, scale, NL,
                 H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, NJ: tl.constexpr, BV: tl.constexpr,
                 HAS_G: tl.constexpr):
-    """Per-chunk pieces of the level scans: tokens, masks, q_eff = scale exp(gc) q, kd = exp(gl - gc) k (fp32),
-    the chunk's decay exp(gl), the per-column read weights lambda_t[6 + j] [bit j-1 of c] and the masks
-    keep (level j survives: c mod 2^j != 0) and read (bit j-1 of c); col_j = j - 1 per column, levels
-    j0 + 1 .. j0 + NJ."""
+    """Per-chunk pieces of the level scans: tokens, masks, the q and k tiles as loaded with their row factors
+    q_scale = scale exp(gc) (q_eff = q_scale * q) and k_scale = exp(gl - gc) (kd = k_scale * k), which the kernels put
+    on the narrow [C, BV] / [C, NJ * BV] operands instead of scaling the [C, K] tiles (fewer live registers), the
+    chunk's decay exp(gl), the per-column read weights lambda_t[6 + j] [bit j-1 of c] and the masks keep (level j
+    survives: c mod 2^j != 0) and read (bit j-1 of c); col_j = j - 1 per column, levels j0 + 1 .. j0 + NJ."""
     o_t = base + tl.arange(0, C)
     m_t = (o_t >= bos) & (o_t < eos)
     m_tk = m_t[:, None] & (o_k[None, :] < K)
-    qb = tl.load(q + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
-    kb = tl.load(k + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
+    qb = tl.load(q + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
+    kb = tl.load(k + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
     if HAS_G:
         gb = tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
         gc = tl.cumsum(gb, 0)
         gl = tl.sum(gb, 0)
-        q_eff = qb * (tl.exp(gc) * scale)[:, None]
-        kd = kb * tl.exp(gl - gc)[:, None]
+        q_scale = tl.exp(gc) * scale
+        k_scale = tl.exp(gl - gc)
         decay = tl.exp(gl)
     else:
-        q_eff = qb * scale
-        kd = kb
+        q_scale = tl.full([C], scale, tl.float32)
+        k_scale = tl.full([C], 1.0, tl.float32)
         decay = 1.0
     keep = (c % (2 << col_j)) != 0
     read = ((c >> col_j) & 1) == 1
@@ -278,7 +283,7 @@ def _scan_chunk(q, k, g, lam, bos, eos, base, c, i_h, o_k, col_j, j0, scale, NL,
     lev = CHUNK_LEVELS_C + 1 + o_j
     w = tl.load(lam + (o_t[:, None] * H + i_h) * NL + lev[None, :],
                 mask=m_t[:, None] & ((lev < NL) & (((c >> o_j) & 1) == 1))[None, :], other=0.0).to(tl.float32)
-    return o_t, m_t, q_eff, kd, decay, keep, read, _spread_levels(w, C, NJ, BV)
+    return o_t, m_t, qb, kb, q_scale, k_scale, decay, keep, read, _spread_levels(w, C, NJ, BV)
 
 
 @triton.jit
@@ -298,7 +303,7 @@ def _mm(a, b, ref, LOWP: tl.constexpr, PREC: tl.constexpr):
     """a @ b with fp32 accumulation; LOWP: operands rounded to ref's (16-bit input) dtype first, for the fast MMA."""
     if LOWP:
         return tl.dot(a.to(ref.dtype.element_ty), b.to(ref.dtype.element_ty))
-    return tl.dot(a, b, input_precision=PREC)
+    return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC)
 
 
 @triton.jit
@@ -335,14 +340,14 @@ def _level_scan_fwd(q, k, v, g, lam, o, rfin, seqs, scale, NL, J0, NJT,
     state = tl.zeros([BK, NJ * BV], dtype=tl.float32)
     for i in range(nchunks):
         c = p0 // C + i
-        o_t, m_t, q_eff, kd, decay, keep, read, w = _scan_chunk(
+        o_t, m_t, qb, kb, q_scale, k_scale, decay, keep, read, w = _scan_chunk(
             q, k, g, lam, bos, eos, bos - front + i * C, c, i_h, o_k, col_j, j0, scale, NL, H, K, C, NJ, BV, HAS_G)
         state = tl.where(keep[None, :], state, 0.0)
-        inter = _sum_levels(_mm(q_eff, state, q, LOWP, PREC) * w, C, NJ, BV)
+        inter = _sum_levels(_mm(qb, state, q, LOWP, PREC) * (w * q_scale[:, None]), C, NJ, BV)
         m_tv = m_t[:, None] & (o_v[None, :] < V)
         _accumulate(o + (o_t[:, None] * H + i_h) * V + o_v[None, :], inter, m_tv)
         vb = tl.load(v + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
-        local = _mm(tl.trans(kd), vb, q, LOWP, PREC)
+        local = _mm(tl.trans(kb), vb * k_scale[:, None], q, LOWP, PREC)
         state = state * decay + tl.where(read[None, :], 0.0, _tile_levels(local, BK, NJ, BV))
     if STORE_FINAL:
         c_last = (p0 + eos - bos - 1) // C
