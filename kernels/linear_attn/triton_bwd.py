@@ -264,25 +264,29 @@ def chunk_bwd(q, k, v, g, do, dht, ht, hs, scale, h0, lay: Layout, need_dh0: boo
     dv = torch.empty_like(v)
     gate = g if g is not None else q
     prec = dot_precision(k)
-    if dk_ <= FUSED_MAX_DIM and dv_ <= FUSED_MAX_DIM:
+    # fp32 tiles are twice as large: the fused kernel at K = V = 128 needs 272 KiB of shared memory (the H200 has
+    # 227 KiB; measured 2026-11-29), so wide fp32 heads take the two-kernel path with K in 64-wide blocks.
+    wide_fp32 = q.element_size() > 2 and max(dk_, dv_) > 64
+    if dk_ <= FUSED_MAX_DIM and dv_ <= FUSED_MAX_DIM and not wide_fp32:
         dgp = torch.empty(1, lay.total, h, device=q.device, dtype=torch.float32) if g is not None else None
         _chunk_bwd_fused[(lay.rows, h)](q, k, v, gate, do, hs, dhs, dq, dk, dv, dgp if dgp is not None else q,
                                         lay.table, scale, lay.seqlen, lay.nt, H=h, K=dk_, V=dv_, BT=BT,
                                         BK=_pow2(dk_), BV=_pow2(dv_), HAS_G=g is not None, IS_VARLEN=lay.varlen,
                                         PREC=prec, num_warps=8, num_stages=1)
     else:
-        bk = _pow2(dk_)
+        bk = _pow2(dk_, hi=64 if wide_fp32 else 128)
+        stages = 1 if wide_fp32 else 2
         nk = triton.cdiv(dk_, bk)
         dgp = torch.empty(nk, lay.total, h, device=q.device, dtype=torch.float32) if g is not None else None
         _chunk_dqk_bwd[(nk, lay.rows, h)](q, k, v, gate, do, hs, dhs, dq, dk, dgp if dgp is not None else q,
                                           lay.table, scale, lay.seqlen, lay.nt, lay.total, H=h, K=dk_, V=dv_,
                                           BT=BT, BK=bk, BV=_pow2(dv_, hi=64), HAS_G=g is not None,
-                                          IS_VARLEN=lay.varlen, PREC=prec, num_warps=8, num_stages=2)
+                                          IS_VARLEN=lay.varlen, PREC=prec, num_warps=8, num_stages=stages)
         bv = _pow2(dv_, hi=64)
         _chunk_dv_bwd[(triton.cdiv(dv_, bv), lay.rows, h)](q, k, gate, do, dhs, dv, lay.table, scale, lay.seqlen,
                                                            lay.nt, H=h, K=dk_, V=dv_, BT=BT, BK=bk, BV=bv,
                                                            HAS_G=g is not None, IS_VARLEN=lay.varlen, PREC=prec,
-                                                           num_warps=4, num_stages=2)
+                                                           num_warps=4, num_stages=stages)
     dg = None
     if g is not None:
         dgate = dgp.sum(0)

@@ -46,3 +46,23 @@ def test_bf16_triton_small_head_dims(op, dk, dv):
     bad = [f"{n}: {error_ratio(a, r):.2e} > {tol:.0e}" for n, a, r, tol in zip(names, got, ref, tols)
            if not error_ratio(a, r) <= tol]
     assert not bad, f"{op} K={dk} V={dv}: " + "; ".join(bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["linear_attn", "delta_rule"])
+@pytest.mark.parametrize("dk,dv", [(128, 128), (256, 128)])
+def test_fp32_triton_wide_heads(op, dk, dv):
+    """fp32 inputs at wide heads (hla's composition runs its linear_attn passes in fp32): they must fit the GPU's
+    shared memory (linear_attn's fused backward at 128 x 128 needed 272 KiB) and match at SPEC's fp32 tolerance."""
+    gen = torch.Generator(device="cuda").manual_seed(dk + dv)
+    b, t, h = 2, 150, 2
+    x = {"q": torch.randn(b, t, h, dk, device="cuda", generator=gen),
+         "k": torch.nn.functional.normalize(torch.randn(b, t, h, dk, device="cuda", generator=gen), dim=-1),
+         "v": torch.randn(b, t, h, dv, device="cuda", generator=gen),
+         "g": -torch.rand(b, t, h, device="cuda", generator=gen) * 0.2,
+         "beta": torch.rand(b, t, h, device="cuda", generator=gen),
+         "do": torch.randn(b, t, h, dv, device="cuda", generator=gen)}
+    ref = _grads(op, "torch", torch.float32, x)
+    got = _grads(op, "triton", torch.float32, x)
+    bad = [f"{i}: {error_ratio(a, r):.2e}" for i, (a, r) in enumerate(zip(got, ref)) if not error_ratio(a, r) <= 1e-4]
+    assert not bad, f"{op} fp32 K={dk} V={dv}: " + "; ".join(bad)
