@@ -44,6 +44,7 @@ from .triton_fwd import (
     lowp,
     pow2,
     scan_warps,
+    tile_shrink,
 )
 
 
@@ -212,8 +213,9 @@ class LogLinearAttnFunction(torch.autograd.Function):
         has_drfin = drfin is not None and rfin is not None
         # both directions in one launch (they run side by side), or one launch each (fewer registers per program)
         directions = ((0, 1), (1, 1)) if OPTIONS["scan_bwd_split"] else ((2, 2),)
-        for j0, nj, groups in lay.level_groups():
-            bv = lay.scan_block_v(dv_, nj, pow2(dk_))
+        shrink = tile_shrink(pow2(dk_), 1)
+        for j0, nj, groups in lay.level_groups(shrink=shrink):
+            bv = lay.scan_block_v(dv_, nj, shrink)
             for direction, per_group in directions:
                 _level_scan_bwd[(triton.cdiv(dv_, bv), lay.n * h, per_group * groups)](
                     qf, kf, vf, gate, lf, do, drfin.contiguous() if has_drfin else qf, dq, dk, dv, dlam, lay.seqs,

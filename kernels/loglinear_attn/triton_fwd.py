@@ -151,12 +151,12 @@ class LevelLayout:
                 moves[n] = torch.eye(nl)
         return moves.to(device)
 
-    def level_groups(self, count: int | None = None) -> list[tuple[int, int, int]]:
+    def level_groups(self, count: int | None = None, shrink: int = 1) -> list[tuple[int, int, int]]:
         """Launches of a level scan over `count` stacked states (the nj chunk levels unless given) as (first index
-        j0, stacked states NJ, programs along the group axis): groups of OPTIONS["scan_levels"] (a power of two),
-        then the rest padded to a power of two. Levels evolve independently, so a group's programs carry only their
-        own levels (and their reads add atomically): nj = 9 is 8 + 1 stacked levels, not 16."""
-        size = OPTIONS["scan_levels"]
+        j0, stacked states NJ, programs along the group axis): groups of OPTIONS["scan_levels"] // shrink (a power of
+        two), then the rest padded to a power of two. Levels evolve independently, so a group's programs carry only
+        their own levels (and their reads add atomically): nj = 9 is 8 + 1 stacked levels, not 16."""
+        size = max(OPTIONS["scan_levels"] // shrink, 1)
         full, rest = divmod(self.nj if count is None else count, size)
         out = [(0, size, full)] if full else []
         if rest:
@@ -164,12 +164,18 @@ class LevelLayout:
         return out
 
     @staticmethod
-    def scan_block_v(dv: int, stacked: int, bk: int) -> int:
-        """V-block of a level scan whose stacked tile R is [bk, stacked * BV]: stacked * BV about
-        OPTIONS["scan_cols"] columns (halved for bk = 256, so the tile stays at 16K values), BV in 16..32."""
-        cols = OPTIONS["scan_cols"] * 128 // max(bk, 128)
+    def scan_block_v(dv: int, stacked: int, shrink: int = 1) -> int:
+        """V-block of a level scan whose stacked tile R is [K, stacked * BV]: stacked * BV about
+        OPTIONS["scan_cols"] // shrink columns, BV in 16..32."""
         # tl.dot needs every dimension >= 16, and the write's [K, BV] dot has N = BV
-        return min(max(cols // stacked, 16), 32, pow2(dv))
+        return min(max(OPTIONS["scan_cols"] // shrink // stacked, 16), 32, pow2(dv))
+
+
+def tile_shrink(bk: int, power: int) -> int:
+    """How much narrower the stacked tile of a K-wide level scan must be than at K <= 128 for shared memory
+    (228 KB on sm_90): (bk / 128)^power, power 1 for loglinear_attn's scans, 2 for the delta rule's (checked by
+    compiling for sm_90 at K = 256: 133 KB and 197 KB)."""
+    return (max(bk, 128) // 128) ** power
 
 
 def last_chunk_levels(kd, v, lay: LevelLayout, nl: int) -> torch.Tensor:
@@ -372,8 +378,9 @@ def level_scan_fwd(q, k, v, g, lam, scale, lay: LevelLayout, o, store_final: boo
     """o += the chunk-level reads; returns the final chunk-level states [N, H, nj, K, V] fp32 (or None)."""
     h, dk, dv = q.shape[1], q.shape[2], v.shape[2]
     rfin = torch.empty(lay.n, h, lay.nj, dk, dv, device=q.device, dtype=torch.float32) if store_final else None
-    for j0, nj, groups in lay.level_groups():
-        bv = lay.scan_block_v(dv, nj, pow2(dk))
+    shrink = tile_shrink(pow2(dk), 1)
+    for j0, nj, groups in lay.level_groups(shrink=shrink):
+        bv = lay.scan_block_v(dv, nj, shrink)
         _level_scan_fwd[(triton.cdiv(dv, bv), lay.n * h, groups)](
             q, k, v, g if g is not None else q, lam, o, rfin if rfin is not None else o, lay.seqs, scale,
             lam.shape[-1], j0, lay.nj, H=h, K=dk, V=dv, C=CHUNK, BK=pow2(dk), BV=bv, NJ=nj, HAS_G=g is not None,

@@ -31,6 +31,7 @@ from kernels.loglinear_attn.triton_fwd import (
     _tile_levels,
     pow2,
     scan_warps,
+    tile_shrink,
 )
 
 
@@ -115,7 +116,8 @@ def dot_precision(dtype: torch.dtype) -> str:
 def scan_launches(lay: LevelLayout, mode: int, count: int, dk: int, dv: int) -> list[tuple[int, int, int, int]]:
     """(first state j0, stacked states S, programs along the group axis, BV) of each launch of a scan over `count`
     states (mode 0: the nj chunk levels; mode 1: the L prior levels), grouped as LevelLayout.level_groups."""
-    return [(j0, s, groups, lay.scan_block_v(dv, s, pow2(dk))) for j0, s, groups in lay.level_groups(count)]
+    shrink = tile_shrink(pow2(dk), 2)
+    return [(j0, s, groups, lay.scan_block_v(dv, s, shrink)) for j0, s, groups in lay.level_groups(count, shrink)]
 
 
 def delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, lay: LevelLayout, mode: int, in_dtype):
