@@ -230,7 +230,12 @@ def check(name: str, case: OpCase, device: str) -> list[tuple[str, str, float, f
         ro, rs, rg = _run_with_grads(case, inputs, cu, case.oracle, torch.float32)
         for variant, backend in _variants(name, case):
             shape = label if variant == name else f"{label} ({variant})"
-            o, s, g = _run_with_grads(case, inputs, cu, backend, torch.bfloat16)
+            try:
+                o, s, g = _run_with_grads(case, inputs, cu, backend, torch.bfloat16)
+            except Exception as e:  # one failing backend (e.g. OutOfResources) must not hide the others' rows
+                rows.append((shape, f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:100]}", float("nan"),
+                             OUT_TOL))
+                continue
             rows.append((shape, "o", error_ratio(o, ro), OUT_TOL))
             rows.append((shape, "final_state", error_ratio(s, rs), OUT_TOL))
             for gname, tol in case.grad_tol.items():
@@ -290,7 +295,8 @@ def bench(ops, seqlens, tokens, heads, dim, device):
                 fb = triton.testing.do_bench(fwd_bwd, warmup=25, rep=100, grad_to_none=leaves,
                                              return_mode="median")
                 rows.append((t, b, label, f, fb))
-            except (RuntimeError, ValueError) as e:  # a backend missing on this machine is reported, not fatal
+                print(f"| {t} | {b} | {label} | {f:.3f} | {fb:.3f} |", flush=True)
+            except Exception as e:  # a backend missing here, or out of resources, is reported, not fatal
                 rows.append((t, b, label, float("nan"), float("nan")))
                 print(f"  {label} T={t}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
             torch.cuda.empty_cache()
@@ -336,17 +342,18 @@ def main(argv=None):
     failed = False
     if not args.skip_check:
         lines += ["| op | case | quantity | error ratio | tolerance | ok |", "|---|---|---|---|---|---|"]
-        for op in args.ops:
+        print("\n".join(lines), flush=True)
+        for op in args.ops:  # rows are printed as each op finishes, so a later crash or timeout keeps them
             for label, qty, err, tol in check(op, CASES[op], device):
                 ok = err <= tol
                 failed |= not ok
                 lines.append(f"| {op} | {label} | {qty} | {err:.2e} | {tol:.0e} | {'yes' if ok else 'NO'} |")
-        print("\n".join(lines), flush=True)
+                print(lines[-1], flush=True)
     if not args.skip_bench:
-        rows = bench(args.ops, args.seqlens, args.tokens, args.heads, args.dim, device)
         table = ["| T | B | kernel | fwd ms | fwd+bwd ms |", "|---|---|---|---|---|"]
+        print("\n" + "\n".join(table), flush=True)  # bench prints each row as it is measured
+        rows = bench(args.ops, args.seqlens, args.tokens, args.heads, args.dim, device)
         table += [f"| {t} | {b} | {label} | {f:.3f} | {fb:.3f} |" for t, b, label, f, fb in rows]
-        print("\n".join(table), flush=True)
         lines += [""] + table
     if args.profile:
         profile(args.ops, args.profile, args.tokens, args.heads, args.dim, device)
