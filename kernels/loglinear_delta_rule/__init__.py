@@ -8,9 +8,10 @@ is kernels.delta_rule. The state is kernels.loglinear_attn.LogLinearState (per-l
 
 Backends: "triton" (triton_fwd / triton_bwd: the per-chunk WY/UT pieces and the levels 0..6 block as batched torch
 ops, the level scan, which carries every chunk level of a (sequence, head, V-block) in one program and moves them by
-the chunk's Householder product, as a Triton forward and backward; the default on CUDA, on CPU tensors it runs under
-TRITON_INTERPRET=1), "torch" (chunked: WY/UT per chunk, one dense masked block for levels 0..6 and one carried state
-per higher level, all moved by the chunk's Householder product; exact, differentiable; the default elsewhere) and
+the chunk's Householder product, as a Triton forward and backward; opt in with backend="triton"; on CPU tensors it
+runs under TRITON_INTERPRET=1),
+"torch" (chunked: WY/UT per chunk, one dense masked block for levels 0..6 and one carried state per higher level, all
+moved by the chunk's Householder product; exact, differentiable; the default everywhere, see GPU_DEFAULT) and
 "naive" (the binary-carry recurrence token by token: the oracle).
 `loglinear_delta_rule_quadratic` (naive.py) is the O(T^2) definition used by the tests.
 """
@@ -25,6 +26,11 @@ from kernels.loglinear_attn.state import check_loglinear_inputs
 from .chunk import loglinear_delta_rule_chunk
 from .naive import loglinear_delta_rule_naive, loglinear_delta_rule_quadratic
 from .step import loglinear_delta_rule_step
+
+# The Triton backend passes its tests under the interpreter, but on the H200 (Triton 3.6, 2026-11-29) its backward
+# level scan asked for 294,912 bytes of shared memory (the limit is 232,448) and it has not passed a GPU check since:
+# until it does, CUDA tensors take the exact chunked torch path unless backend="triton" is asked for.
+GPU_DEFAULT = "torch"
 
 __all__ = ["LogLinearState", "loglinear_delta_rule", "loglinear_delta_rule_quadratic", "loglinear_delta_rule_step"]
 
@@ -52,13 +58,15 @@ def loglinear_delta_rule(
     tokens [N] int64), exactly the recurrent form's per-level states after `tokens` tokens (see
     kernels.loglinear_attn.state), so forward(a + b) == forward(b, initial_state=forward(a).final).
     cu_seqlens [N+1] packs N documents in B == 1 (positions restart in each). Gradients flow to q, k, v, beta, g,
-    level_scales and initial_state.levels. backend: "triton", "torch", "naive" or None (triton on CUDA, torch
-    otherwise).
+    level_scales and initial_state.levels. backend: "triton", "torch", "naive" or None (GPU_DEFAULT on CUDA,
+    torch otherwise).
     """
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"loglinear_delta_rule: q must be a torch.Tensor, got {type(q).__name__}")
     if not isinstance(beta, torch.Tensor):
         raise TypeError(f"loglinear_delta_rule: beta must be a torch.Tensor [B, T, H], got {type(beta).__name__}")
+    if backend is None and q.device.type == "cuda":
+        backend = GPU_DEFAULT
     backend = resolve_loglinear_backend("loglinear_delta_rule", backend, q.device)
     n = check_recurrent_inputs("loglinear_delta_rule", q, k, v, g=g, beta=beta, cu_seqlens=cu_seqlens,
                                backend=backend)
