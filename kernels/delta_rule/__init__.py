@@ -58,4 +58,28 @@ def delta_rule(
         return fn(q, k, v, beta, g, scale, initial_state, output_final_state, bounds)
     from .triton_bwd import delta_rule_triton
 
+    if q.is_cuda and min(q.shape[-1], v.shape[-1]) < MIN_GPU_HEAD_DIM:
+        return delta_rule_triton_padded(q, k, v, beta, g, scale, initial_state, output_final_state, cu_seqlens)
     return delta_rule_triton(q, k, v, beta, g, scale, initial_state, output_final_state, cu_seqlens)
+
+
+# On the H200 (Triton 3.6, bf16) the kernels hit an illegal memory access at K = V = 16 with every build switch
+# (2026-11-29); K = 32, V = 64 was checked exact there. Heads narrower than MIN_GPU_HEAD_DIM run padded to that shape.
+MIN_GPU_HEAD_DIM = 32
+PADDED_HEAD_DIMS = (32, 64)
+
+
+def delta_rule_triton_padded(q, k, v, beta, g, scale, initial_state, output_final_state, cu_seqlens):
+    """The Triton delta rule on heads zero-padded to at least PADDED_HEAD_DIMS (K, V), then sliced back: exact,
+    because zero key columns never touch the state (k^T S and k k^T ignore them, so padded state rows stay zero)
+    and zero value columns only fill state and output columns that are dropped. scale must already be resolved."""
+    import torch.nn.functional as F
+
+    from .triton_bwd import delta_rule_triton
+
+    dk, dv = q.shape[-1], v.shape[-1]
+    pk, pv = max(dk, PADDED_HEAD_DIMS[0]) - dk, max(dv, PADDED_HEAD_DIMS[1]) - dv
+    h0 = None if initial_state is None else F.pad(initial_state, (0, pv, 0, pk))
+    o, final = delta_rule_triton(F.pad(q, (0, pk)), F.pad(k, (0, pk)), F.pad(v, (0, pv)), beta, g, scale, h0,
+                                 output_final_state, cu_seqlens)
+    return o[..., :dv], (None if final is None else final[..., :dk, :dv])

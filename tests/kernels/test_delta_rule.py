@@ -262,3 +262,30 @@ def test_triton_fp16_paths(monkeypatch, opts):
     half = [x if x is None or i == 4 else x.half() for i, x in enumerate(inputs)]  # g stays fp32
     got = run("triton", half, h0, cu=cu)
     assert_close(got, ref, tol=2e-3, what=f"fp16 {opts}")
+
+
+def test_padded_small_heads_equal_unpadded():
+    """The zero-padding that CUDA applies to heads narrower than 32 (kernels.delta_rule.delta_rule_triton_padded) is
+    exact: outputs, final state and every gradient equal the chunked path on the unpadded heads."""
+    from kernels.common import error_ratio
+    from kernels.delta_rule import delta_rule_triton_padded
+
+    gen = torch.Generator().manual_seed(5)
+    b, t, h, dk, dv = 2, 75, 2, 16, 12
+    x = [torch.randn(b, t, h, d, generator=gen) for d in (dk, dk, dv)]
+    x[1] = torch.nn.functional.normalize(x[1], dim=-1)
+    x += [torch.rand(b, t, h, generator=gen), -torch.rand(b, t, h, generator=gen) * 0.3,
+          torch.randn(b, h, dk, dv, generator=gen)]
+    outs = {}
+    for name in ("padded", "torch"):
+        leaves = [a.clone().requires_grad_() for a in x]
+        q, k, v, beta, g, h0 = leaves
+        if name == "padded":
+            o, s = delta_rule_triton_padded(q, k, v, beta, g, dk ** -0.5, h0, True, None)
+        else:
+            o, s = delta_rule(q, k, v, beta, g, initial_state=h0, output_final_state=True, backend="torch")
+        grads = torch.autograd.grad((o * o).sum() + (s * s).sum(), leaves)
+        outs[name] = [o, s, *grads]
+    assert outs["padded"][0].shape == (b, t, h, dv) and outs["padded"][1].shape == (b, h, dk, dv)
+    for a, r in zip(outs["padded"], outs["torch"]):
+        assert error_ratio(a, r) < 1e-5
