@@ -31,7 +31,8 @@ class LogLinearMamba2Mixer(FlagsLevelParameter, Mamba2Mixer):
     Past the trained maximum: positions p >= max_position_embeddings need bit_length(p) + 1 levels; the levels
     beyond num_levels - 1 use level num_levels - 1's scale (clamped), so longer sequences and decoding work.
 
-    Options: Mamba2Mixer's; backend is loglinear_attn's (None or "torch": the chunked path; "naive").
+    Options: Mamba2Mixer's; backend is loglinear_attn's (None: Triton on CUDA, the chunked path otherwise;
+    "triton", "torch", "naive").
 
     Cache slot: "conv_state" as Mamba2Mixer, and the per-level state "recurrent_levels" ([B, H, levels, N, P]
     fp32) with "recurrent_tokens" ([B] int64, tokens consumed): levels = bit_length(last position) + 1, grown by
