@@ -64,6 +64,8 @@ def _delta_level_scan_bwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs, dout, 
     o_j = j0 + tl.arange(0, S)
     st_off = (col_j[None, :] * K + o_k[:, None]) * V + col_v[None, :]
     m_st = m_k[:, None] & (m_col & (col_j < NS))[None, :]
+    st_off_t = (col_j[:, None] * K + o_k[None, :]) * V + col_v[:, None]  # the same, as [S * BV, K]
+    m_st_t = m_k[None, :] & (m_col & (col_j < NS))[:, None]
     d_state = tl.zeros([BK, S * BV], dtype=tl.float32)
     if HAS_DRFIN:
         d_state += tl.load(drfin + i_nh.to(tl.int64) * NS * K * V + st_off, mask=m_st, other=0.0)
@@ -86,23 +88,18 @@ def _delta_level_scan_bwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs, dout, 
                         tl.dot(d_local, tl.trans(vb), input_precision=PREC), m_k[:, None])
             _accumulate(dv + (hr * C + o_c[:, None]) * V + o_v[None, :],
                         tl.dot(tl.trans(zc), d_local, input_precision=PREC), (o_v < V)[None, :])
-        # the transition R' = exp(gl) R - Kd^T U, U = W R
+        # Shared memory (sm_90: 227 KB; Triton 3.6): every dot operand is staged in shared memory where its value is
+        # defined, so a tile used both as is and transposed keeps two copies alive. At K = 128 and 128 stacked columns
+        # R and dR' are 64 KB each, and staging both twice for the whole iteration asked for 288 KB (the H200's
+        # OutOfResources). So R^T is loaded again, transposed, just before its two dots, and the [C, K] pieces W and
+        # q_eff likewise (their loads as [K, C] for the dR update): 200 KB at K = 128, 208 KB at K = 256 (2 levels).
+        # R: U = W R, and the read weights' gradient dw_tj = do_t . (q_eff_t R_j)
         wb = tl.load(w_wy + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
-        kdb = tl.load(kd + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
         u = tl.dot(wb, state, input_precision=PREC)
-        d_u = -tl.dot(kdb, d_state, input_precision=PREC)
-        _accumulate(dkd + (hr * C + o_c[:, None]) * K + o_k[None, :],
-                    -tl.dot(u, tl.trans(d_state), input_precision=PREC), m_k[None, :])
-        _accumulate(dw_wy + (hr * C + o_c[:, None]) * K + o_k[None, :],
-                    tl.dot(d_u, tl.trans(state), input_precision=PREC), m_k[None, :])
-        tl.atomic_add(ddecay + hr, tl.sum(tl.sum(state * d_state, 1), 0), sem="relaxed")
-        d_state = d_state * tl.load(decay + hr) + tl.dot(tl.trans(wb), d_u, input_precision=PREC)
         qe = tl.load(q_eff + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
         do_cols = _tile_levels(tl.load(dout + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=(o_v < V)[None, :],
                                        other=0.0), C, S, BV)
         do_w = do_cols * w
-        _accumulate(dq_eff + (hr * C + o_c[:, None]) * K + o_k[None, :],
-                    tl.dot(do_w, tl.trans(state), input_precision=PREC), m_k[None, :])
         d_w = tl.sum(tl.reshape(tl.dot(qe, state, input_precision=PREC) * do_cols, [C, S, BV]), 2)
         if MODE == 0:
             lev = CHUNK_LEVELS_C + 1 + o_j
@@ -111,7 +108,23 @@ def _delta_level_scan_bwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs, dout, 
                         mask=((lev < NL) & bits)[None, :])
         else:
             _accumulate(dwts + (hr * C + o_c[:, None]) * NW + o_j[None, :], d_w, (o_j < NW)[None, :])
-        d_state += tl.dot(tl.trans(qe), do_w, input_precision=PREC)
+        # dR': dU = -Kd dR', dKd = -U dR'^T (the transition R' = exp(gl) R - Kd^T U)
+        kdb = tl.load(kd + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+        d_u = -tl.dot(kdb, d_state, input_precision=PREC)
+        _accumulate(dkd + (hr * C + o_c[:, None]) * K + o_k[None, :],
+                    -tl.dot(u, tl.trans(d_state), input_precision=PREC), m_k[None, :])
+        # R^T (loaded again, transposed): dW = dU R^T, dq_eff = (w do) R^T
+        state_t = tl.load(rs + hr * NS * K * V + st_off_t, mask=m_st_t, other=0.0).to(tl.float32)
+        _accumulate(dw_wy + (hr * C + o_c[:, None]) * K + o_k[None, :],
+                    tl.dot(d_u, state_t, input_precision=PREC), m_k[None, :])
+        _accumulate(dq_eff + (hr * C + o_c[:, None]) * K + o_k[None, :],
+                    tl.dot(do_w, state_t, input_precision=PREC), m_k[None, :])
+        tl.atomic_add(ddecay + hr, tl.sum(tl.sum(state * d_state, 1), 0), sem="relaxed")
+        # dR = exp(gl) dR' + W^T dU + q_eff^T (w do)
+        wt = tl.load(w_wy + (hr * C + o_c[None, :]) * K + o_k[:, None], mask=m_k[:, None], other=0.0)
+        d_state = d_state * tl.load(decay + hr) + tl.dot(wt, d_u, input_precision=PREC)
+        qt = tl.load(q_eff + (hr * C + o_c[None, :]) * K + o_k[:, None], mask=m_k[:, None], other=0.0)
+        d_state += tl.dot(qt, do_w, input_precision=PREC)
         d_state = tl.where(keep[None, :], d_state, 0.0)
     if STORE_DR0:
         tl.store(dr0 + i_nh.to(tl.int64) * NS * K * V + st_off, d_state, mask=m_st)
