@@ -2,6 +2,7 @@
 
     python benchmarks/train_throughput.py --sizes tiny 340m --seq-len 2048 --batch-size 8 --steps 40
     python benchmarks/train_throughput.py --model transformer --sizes 340m --append   # also writes RESULTS.md
+    python benchmarks/train_throughput.py --model mamba2 --sizes 340m --fused-norms   # Triton norms (model.fused_norms)
 
 Each configuration runs train.run() in-process on the embedded corpus with the real loader and optimizer (bf16
 autocast on CUDA), W&B off and no checkpoint, and reports the mean of the log windows after the first (the first
@@ -66,12 +67,15 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--append", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    ap.add_argument("--fused-norms", action="store_true",
+                    help="run the norms as Triton kernels (the Hydra override ++model.fused_norms=true)")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     args = ap.parse_args()
 
     import torch
 
-    results = [measure(args.model, size, args.seq_len, args.batch_size, args.steps, args.overrides)
+    overrides = [*args.overrides, "++model.fused_norms=true"] if args.fused_norms else args.overrides
+    results = [measure(args.model, size, args.seq_len, args.batch_size, args.steps, overrides)
                for size in args.sizes]
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "CPU"
     text = table(results)

@@ -9,7 +9,7 @@ CONFIG_KEYS = (
     "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
     "mixer", "operator", "attn_layers", "mixer_kwargs", "attn_backend", "rope_theta", "max_position_embeddings",
     "norm_eps", "initializer_range", "tie_word_embeddings", "use_cache", "bos_token_id", "eos_token_id",
-    "pad_token_id", "mlp", "pre_conv", "fused_loss_chunk",
+    "pad_token_id", "mlp", "pre_conv", "fused_loss_chunk", "fused_norms",
 )
 
 
@@ -44,6 +44,9 @@ class HiloConfig(PretrainedConfig):
     fused_loss_chunk: rows per chunk of the chunked LM-head cross-entropy (models.loss) that HiloForCausalLM uses
     when called with labels and return_logits=False; None makes that call materialise all logits and take the
     plain loss instead (the same value; more memory).
+    fused_norms: run the blocks' RMSNorms, the mixer's residual add fused with the MLP's RMSNorm, and the mixers'
+    gated RMSNorms as the Triton kernels of models.fused_norms (the same function; CUDA tensors, or CPU ones under
+    TRITON_INTERPRET=1; the torch code elsewhere). Off by default until measured on a GPU.
     """
 
     model_type = "hilo"
@@ -80,6 +83,7 @@ class HiloConfig(PretrainedConfig):
         mlp: bool = True,
         pre_conv: int | None = None,
         fused_loss_chunk: int | None = 4096,
+        fused_norms: bool = False,
         **kwargs,
     ):
         if num_kv_heads is None:
@@ -109,6 +113,8 @@ class HiloConfig(PretrainedConfig):
                 isinstance(fused_loss_chunk, bool) or not isinstance(fused_loss_chunk, int) or fused_loss_chunk < 1):
             raise ValueError(f"fused_loss_chunk must be null (plain loss) or a number of rows >= 1, "
                              f"got {fused_loss_chunk!r}")
+        if not isinstance(fused_norms, bool):
+            raise TypeError(f"fused_norms must be true or false, got {fused_norms!r}")
         attn_layers = sorted(int(i) for i in (attn_layers or []))
         bad = [i for i in attn_layers if not 0 <= i < num_layers]
         if bad:
@@ -133,6 +139,7 @@ class HiloConfig(PretrainedConfig):
         self.mlp = mlp
         self.pre_conv = pre_conv
         self.fused_loss_chunk = fused_loss_chunk
+        self.fused_norms = fused_norms
         super().__init__(
             tie_word_embeddings=tie_word_embeddings,
             bos_token_id=bos_token_id,

@@ -4,19 +4,37 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models import fused_norms
+
 
 class RMSNorm(nn.Module):
-    """y = x / sqrt(mean(x^2) + eps) * weight, computed in fp32 and returned in x's dtype."""
+    """y = x / sqrt(mean(x^2) + eps) * weight, computed in fp32 and returned in x's dtype.
 
-    def __init__(self, dim: int, eps: float = 1e-6):
+    fused=True (config.fused_norms) runs the Triton kernels of models.fused_norms where fused_norms.use_triton
+    allows (CUDA; CPU under TRITON_INTERPRET=1) and this torch code elsewhere: the same function.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6, fused: bool = False):
         super().__init__()
         self.eps = eps
+        self.fused = fused
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused and fused_norms.use_triton(x.shape[-1], x, self.weight):
+            return fused_norms.rms_norm(x, self.weight, self.eps)
         xf = x.float()
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (y * self.weight.float()).to(x.dtype)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(self(h), h) with h = residual + x: a pre-norm block adding a branch's output x to the residual stream
+        and normalizing the sum for the next branch (one kernel when fused)."""
+        if (self.fused and x.shape == residual.shape
+                and fused_norms.use_triton(x.shape[-1], x, residual, self.weight)):
+            return fused_norms.add_rms_norm(x, residual, self.weight, self.eps)
+        hidden = residual + x
+        return self(hidden), hidden
 
 
 class _GatedRMSNormFn(torch.autograd.Function):
@@ -71,11 +89,13 @@ class GatedRMSNorm(RMSNorm):
     norm_before_gate=False (Mamba-2): y = RMSNorm(x * SiLU(gate)).
     norm_before_gate=True (Gated DeltaNet): y = RMSNorm(x) * SiLU(gate).
     gate has x's shape. group_size (a divisor of dim; None = dim) normalizes each run of group_size channels on
-    its own (Mamba-2 with n_groups > 1). The weight [dim] is initialised to ones like RMSNorm's.
+    its own (Mamba-2 with n_groups > 1). The weight [dim] is initialised to ones like RMSNorm's. fused: as RMSNorm's
+    (models.fused_norms.gated_rms_norm).
     """
 
-    def __init__(self, dim: int, eps: float = 1e-6, norm_before_gate: bool = False, group_size: int | None = None):
-        super().__init__(dim, eps)
+    def __init__(self, dim: int, eps: float = 1e-6, norm_before_gate: bool = False, group_size: int | None = None,
+                 fused: bool = False):
+        super().__init__(dim, eps, fused)
         group_size = dim if group_size is None else group_size
         if dim % group_size != 0:
             raise ValueError(f"group_size ({group_size}) must divide dim ({dim})")
@@ -85,4 +105,6 @@ class GatedRMSNorm(RMSNorm):
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         if gate.shape != x.shape:
             raise ValueError(f"GatedRMSNorm: gate must have x's shape {tuple(x.shape)}, got {tuple(gate.shape)}")
+        if self.fused and fused_norms.use_triton(self.group_size, x, gate, self.weight):
+            return fused_norms.gated_rms_norm(x, gate, self.weight, self.eps, self.norm_before_gate, self.group_size)
         return _GatedRMSNormFn.apply(x, gate, self.weight, self.eps, self.norm_before_gate, self.group_size)
