@@ -39,22 +39,21 @@ warnings.filterwarnings("ignore")
 os.environ.pop("TRITON_INTERPRET", None)  # real JITFunctions, not the interpreter
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-from triton.runtime.jit import JITFunction  # noqa: E402
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
 
-import kernels  # noqa: E402,F401
 # the entry points import their Triton modules lazily: import them all now, before TRITON_INTERPRET is set below
-import kernels.delta_rule.triton_bwd  # noqa: E402,F401
-import kernels.hla.triton_fused  # noqa: E402,F401
-import kernels.linear_attn.triton_bwd  # noqa: E402,F401
-from kernels import delta_rule, linear_attn, loglinear_attn, loglinear_delta_rule  # noqa: E402
-from kernels.hla import ahla, hla2  # noqa: E402
-from kernels.loglinear_attn import LogLinearState, num_levels  # noqa: E402
-from kernels.loglinear_attn.triton_bwd import loglinear_attn_triton  # noqa: E402
-from kernels.loglinear_delta_rule.triton_bwd import loglinear_delta_rule_triton  # noqa: E402
+import kernels.delta_rule.triton_bwd
+import kernels.hla.triton_fused
+import kernels.linear_attn.triton_bwd  # noqa: F401
+from kernels import delta_rule, linear_attn, loglinear_attn, loglinear_delta_rule
+from kernels.hla import ahla, hla2
+from kernels.loglinear_attn import LogLinearState, num_levels
+from kernels.loglinear_attn.triton_bwd import loglinear_attn_triton
+from kernels.loglinear_delta_rule.triton_bwd import loglinear_delta_rule_triton
 
 # kernels.common.precision.autocast_off asks torch about autocast on the inputs' device, which "meta" is not: call
 # the undecorated functions (functools.wraps keeps them as __wrapped__)
@@ -82,7 +81,6 @@ def _record(self, *args, grid, warmup, **kwargs):
     bound = dict(zip(self.arg_names, args))
     bound.update(kwargs)
     _launches.append((self, bound, opts))
-    return None
 
 
 JITFunction.run = _record
@@ -142,7 +140,7 @@ def compile_one(fn: JITFunction, sig: dict, consts: dict, attrs: dict, opts: dic
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
         f.write(k.asm["cubin"])
     try:
-        out = subprocess.run([_cuobjdump(), "-res-usage", f.name], capture_output=True, text=True).stdout
+        out = subprocess.run([_cuobjdump(), "-res-usage", f.name], check=True, capture_output=True, text=True).stdout
     finally:
         os.unlink(f.name)
     regs = re.search(r"REG:(\d+)", out)
