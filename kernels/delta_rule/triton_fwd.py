@@ -361,10 +361,14 @@ def state_block_v(dv: int, pairs: int, device: torch.device, which: str) -> int:
     return bv
 
 
-def state_stages(bk: int) -> int:
-    """Software-pipelining depth of the state passes: Triton's default 3 up to K = 128; at K = 256 three copies of
-    the per-chunk [C, K] tiles would overflow the 227 KB of shared memory, so the loads are not pipelined."""
-    return 3 if bk <= 128 else 1
+def state_stages(bk: int, elem_bytes: int = 2) -> int:
+    """Software-pipelining depth of the state passes: Triton's default 3 up to K = 128 for 16-bit inputs; at K = 256
+    three copies of the per-chunk [C, K] tiles would overflow the 227 KB of shared memory, so the loads are not
+    pipelined. fp32 tiles are twice as large: the backward state pass at K = 128 needs 263,176 bytes with 3 stages
+    and 147,972 with 2 (Triton 3.6, sm_90, benchmarks/triton_resources.py), so fp32 takes 2 there."""
+    if bk > 128:
+        return 1
+    return 2 if elem_bytes > 2 and bk >= 128 else 3
 
 
 def block_sizes(dk: int, dv: int):
@@ -406,7 +410,7 @@ def delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, b
         H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=sbv, HAS_H0=initial_state is not None,
         STORE_HT=output_final_state, PREC=prec, OUT=out_fused, SCALE_V=bool(OPTIONS["state_scale_v"]),
         num_warps=NUM_WARPS["state"],
-        num_stages=state_stages(bk),
+        num_stages=state_stages(bk, k.element_size()),
     )
     if out_fused:
         return o, final, (gamma, tinv, w, ut, u, hs)
