@@ -33,6 +33,7 @@ if str(REPO_ROOT) not in sys.path:
 from training import (  # noqa: E402
     CheckpointManager,
     MetricsLogger,
+    PhaseTimer,
     build_lr_schedule,
     build_optimizer,
     peak_flops_per_device,
@@ -217,6 +218,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
 
     model.train()
     accum = int(tr.grad_accum)
+    phases = PhaseTimer(accelerator.device, enabled=bool(tr.get("time_phases", False)))
     def new_window():
         return {"loss": torch.zeros((), device=accelerator.device), "updates": 0, "steps": 0, "data_wait": 0.0,
                 "t0": time.perf_counter(), "tokens": 0}
@@ -236,23 +238,26 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
                 batch = {k: v.to(accelerator.device, non_blocking=True) for k, v in batch.items()}
                 sync = micro == accum - 1
                 with (nullcontext() if sync else accelerator.no_sync(model)):
-                    loss = model(**batch, return_logits=False).loss  # fused LM-head loss: no [tokens, V] logits
-                    accelerator.backward(loss / accum)
+                    with phases("forward"):
+                        loss = model(**batch, return_logits=False).loss  # fused LM-head loss: no [tokens, V] logits
+                    with phases("backward"):
+                        accelerator.backward(loss / accum)
                 step_loss += loss.detach() / accum
-            max_norm = float(cfg.optim.grad_clip) or math.inf
-            grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
-            finite = torch.isfinite(step_loss) & torch.isfinite(torch.as_tensor(grad_norm, device=step_loss.device))
-            if world > 1:
-                finite = accelerator.reduce(finite.float(), reduction="min") > 0
-            if bool(finite):
-                optimizer.step()
-                scheduler.step()
-            else:
-                state["skipped_steps"] += 1
-                scheduler.step()
-                accelerator.print(f"step {state['step'] + 1}: non-finite loss or gradient, update skipped "
-                                  f"({state['skipped_steps']} so far)")
-            optimizer.zero_grad(set_to_none=True)
+            with phases("optimizer"):
+                max_norm = float(cfg.optim.grad_clip) or math.inf
+                grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
+                finite = torch.isfinite(step_loss) & torch.isfinite(torch.as_tensor(grad_norm, device=step_loss.device))
+                if world > 1:
+                    finite = accelerator.reduce(finite.float(), reduction="min") > 0
+                if bool(finite):
+                    optimizer.step()
+                    scheduler.step()
+                else:
+                    state["skipped_steps"] += 1
+                    scheduler.step()
+                    accelerator.print(f"step {state['step'] + 1}: non-finite loss or gradient, update skipped "
+                                      f"({state['skipped_steps']} so far)")
+                optimizer.zero_grad(set_to_none=True)
             state["step"] += 1
             state["tokens"] += step_tokens
             window["tokens"] += step_tokens
@@ -279,6 +284,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
                     "perf/data_wait_s": window["data_wait"],
                     "perf/data_wait_frac": window["data_wait"] / max(elapsed, 1e-9),
                     "perf/step_time_s": elapsed / window["steps"],
+                    **phases.window_metrics(window["steps"]),  # perf/{forward,backward,optimizer}_s when timed
                     "data/malformed_records": loader.stats.get("malformed", 0),
                 }
                 if peak:

@@ -52,6 +52,7 @@ _OPTIONAL_CHECKS = {
     "trainer.early_stop_metric": (lambda v: v is None or (isinstance(v, str) and v != ""),
                                   "null or a validation metric name such as val/mqar_acc"),
     "trainer.early_stop_threshold": (lambda v: v is None or _is_num(v), "null or a number"),
+    "trainer.time_phases": (lambda v: v is None or isinstance(v, bool), "true or false"),
 }
 
 
