@@ -41,8 +41,10 @@ test: setup
 eval: setup
 	$(PY) eval.py checkpoint=$(RUN) $(ARGS)
 
-# make bench [ARGS="<train_throughput.py args>"] [DECODE_ARGS="<decode.py args>"]: training throughput, then
-# decoding latency and state memory against context (decode.py: 340m, 1K..32K, every family on CUDA; tiny on CPU)
+# make bench [ARGS="<train_throughput.py args>"] [DECODE_ARGS="<decode.py args>"]: training throughput (the
+# script's defaults: every family, 340m, T = 2048/8192/16384, 32768 tokens per step, step-time breakdown; tiny on
+# CPU), then decoding latency and state memory against context (decode.py: 340m, 1K..32K, every family on CUDA;
+# tiny on CPU)
 bench: setup
 	$(PY) benchmarks/train_throughput.py $(ARGS)
 	$(PY) benchmarks/decode.py $(DECODE_ARGS)

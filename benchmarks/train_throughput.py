@@ -1,17 +1,32 @@
-"""Training throughput of real train.py steps: tokens/s, MFU, peak memory, data-wait share.
+"""Training throughput of real train.py steps: tokens/s, MFU, peak memory and the step-time breakdown.
 
-    python benchmarks/train_throughput.py --sizes tiny 340m --seq-len 2048 --batch-size 8 --steps 40
-    python benchmarks/train_throughput.py --model transformer --sizes 340m --append   # also writes RESULTS.md
-    python benchmarks/train_throughput.py --model mamba2 --sizes 340m --fused-norms   # Triton norms (model.fused_norms)
+    python benchmarks/train_throughput.py        # issue 7's set: every family, 340m, T = 2048 8192 16384
+    python benchmarks/train_throughput.py --models transformer mamba2 --seq-lens 16384 32768 --sizes 760m
+    python benchmarks/train_throughput.py --model transformer --sizes tiny 340m --seq-len 2048 --batch-size 8 --steps 40
+    python benchmarks/train_throughput.py --models mamba2 --fused-norms   # Triton norms (model.fused_norms)
+    python benchmarks/train_throughput.py ... --append                    # also appends the table to RESULTS.md
 
-Each configuration runs train.run() in-process on the embedded corpus with the real loader and optimizer (bf16
-autocast on CUDA), W&B off and no checkpoint, and reports the mean of the log windows after the first (the first
-holds compilation and allocator warm-up).
+`make bench` (no ARGS) runs this script with its defaults, which are issue 7's measurement at 340m: every family
+(FAMILIES) at sequence lengths 2048, 8192 and 16384 with a fixed 32,768 tokens per optimizer step (batch size
+32768 // seq_len rows); --sizes defaults to 340m on CUDA and tiny on CPU. --batch-size N instead fixes the rows per
+step at every length. --model and --seq-len are aliases of --models and --seq-lens.
+
+Each configuration (model, size, seq_len) runs train.run() in-process on the embedded corpus with the real loader
+and optimizer (bf16 autocast on CUDA), model.max_position_embeddings = seq_len (the log-linear families' levels),
+trainer.time_phases on, W&B off and no checkpoint, and reports the mean of the log windows after the first (the
+first holds compilation and allocator warm-up): tokens/s, MFU (the model's num_flops_per_token against the GPU's
+bf16 peak), peak allocated memory of that configuration, milliseconds per optimizer step, and its breakdown as
+shares of the step: data wait (host time in the loader), forward (with the loss), backward, optimizer (clipping,
+step, scheduler, zero_grad). On CUDA the three phases are device time between CUDA events, while the data wait
+is host time that can overlap the device's tail of the previous step; what the shares leave is host-to-device
+copies, launch gaps between phases and the loop's own overhead. A configuration that runs out of
+GPU memory (torch.cuda.OutOfMemoryError) is a row saying OOM and the remaining configurations still run.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import platform
 import sys
@@ -19,73 +34,132 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.decode import FAMILIES  # noqa: E402
+
+SEQ_LENS = (2048, 8192, 16384)
+TOKENS_PER_STEP = 32768
+RESULTS = REPO / "benchmarks" / "RESULTS.md"
+PHASES = ("data_wait", "forward", "backward", "optimizer")
 
 
 def measure(model: str, size: str, seq_len: int, batch_size: int, steps: int, extra: list[str]) -> dict:
+    """One configuration's row: the means over the steady log windows, or status "OOM"."""
+    import torch
     from accelerate.state import AcceleratorState, GradientState
     from hydra import compose, initialize_config_dir
 
     import train
     from training.logging import read_metrics
 
+    row = {"model": model, "size": size, "seq_len": seq_len, "batch_size": batch_size, "steps": steps}
     log_every = max(steps // 4, 1)
-    overrides = [f"model={model}", f"model/size={size}", f"trainer.seq_len={seq_len}",
-                 f"trainer.batch_size={batch_size}", f"trainer.max_steps={steps}", f"trainer.log_every={log_every}",
-                 "trainer.val_every=0", "trainer.val_batches=1", "trainer.save_every=0", "trainer.save_final=false",
-                 "trainer.progress_bar=false", "logger=none", *extra]
+    overrides = [f"model={model}", f"model/size={size}", f"model.max_position_embeddings={seq_len}",
+                 f"trainer.seq_len={seq_len}", f"trainer.batch_size={batch_size}", f"trainer.max_steps={steps}",
+                 f"trainer.log_every={log_every}", "trainer.val_every=0", "trainer.val_batches=1",
+                 "trainer.save_every=0", "trainer.save_final=false", "trainer.progress_bar=false",
+                 "trainer.time_phases=true", "logger=none", *extra]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    oom = False
     with tempfile.TemporaryDirectory() as run_dir:
-        train.run(cfg, run_dir=run_dir)
+        try:
+            train.run(cfg, run_dir=run_dir)
+        except torch.cuda.OutOfMemoryError:
+            oom = True  # the handler ends here, dropping the traceback (and the failed run's tensors) before cleanup
         rows = [r for r in read_metrics(Path(run_dir) / "metrics.jsonl") if "perf/tokens_per_s" in r]
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    if oom:
+        return {**row, "status": "OOM"}
     steady = rows[1:] or rows
     mean = lambda key: sum(r.get(key) or 0.0 for r in steady) / len(steady)  # noqa: E731
-    return {"model": model, "size": size, "seq_len": seq_len, "batch_size": batch_size, "steps": steps,
-            "tokens_per_s": mean("perf/tokens_per_s"), "mfu": mean("perf/mfu") if "perf/mfu" in steady[0] else None,
-            "mem_peak_gib": max(r["perf/mem_peak_gib"] for r in rows), "data_wait_frac": mean("perf/data_wait_frac"),
-            "final_loss": rows[-1]["train/loss"]}
+    step_s = mean("perf/step_time_s")
+    row.update(status="ok", tokens_per_s=mean("perf/tokens_per_s"),
+               mfu=mean("perf/mfu") if "perf/mfu" in steady[0] else None,
+               mem_peak_gib=max(r["perf/mem_peak_gib"] for r in rows), step_ms=1e3 * step_s,
+               final_loss=rows[-1]["train/loss"])
+    # data_wait_s is a window's sum, the phases are per-step means: both as shares of the window's step time
+    row["data_wait_frac"] = mean("perf/data_wait_frac")
+    for phase in PHASES[1:]:
+        row[f"{phase}_frac"] = mean(f"perf/{phase}_s") / step_s if step_s > 0 else 0.0
+    return row
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| model | size | seq_len | batch | tokens/s | MFU | peak mem (GiB) | data wait | loss |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [("| model | size | seq_len | batch | tokens/s | MFU | peak mem (GiB) | ms/step | data wait | forward "
+              "| backward | optimizer | loss |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
+        head = f"| {r['model']} | {r['size']} | {r['seq_len']} | {r['batch_size']} |"
+        if r["status"] != "ok":
+            lines.append(f"{head} {r['status']} |" + " - |" * 8)
+            continue
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
-        lines.append(f"| {r['model']} | {r['size']} | {r['seq_len']} | {r['batch_size']} | {r['tokens_per_s']:,.0f} "
-                     f"| {mfu} | {r['mem_peak_gib']:.2f} | {100 * r['data_wait_frac']:.1f}% | {r['final_loss']:.3f} |")
+        shares = " | ".join(f"{100 * r[f'{p}_frac']:.1f}%" for p in PHASES)
+        lines.append(f"{head} {r['tokens_per_s']:,.0f} | {mfu} | {r['mem_peak_gib']:.2f} | {r['step_ms']:.1f} "
+                     f"| {shares} | {r['final_loss']:.3f} |")
     return "\n".join(lines)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="transformer")
-    ap.add_argument("--sizes", nargs="+", default=["tiny"])
-    ap.add_argument("--seq-len", type=int, default=2048)
-    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--models", "--model", nargs="+", default=list(FAMILIES), metavar="MODEL",
+                    help=f"model configs (conf/model/<name>.yaml), default every family: {' '.join(FAMILIES)}")
+    ap.add_argument("--sizes", nargs="+", default=None, help="presets (conf/model/size), default 340m (CPU: tiny)")
+    ap.add_argument("--seq-lens", "--seq-len", nargs="+", type=int, default=list(SEQ_LENS), metavar="T")
+    rows = ap.add_mutually_exclusive_group()
+    rows.add_argument("--tokens-per-step", type=int, default=None,
+                      help=f"tokens per optimizer step: batch size = this // seq_len (default {TOKENS_PER_STEP})")
+    rows.add_argument("--batch-size", type=int, default=None, help="rows per step at every seq_len instead")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--append", action="store_true", help="append the table to benchmarks/RESULTS.md")
     ap.add_argument("--fused-norms", action="store_true",
                     help="run the norms as Triton kernels (the Hydra override ++model.fused_norms=true)")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.batch_size is None:
+        args.tokens_per_step = args.tokens_per_step or TOKENS_PER_STEP
+        too_short = [t for t in args.seq_lens if args.tokens_per_step // t < 1]
+        if too_short:
+            ap.error(f"--tokens-per-step {args.tokens_per_step} is less than one row at seq_len {too_short}")
+    elif args.batch_size < 1:
+        ap.error("--batch-size must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
 
     import torch
 
-    overrides = [*args.overrides, "++model.fused_norms=true"] if args.fused_norms else args.overrides
-    results = [measure(args.model, size, args.seq_len, args.batch_size, args.steps, overrides)
-               for size in args.sizes]
+    sizes = args.sizes or (["340m"] if torch.cuda.is_available() else ["tiny"])
+    overrides = [*args.overrides, "++model.fused_norms=true"] if args.fused_norms else list(args.overrides)
+    results = []
+    for model in args.models:
+        for size in sizes:
+            for seq_len in args.seq_lens:
+                batch_size = args.batch_size or args.tokens_per_step // seq_len
+                results.append(measure(model, size, seq_len, batch_size, args.steps, overrides))
+                print(json.dumps(results[-1]), flush=True)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "CPU"
     text = table(results)
     print(text)
     print(json.dumps(results))
     if args.append:
         stamp = datetime.date.today().isoformat()
-        cmd = "python " + " ".join(sys.argv)
-        with open(REPO / "benchmarks" / "RESULTS.md", "a") as f:
+        cmd = "python " + " ".join([sys.argv[0] if argv is None else "benchmarks/train_throughput.py",
+                                    *(sys.argv[1:] if argv is None else argv)])
+        with open(RESULTS, "a") as f:
             f.write(f"\n### Training throughput, {stamp}, {device}, torch {torch.__version__}\n\n`{cmd}`\n\n{text}\n")
+    return results
 
 
 if __name__ == "__main__":

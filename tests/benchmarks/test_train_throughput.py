@@ -1,0 +1,91 @@
+"""benchmarks/train_throughput.py on CPU: tiny families at two sequence lengths, a few real training steps each.
+
+The table must hold one row per (family, size, seq_len) with the batch size --tokens-per-step implies and a
+step-time breakdown whose shares are positive and add up to at most the whole step; an out-of-memory
+configuration must become an OOM row while the others still run, and --append must write the table with the
+command that made it.
+"""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import benchmarks.train_throughput as tt
+
+MODELS, SEQ_LENS, TOKENS = ("transformer", "mamba2"), (32, 64), 128
+ARGS = ["--models", *MODELS, "--sizes", "tiny", "--seq-lens", *map(str, SEQ_LENS), "--tokens-per-step", str(TOKENS),
+        "--steps", "2", "trainer.device=cpu"]
+
+
+def table_rows(text):
+    """The markdown table's data rows as lists of cells (header and separator dropped)."""
+    lines = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| model ")]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+
+
+def percent(cell):
+    assert re.fullmatch(r"\d+\.\d%", cell), cell
+    return float(cell[:-1])
+
+
+@pytest.fixture(scope="module")
+def run():
+    results = tt.main(ARGS)
+    return results, tt.table(results)
+
+
+def test_one_row_per_family_and_seq_len_with_breakdown(run):
+    results, text = run
+    rows = table_rows(text)
+    assert [(r[0], r[1], int(r[2]), int(r[3])) for r in rows] == [
+        (m, "tiny", t, TOKENS // t) for m in MODELS for t in SEQ_LENS]
+    for r, res in zip(rows, results):
+        assert res["status"] == "ok"
+        assert float(r[4].replace(",", "")) > 0 and r[5] == "n/a"  # tokens/s; MFU unknown on CPU
+        assert float(r[6]) > 0 and float(r[7]) > 0  # peak memory, ms/step
+        data_wait, *phases = (percent(c) for c in r[8:12])
+        assert data_wait >= 0 and all(p > 0 for p in phases), r
+        assert data_wait + sum(phases) <= 100.0 + 0.2, r  # rounding of four cells
+        assert res["step_ms"] > 0 and res["forward_frac"] + res["backward_frac"] + res["optimizer_frac"] <= 1.0
+
+
+def test_oom_is_a_row_and_the_rest_still_run(monkeypatch, tmp_path):
+    import torch
+
+    import train
+
+    calls = []
+
+    def fake_run(cfg, run_dir):
+        calls.append((cfg.model.name, int(cfg.trainer.seq_len), int(cfg.trainer.batch_size)))
+        if cfg.trainer.seq_len == 64:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        row = {"step": 1, "train/loss": 1.0, "perf/tokens_per_s": 10.0, "perf/step_time_s": 0.5,
+               "perf/data_wait_frac": 0.1, "perf/forward_s": 0.1, "perf/backward_s": 0.2, "perf/optimizer_s": 0.05,
+               "perf/mem_peak_gib": 1.0}
+        (Path(run_dir) / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+        return {}
+
+    monkeypatch.setattr(train, "run", fake_run)
+    monkeypatch.setattr(tt, "RESULTS", tmp_path / "RESULTS.md")
+    results = tt.main(["--model", "transformer", "--sizes", "tiny", "--seq-len", "32", "64", "--batch-size", "3",
+                       "--steps", "2", "--append"])
+    assert calls == [("transformer", 32, 3), ("transformer", 64, 3)]
+    assert [r["status"] for r in results] == ["ok", "OOM"]
+    rows = table_rows(tt.table(results))
+    assert rows[1][:5] == ["transformer", "tiny", "64", "3", "OOM"]
+    assert rows[0][7:12] == ["500.0", "10.0%", "20.0%", "40.0%", "10.0%"]  # ms/step, then shares of 0.5 s
+    written = (tmp_path / "RESULTS.md").read_text()
+    assert "### Training throughput" in written and "--seq-len 32 64 --batch-size 3" in written
+    assert "| transformer | tiny | 64 | 3 | OOM |" in written
+
+
+def test_tokens_per_step_must_fit_one_row():
+    with pytest.raises(SystemExit):
+        tt.parse_args(["--seq-lens", "2048", "--tokens-per-step", "1024"])
+    with pytest.raises(SystemExit):
+        tt.parse_args(["--batch-size", "4", "--tokens-per-step", "8192"])
+    defaults = tt.parse_args([])
+    assert defaults.models == list(tt.FAMILIES) and defaults.seq_lens == [2048, 8192, 16384]
+    assert defaults.tokens_per_step == 32768 and defaults.batch_size is None
