@@ -1,5 +1,6 @@
-"""On a GPU: linear_attn and delta_rule Triton kernels in bf16 at the small and uneven head dims models use
-(MQAR's Mamba-2 has K = 32, V = 16; GDN at width 32 has K = 32, V = 64), against the fp32 chunked path.
+"""On a GPU: the recurrent operators' Triton kernels (linear_attn, delta_rule and the log-linear pair) in bf16 at
+the small and uneven head dims models use (MQAR's Mamba-2 has K = 32, V = 16; GDN at width 32 has K = 32, V = 64),
+against the fp32 chunked path.
 
 Triton 3.6 on Hopper miscompiled linear_attn's output kernel at some narrow V tiles (wrong values at K = 64,
 V = 16 / 32, an illegal access at K = 32, V = 16), which the D = 128 checks of test_gpu_bf16 never saw. Skipped
@@ -7,8 +8,9 @@ without CUDA."""
 import pytest
 import torch
 
-from kernels import delta_rule, linear_attn
+from kernels import delta_rule, linear_attn, loglinear_attn, loglinear_delta_rule
 from kernels.common import error_ratio
+from kernels.loglinear_attn import num_levels
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 Triton checks need a CUDA GPU")
 
@@ -17,18 +19,25 @@ DIMS = [(16, 16), (32, 16), (64, 16), (128, 16), (64, 32), (32, 64), (128, 64), 
 
 def _grads(op, backend, dtype, x):
     leaves = [x[n].to(dtype).requires_grad_() for n in ("q", "k", "v")] + [x["g"].clone().requires_grad_()]
+    if op in ("delta_rule", "loglinear_delta_rule"):
+        leaves.append(x["beta"].clone().requires_grad_())
+    if op.startswith("loglinear"):
+        leaves.append(x["lam"].clone().requires_grad_())
+    q, k, v, g = leaves[:4]
     if op == "delta_rule":
-        beta = x["beta"].clone().requires_grad_()
-        o, _ = delta_rule(*leaves[:3], beta, leaves[3], backend=backend)
-        leaves.append(beta)
+        o, _ = delta_rule(q, k, v, leaves[4], g, backend=backend)
+    elif op == "loglinear_delta_rule":
+        o, _ = loglinear_delta_rule(q, k, v, leaves[4], g, leaves[5], backend=backend)
+    elif op == "loglinear_attn":
+        o, _ = loglinear_attn(q, k, v, g, leaves[4], backend=backend)
     else:
-        o, _ = linear_attn(*leaves, backend=backend)
+        o, _ = linear_attn(q, k, v, g, backend=backend)
     grads = torch.autograd.grad(o.float(), leaves, x["do"])
     return [o.float()] + [d.float() for d in grads]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", ["linear_attn", "delta_rule"])
+@pytest.mark.parametrize("op", ["linear_attn", "delta_rule", "loglinear_attn", "loglinear_delta_rule"])
 @pytest.mark.parametrize("dk,dv", DIMS)
 def test_bf16_triton_small_head_dims(op, dk, dv):
     gen = torch.Generator(device="cuda").manual_seed(dk * 1000 + dv)
@@ -38,11 +47,12 @@ def test_bf16_triton_small_head_dims(op, dk, dv):
          "v": torch.randn(b, t, h, dv, device="cuda", generator=gen),
          "g": -torch.rand(b, t, h, device="cuda", generator=gen) * 0.2,
          "beta": torch.rand(b, t, h, device="cuda", generator=gen),
+         "lam": torch.rand(b, t, h, num_levels(t), device="cuda", generator=gen) + 0.5,
          "do": torch.randn(b, t, h, dv, device="cuda", generator=gen)}
     ref = _grads(op, "torch", torch.float32, x)
     got = _grads(op, "triton", torch.bfloat16, x)
-    names = ["o", "dq", "dk", "dv", "dg", "dbeta"]
-    tols = [5e-3, 1e-2, 1e-2, 1e-2, 2e-2, 2e-2]
+    names = ["o", "dq", "dk", "dv", "dg"] + (["dbeta"] if "delta" in op else []) + (["dlam"] if "log" in op else [])
+    tols = [5e-3, 1e-2, 1e-2, 1e-2, 2e-2, 2e-2, 2e-2]
     bad = [f"{n}: {error_ratio(a, r):.2e} > {tol:.0e}" for n, a, r, tol in zip(names, got, ref, tols)
            if not error_ratio(a, r) <= tol]
     assert not bad, f"{op} K={dk} V={dv}: " + "; ".join(bad)
