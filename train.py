@@ -219,8 +219,20 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
     model.train()
     accum = int(tr.grad_accum)
     phases = PhaseTimer(accelerator.device, enabled=bool(tr.get("time_phases", False)))
+    pending_skips = torch.zeros((), dtype=torch.long, device=accelerator.device)  # skipped steps not yet in state
+
+    def fold_skips() -> int:
+        """Move the device-side count of skipped steps into state (a host sync: log windows, saves, the end)."""
+        n = int(pending_skips)
+        state["skipped_steps"] += n
+        pending_skips.zero_()
+        return n
+
+    inner_optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps it
+    skip_on_device = bool(inner_optimizer.defaults.get("fused")) and getattr(accelerator, "scaler", None) is None
     def new_window():
-        return {"loss": torch.zeros((), device=accelerator.device), "updates": 0, "steps": 0, "data_wait": 0.0,
+        return {"loss": torch.zeros((), device=accelerator.device),
+                "updates": torch.zeros((), dtype=torch.long, device=accelerator.device), "steps": 0, "data_wait": 0.0,
                 "t0": time.perf_counter(), "tokens": 0}
 
     window = new_window()
@@ -249,22 +261,24 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
                 finite = torch.isfinite(step_loss) & torch.isfinite(torch.as_tensor(grad_norm, device=step_loss.device))
                 if world > 1:
                     finite = accelerator.reduce(finite.float(), reduction="min") > 0
-                if bool(finite):
+                if skip_on_device:
+                    # fused AdamW reads found_inf (as with a GradScaler) and leaves parameters, moments and its
+                    # step count untouched where it is 1: the skip needs no host sync
+                    inner_optimizer.found_inf, inner_optimizer.grad_scale = (~finite).float(), None
                     optimizer.step()
-                    scheduler.step()
-                else:
-                    state["skipped_steps"] += 1
-                    scheduler.step()
-                    accelerator.print(f"step {state['step'] + 1}: non-finite loss or gradient, update skipped "
-                                      f"({state['skipped_steps']} so far)")
+                    del inner_optimizer.found_inf, inner_optimizer.grad_scale
+                elif bool(finite):
+                    optimizer.step()
+                scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
             state["step"] += 1
             state["tokens"] += step_tokens
             window["tokens"] += step_tokens
             window["steps"] += 1
-            if bool(finite):
-                window["loss"] += step_loss  # summed on the device; reduced across ranks once per log window
-                window["updates"] += 1
+            # summed on the device; read (and the loss reduced across ranks) once per log window
+            window["loss"] += torch.where(finite, step_loss, torch.zeros_like(step_loss))
+            window["updates"] += finite.long()
+            pending_skips += (~finite).long()
             if progress is not None:
                 progress.update(1)
 
@@ -273,8 +287,13 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
                 elapsed = time.perf_counter() - window["t0"]
                 tok_s = window["tokens"] / max(elapsed, 1e-9)
                 loss_sum = float(accelerator.reduce(window["loss"], reduction="mean"))
+                updates = int(window["updates"])
+                skipped = fold_skips()
+                if skipped:
+                    accelerator.print(f"steps {step - window['steps'] + 1}-{step}: {skipped} non-finite loss or "
+                                      f"gradient step(s), updates skipped ({state['skipped_steps']} so far)")
                 metrics = {
-                    "train/loss": loss_sum / window["updates"] if window["updates"] else float("nan"),
+                    "train/loss": loss_sum / updates if updates else float("nan"),
                     "train/lr": scheduler.get_last_lr()[0],
                     "train/grad_norm": float(grad_norm),
                     "train/tokens": state["tokens"],
@@ -315,6 +334,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
                                                    reduction="max") > 0)
             if stop_now:
                 stopped_by_signal = True
+                fold_skips()
                 ckpt.save(model, optimizer, scheduler, loader, state, cfg, tokenizer)
                 accelerator.print(f"stop requested: saved step {step} and exiting")
                 break
@@ -323,6 +343,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
                                   f"{float(stop_threshold)}")
                 break
             if int(tr.save_every) and step % int(tr.save_every) == 0 and step != max_steps:
+                fold_skips()
                 ckpt.save(model, optimizer, scheduler, loader, state, cfg, tokenizer)
 
     if progress is not None:
@@ -336,7 +357,9 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
         if ckpt.latest_step() == state["step"]:
             final_path = ckpt.latest()
         elif tr.save_final:
+            fold_skips()
             final_path = ckpt.save(model, optimizer, scheduler, loader, state, cfg, tokenizer)
+    fold_skips()
     summary = {"step": state["step"], "tokens": state["tokens"], "skipped_steps": state["skipped_steps"],
                "val_loss": last_val, "checkpoint": str(final_path or ckpt.latest() or ""), "run_dir": str(run_dir),
                "stopped_by_signal": stopped_by_signal, "malformed_records": loader.stats.get("malformed", 0)}

@@ -69,7 +69,8 @@ def test_missing_resume_checkpoint_is_a_clear_error(tmp_path):
         run_train(small_cfg(f"trainer.resume={tmp_path / 'nope'}"), tmp_path / "run")
 
 
-def test_non_finite_step_is_skipped_and_counted(tmp_path, monkeypatch):
+@pytest.mark.parametrize("fused", [False, True])  # fused AdamW skips on the device (found_inf), no host sync
+def test_non_finite_step_is_skipped_and_counted(tmp_path, monkeypatch, fused):
     from models import HiloForCausalLM
 
     original = HiloForCausalLM.forward
@@ -84,10 +85,15 @@ def test_non_finite_step_is_skipped_and_counted(tmp_path, monkeypatch):
         return out
 
     monkeypatch.setattr(HiloForCausalLM, "forward", forward)
-    summary = run_train(small_cfg("trainer.max_steps=4", "trainer.save_every=0"), tmp_path / "run")
+    summary = run_train(small_cfg("trainer.max_steps=4", "trainer.save_every=0", f"optim.fused={fused}"),
+                        tmp_path / "run")
     assert summary["skipped_steps"] == 1 and summary["step"] == 4
     weights = _weights(tmp_path / "run" / "checkpoints" / "step_00000004")
     assert all(torch.isfinite(w).all() for w in weights.values())
+    logged = [r for r in metrics(tmp_path / "run") if "train/skipped_steps" in r]
+    assert logged[-1]["train/skipped_steps"] == 1
+    # the NaN step's loss is left out of every window's mean (a window of only that step logs NaN: no updates)
+    assert sum(r["train/loss"] != r["train/loss"] for r in logged) <= 1
 
 
 def test_loss_falls_and_varlen_packing_trains(tmp_path):
