@@ -38,7 +38,7 @@ from kernels.loglinear_attn.triton_fwd import (
 )
 
 from .chunk import delta_wy_pieces
-from .triton_fwd import _scan_masks, delta_level_scan_fwd, dot_precision, scan_launches
+from .triton_fwd import _scan_masks, _scan_program, delta_level_scan_fwd, dot_precision, scan_launches
 
 
 @triton.jit(do_not_specialize=["NL", "NW", "ROWS", "NS", "J0"])
@@ -47,20 +47,8 @@ def _delta_level_scan_bwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs, dout, 
                           K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                           S: tl.constexpr, H: tl.constexpr, MODE: tl.constexpr,
                           HAS_DRFIN: tl.constexpr, STORE_DR0: tl.constexpr, PREC: tl.constexpr):
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    j0 = J0 + tl.program_id(2) * S  # this program's stacked states j0 .. j0 + S - 1
-    i_n, i_h = i_nh // H, i_nh % H
-    row0 = tl.load(seq_chunks + i_n * 3).to(tl.int64)
-    nchunks = tl.load(seq_chunks + i_n * 3 + 1)
-    c0 = tl.load(seq_chunks + i_n * 3 + 2).to(tl.int64)
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    o_c = tl.arange(0, C)
-    cols = tl.arange(0, S * BV)
-    col_j = j0 + cols // BV
-    col_v = i_v * BV + cols % BV
-    m_col = col_v < V
-    o_v = i_v * BV + tl.arange(0, BV)
+    (i_v, i_nh, i_n, i_h, j0, row0, nchunks, c0, o_k, m_k, o_c, col_j, col_v, m_col,
+     o_v) = _scan_program(seq_chunks, J0, K, V, C, BK, BV, S, H)
     o_j = j0 + tl.arange(0, S)
     st_off = (col_j[None, :] * K + o_k[:, None]) * V + col_v[None, :]
     m_st = m_k[:, None] & (m_col & (col_j < NS))[None, :]

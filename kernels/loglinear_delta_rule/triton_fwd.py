@@ -54,12 +54,11 @@ def _scan_masks(lam, wts, hr, c, o_c, col_j, j0, NL, NW, C: tl.constexpr, S: tl.
     return keep, read, _spread_levels(w, C, S, BV)
 
 
-@triton.jit(do_not_specialize=["NL", "NW", "ROWS", "NS", "J0"])
-def _delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, out, rfin, rs, seq_chunks, NL, NW, ROWS,
-                          NS, J0,
-                          K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                          S: tl.constexpr, H: tl.constexpr, MODE: tl.constexpr,
-                          HAS_R0: tl.constexpr, STORE_FINAL: tl.constexpr, PREC: tl.constexpr):
+@triton.jit
+def _scan_program(seq_chunks, J0, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+                  BV: tl.constexpr, S: tl.constexpr, H: tl.constexpr):
+    """Where a level-scan program (forward or backward) works: its V-block, sequence and head, its first stacked
+    state j0 (it carries j0 .. j0 + S - 1), the sequence's chunk rows, and the index vectors of its [BK, S * BV] tile."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     j0 = J0 + tl.program_id(2) * S  # this program's stacked states j0 .. j0 + S - 1
     i_n, i_h = i_nh // H, i_nh % H
@@ -74,6 +73,17 @@ def _delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, out, r
     col_v = i_v * BV + cols % BV
     m_col = col_v < V
     o_v = i_v * BV + tl.arange(0, BV)
+    return i_v, i_nh, i_n, i_h, j0, row0, nchunks, c0, o_k, m_k, o_c, col_j, col_v, m_col, o_v
+
+
+@triton.jit(do_not_specialize=["NL", "NW", "ROWS", "NS", "J0"])
+def _delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, out, rfin, rs, seq_chunks, NL, NW, ROWS,
+                          NS, J0,
+                          K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                          S: tl.constexpr, H: tl.constexpr, MODE: tl.constexpr,
+                          HAS_R0: tl.constexpr, STORE_FINAL: tl.constexpr, PREC: tl.constexpr):
+    (i_v, i_nh, i_n, i_h, j0, row0, nchunks, c0, o_k, m_k, o_c, col_j, col_v, m_col,
+     o_v) = _scan_program(seq_chunks, J0, K, V, C, BK, BV, S, H)
     # states [NS stored levels, K, V] per (sequence or row, head)
     st_off = (col_j[None, :] * K + o_k[:, None]) * V + col_v[None, :]
     m_st = m_k[:, None] & (m_col & (col_j < NS))[None, :]
