@@ -16,6 +16,7 @@ torch, triton and kernels.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import sys
 from collections.abc import Callable
@@ -334,7 +335,12 @@ def main(argv=None):
     p.add_argument("--skip-bench", action="store_true")
     p.add_argument("--profile", type=int, default=0, metavar="T", help="also profile one fwd+bwd at this T")
     p.add_argument("--append", action="store_true", help="append the tables to benchmarks/RESULTS.md")
+    p.add_argument("--also-backends", nargs="+", default=[], metavar="BACKEND",
+                   help="check and time these backends of every op too (e.g. torch), as rows OP_BACKEND")
     args = p.parse_args(argv)
+    for name in args.ops:
+        CASES[name] = dataclasses.replace(CASES[name], baselines={
+            **CASES[name].baselines, **{f"{name}_{b}": b for b in args.also_backends if b != CASES[name].backend}})
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/kernels.py needs a CUDA GPU")
     device = "cuda"

@@ -58,14 +58,14 @@ def delta_rule(
         return fn(q, k, v, beta, g, scale, initial_state, output_final_state, bounds)
     from .triton_bwd import delta_rule_triton
 
-    if q.is_cuda and min(q.shape[-1], v.shape[-1]) < MIN_GPU_HEAD_DIM:
+    if q.is_cuda and (q.shape[-1] < PADDED_HEAD_DIMS[0] or v.shape[-1] < PADDED_HEAD_DIMS[1]):
         return delta_rule_triton_padded(q, k, v, beta, g, scale, initial_state, output_final_state, cu_seqlens)
     return delta_rule_triton(q, k, v, beta, g, scale, initial_state, output_final_state, cu_seqlens)
 
 
-# On the H200 (Triton 3.6, bf16) the kernels hit an illegal memory access at K = V = 16 with every build switch
-# (2026-11-29); K = 32, V = 64 was checked exact there. Heads narrower than MIN_GPU_HEAD_DIM run padded to that shape.
-MIN_GPU_HEAD_DIM = 32
+# On the H200 (Triton 3.6, bf16) the kernels hit an illegal memory access at K = V = 16 with every build switch and
+# at K = 64, V = 32 (2026-11-29); K = 32, V = 64 and every V >= 60 were exact there. Heads narrower than
+# PADDED_HEAD_DIMS (K, V) run zero-padded to it.
 PADDED_HEAD_DIMS = (32, 64)
 
 

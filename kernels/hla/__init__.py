@@ -10,12 +10,13 @@ as scale^2 and hla3 as scale^3), b_t = prod_{r <= t} exp(g_r) within a document:
 (kernels.hla.naive gives the masked-matrix forms). Backends:
   "torch"   the exact composition of linear_attn passes (kernels.hla.compose) over linear_attn's chunked
             PyTorch path; the default off CUDA;
-  "triton"  the same composition over linear_attn's Triton kernels, run in fp32, forward and backward; the
+  "triton"  the same composition over linear_attn's Triton kernels, run in fp32, forward and backward; hla3's
             default on CUDA;
   "fused"   hla2 and ahla: SPEC §3's chunked second-order algorithm in Triton
             (kernels.hla.triton_fused), the inner and outer states (S and F; P and E) carried in fp32 and the
-            inputs read in their own dtype, forward and backward; benchmarks/kernels.py times it against "triton";
-            on CPU tensors it needs TRITON_INTERPRET=1, like "triton";
+            inputs read in their own dtype, forward and backward; the default for hla2 and ahla on CUDA (checked
+            in bf16 on the H200 and ~20x faster than "triton" there, benchmarks/RESULTS.md); on CPU tensors it
+            needs TRITON_INTERPRET=1, like "triton";
   "naive"   the token recurrences of kernels.hla.naive: the oracle.
 States: kernels.hla.state (HLA2State, AHLAState, HLA3State). Decode: hla2_step, ahla_step, hla3_step.
 """
@@ -38,6 +39,8 @@ __all__ = ["AHLAState", "HLA2State", "HLA3State", "ahla", "ahla_step", "hla2", "
 def _hla(op, q, k, v, g, decay, normalize, eps, scale, initial_state, output_final_state, cu_seqlens, backend):
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"{op}: q must be a torch.Tensor, got {type(q).__name__}")
+    if backend is None and op != "hla3" and q.is_cuda and q.dtype != torch.float64:
+        backend = "fused"
     fused = backend == "fused"
     if fused and op == "hla3":
         raise ValueError(f"{op}: backend='fused' exists for hla2 and ahla only; use 'triton' (the composition)")

@@ -369,7 +369,11 @@ def intra_fwd(q, k, v, g, lam, scale, lay: LevelLayout, o):
     h, dk, dv = q.shape[1], q.shape[2], v.shape[2]
     if lay.rows == 0:
         return
-    bv = min(64, pow2(dv))
+    # Triton 3.6 on Hopper miscompiles [C, C] @ [C, BV] after a [C, BK] @ [BK, C] in bf16 when the V tile is under
+    # 64 wide and narrower than the K tile (output error ratio ~1 at K, V = 32/64/128, 16 and 64, 32 on the H200,
+    # 2026-11-29; the same class as linear_attn's output kernel). The V tile is widened to min(BK, 64); the extra
+    # columns are masked.
+    bv = min(64, max(pow2(dv), pow2(dk)))
     _intra_fwd[(triton.cdiv(dv, bv), lay.rows, h)](
         q, k, v, g if g is not None else q, lam, o, lay.chunks, scale, lam.shape[-1], H=h, K=dk, V=dv, C=CHUNK,
         BK=pow2(dk), BV=bv, HAS_G=g is not None, PREC=dot_precision(q.dtype), num_warps=4, num_stages=2)

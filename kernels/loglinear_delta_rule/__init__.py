@@ -8,10 +8,10 @@ is kernels.delta_rule. The state is kernels.loglinear_attn.LogLinearState (per-l
 
 Backends: "triton" (triton_fwd / triton_bwd: the per-chunk WY/UT pieces and the levels 0..6 block as batched torch
 ops, the level scan, which carries every chunk level of a (sequence, head, V-block) in one program and moves them by
-the chunk's Householder product, as a Triton forward and backward; opt in with backend="triton"; on CPU tensors it
-runs under TRITON_INTERPRET=1),
+the chunk's Householder product, as a Triton forward and backward; the default on CUDA (GPU_DEFAULT); on CPU tensors
+it runs under TRITON_INTERPRET=1),
 "torch" (chunked: WY/UT per chunk, one dense masked block for levels 0..6 and one carried state per higher level, all
-moved by the chunk's Householder product; exact, differentiable; the default everywhere, see GPU_DEFAULT) and
+moved by the chunk's Householder product; exact, differentiable; the default off CUDA) and
 "naive" (the binary-carry recurrence token by token: the oracle).
 `loglinear_delta_rule_quadratic` (naive.py) is the O(T^2) definition used by the tests.
 """
@@ -27,10 +27,9 @@ from .chunk import loglinear_delta_rule_chunk
 from .naive import loglinear_delta_rule_naive, loglinear_delta_rule_quadratic
 from .step import loglinear_delta_rule_step
 
-# The Triton backend passes its tests under the interpreter, but on the H200 (Triton 3.6, 2026-11-29) its backward
-# level scan asked for 294,912 bytes of shared memory (the limit is 232,448) and it has not passed a GPU check since:
-# until it does, CUDA tensors take the exact chunked torch path unless backend="triton" is asked for.
-GPU_DEFAULT = "torch"
+# CUDA tensors take the Triton backend: checked in bf16 on the H200 (Triton 3.6, 2026-11-29: every gradient, varlen,
+# small and uneven heads) and 2.6x / 24x faster than the chunked torch path at T = 4K / 16K (benchmarks/RESULTS.md).
+GPU_DEFAULT = "triton"
 
 __all__ = ["LogLinearState", "loglinear_delta_rule", "loglinear_delta_rule_quadratic", "loglinear_delta_rule_step"]
 

@@ -1,6 +1,6 @@
-"""On a GPU: the recurrent operators' Triton kernels (linear_attn, delta_rule and the log-linear pair) in bf16 at
-the small and uneven head dims models use (MQAR's Mamba-2 has K = 32, V = 16; GDN at width 32 has K = 32, V = 64),
-against the fp32 chunked path.
+"""On a GPU: the recurrent operators' Triton kernels (linear_attn, delta_rule, the log-linear pair and HLA's fused
+hla2 / ahla) in bf16 at the small and uneven head dims models use (MQAR's Mamba-2 has K = 32, V = 16; GDN at
+width 32 has K = 32, V = 64), against the fp32 chunked path.
 
 Triton 3.6 on Hopper miscompiled linear_attn's output kernel at some narrow V tiles (wrong values at K = 64,
 V = 16 / 32, an illegal access at K = 32, V = 16), which the D = 128 checks of test_gpu_bf16 never saw. Skipped
@@ -8,7 +8,7 @@ without CUDA."""
 import pytest
 import torch
 
-from kernels import delta_rule, linear_attn, loglinear_attn, loglinear_delta_rule
+from kernels import ahla, delta_rule, hla2, linear_attn, loglinear_attn, loglinear_delta_rule
 from kernels.common import error_ratio
 from kernels.loglinear_attn import num_levels
 
@@ -30,6 +30,9 @@ def _grads(op, backend, dtype, x):
         o, _ = loglinear_delta_rule(q, k, v, leaves[4], g, leaves[5], backend=backend)
     elif op == "loglinear_attn":
         o, _ = loglinear_attn(q, k, v, g, leaves[4], backend=backend)
+    elif op in ("hla2", "ahla"):  # the fused kernels against the composition; scale keeps second order near 1
+        fn = hla2 if op == "hla2" else ahla
+        o, _ = fn(q, k, v, g, scale=q.shape[-1] ** -0.5, backend="fused" if backend == "triton" else backend)
     else:
         o, _ = linear_attn(q, k, v, g, backend=backend)
     grads = torch.autograd.grad(o.float(), leaves, x["do"])
@@ -37,7 +40,7 @@ def _grads(op, backend, dtype, x):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", ["linear_attn", "delta_rule", "loglinear_attn", "loglinear_delta_rule"])
+@pytest.mark.parametrize("op", ["linear_attn", "delta_rule", "loglinear_attn", "loglinear_delta_rule", "hla2", "ahla"])
 @pytest.mark.parametrize("dk,dv", DIMS)
 def test_bf16_triton_small_head_dims(op, dk, dv):
     gen = torch.Generator(device="cuda").manual_seed(dk * 1000 + dv)
