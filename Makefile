@@ -48,6 +48,7 @@ eval: setup
 bench: setup
 	$(PY) benchmarks/train_throughput.py $(ARGS)
 	$(PY) benchmarks/decode.py $(DECODE_ARGS)
+	$(PY) benchmarks/hla_numerics.py
 
 lint: setup
 	$(PIP) install -q ruff
