@@ -48,7 +48,18 @@ class ShortConv(nn.Module):
         ext = torch.cat((state.to(x.dtype), xt), dim=2)  # [B, C, K-1+T]
         # a copy, not a view: a view would keep the whole [B, C, K-1+T] input of a prefill alive in the cache
         new_state = ext[:, :, ext.shape[2] - (k - 1):].clone()
-        if cu_seqlens is None:
+        if x.shape[1] == 1:
+            # one decoding token: per channel, the dot product of its K inputs with its taps, as one matmul batched
+            # over channels that adds the bias before its single rounding, as the conv does; conv1d's setup costs
+            # several times this on the host
+            taps = ext.transpose(0, 1)  # [C, B, K]
+            weight = self.conv.weight.reshape(c, k, 1)
+            if self.conv.bias is None:
+                y = torch.bmm(taps, weight)
+            else:
+                y = torch.baddbmm(self.conv.bias.view(c, 1, 1), taps, weight)
+            y = y.permute(1, 2, 0).contiguous()  # [B, 1, C]
+        elif cu_seqlens is None:
             y = F.conv1d(ext, self.conv.weight, self.conv.bias, groups=c).transpose(1, 2)
         else:
             y = self._packed(x, cu_seqlens)

@@ -91,7 +91,8 @@ class HiloModel(HiloPreTrainedModel):
         (use_cache defaults to config.use_cache in eval mode and to False in training mode).
 
         position_ids default to cache length + arange(T), or restart per document when cu_seqlens is given.
-        attention_mask may only be all ones (no padding): pack documents with cu_seqlens instead.
+        attention_mask may only be all ones (no padding): pack documents with cu_seqlens instead. With a cache that
+        has consumed P tokens, a mask of P + T columns (what generate() passes) is checked on its last T columns only.
         """
         if cache is None:
             cache = past_key_values
@@ -103,10 +104,15 @@ class HiloModel(HiloPreTrainedModel):
             raise TypeError(f"hilo models decode with models.HiloCache, got {type(cache).__name__}")
         hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         b, t = hidden.shape[:2]
+        past = cache.get_seq_length() if cache is not None else 0
         if attention_mask is not None:
             no_padding = ("hilo models take no padding (attention_mask has zeros): pack documents with cu_seqlens "
                           "(B == 1) or run unpadded rows")
-            if attention_mask.is_cuda:  # generate() passes a mask every step: check it without a host sync
+            if past and attention_mask.shape[-1] == past + t:
+                # generate() passes the mask of every token so far at each step; the cached tokens' columns were
+                # checked when those tokens went in, so a decode step reads O(t) columns, not O(context)
+                attention_mask = attention_mask[:, past:]
+            if attention_mask.device.type != "cpu":  # no host sync on an accelerator
                 torch._assert_async(attention_mask.all(), no_padding)
             elif not bool(attention_mask.all()):
                 raise ValueError(no_padding)
@@ -122,7 +128,6 @@ class HiloModel(HiloPreTrainedModel):
                 position_ids = positions_from_cu_seqlens(cu_seqlens.to(hidden.device), t)
         if use_cache and cache is None:
             cache = HiloCache.from_config(self.config)
-        past = cache.get_seq_length() if cache is not None else 0
         if position_ids is None:
             position_ids = torch.arange(past, past + t, device=hidden.device).unsqueeze(0).expand(b, t)
         all_hidden = [] if output_hidden_states else None

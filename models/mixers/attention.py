@@ -5,7 +5,7 @@ from torch import nn
 
 from kernels import softmax_attn
 from models.registry import register_mixer
-from models.rope import apply_rope, rope_cos_sin
+from models.rope import rope_tables, rotate
 
 
 @register_mixer("attention")
@@ -45,8 +45,8 @@ class AttentionMixer(nn.Module):
         q = self.q_proj(hidden).view(b, t, self.num_heads, self.head_dim)
         k = self.k_proj(hidden).view(b, t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(hidden).view(b, t, self.num_kv_heads, self.head_dim)
-        cos, sin = rope_cos_sin(position_ids, self.head_dim, self.rope_theta)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        tables = rope_tables(position_ids, self.head_dim, self.rope_theta)
+        q, k = rotate(q, tables), rotate(k, tables)
         if cache is not None:
             k, v = cache.update_kv(self.layer_idx, k, v)
         o = softmax_attn(q, k, v, causal=True, cu_seqlens=cu_seqlens, backend=self.backend)

@@ -137,21 +137,20 @@ class GatedDeltaNetMixer(nn.Module):
         """delta_rule over value blocks of at most MAX_OPERATOR_DIM columns (exact: the update
         S <- exp(g) (I - beta k k^T) S + beta k v^T acts on each column of S independently).
 
-        A single decoding token (T == 1, no cu_seqlens, a state to continue) takes the recurrent step.
+        A single decoding token (T == 1, no cu_seqlens, a state to continue) takes the recurrent step, in one call
+        over all columns: the step is plain PyTorch with no head-dim limit, and slicing the state into blocks and
+        joining them again would cost a pass over the state and twice the launches.
         """
         b, t = q.shape[:2]
         if state is None and t == 1 and output_final_state:
             state = q.new_zeros(b, self.num_heads, self.head_dim, self.head_v_dim, dtype=torch.float32)
+        if t == 1 and state is not None and cu_seqlens is None:
+            o, final = delta_rule_step(q[:, 0], k[:, 0], v[:, 0], beta[:, 0], g[:, 0], state)
+            return o.unsqueeze(1), final if output_final_state else None
         outs, finals = [], []
         for lo, hi in value_blocks(self.head_v_dim):
-            s0 = None if state is None else state[..., lo:hi]
-            if t == 1 and s0 is not None and cu_seqlens is None:
-                o, s1 = delta_rule_step(q[:, 0], k[:, 0], v[:, 0, :, lo:hi], beta[:, 0], g[:, 0], s0)
-                o = o.unsqueeze(1)
-            else:
-                o, s1 = delta_rule(q, k, v[..., lo:hi], beta, g, initial_state=s0,
-                                   output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                                   backend=self.backend)
+            o, s1 = delta_rule(q, k, v[..., lo:hi], beta, g, initial_state=None if state is None else state[..., lo:hi],
+                               output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=self.backend)
             outs.append(o)
             finals.append(s1)
         o = outs[0] if len(outs) == 1 else torch.cat(outs, -1)

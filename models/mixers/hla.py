@@ -13,7 +13,7 @@ from models.gates import a_log_init, dt_bias_init, log_decay
 from models.mixers.gated_deltanet import l2_normalize
 from models.norms import GatedRMSNorm
 from models.registry import mixer_options, register_mixer
-from models.rope import apply_rope, rope_cos_sin
+from models.rope import rope_tables, rotate
 
 OPERATORS = {"hla2": hla2, "ahla": ahla, "hla3": hla3}
 STATES = {"hla2": HLA2State, "ahla": AHLAState, "hla3": HLA3State}
@@ -154,8 +154,8 @@ class HLAMixer(nn.Module):
             if slot is not None:
                 slot.update(conv_q=conv_q, conv_k=conv_k, conv_v=conv_v)
         q, k, v = q.view(b, t, h, d), k.view(b, t, hkv, d), v.view(b, t, hkv, d)
-        cos, sin = rope_cos_sin(position_ids, d, self.rope_theta)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        tables = rope_tables(position_ids, d, self.rope_theta)
+        q, k = rotate(q, tables), rotate(k, tables)
         if self.normalize:
             q, k = F.elu(q) + 1, F.elu(k) + 1
         q, k = l2_normalize(q), l2_normalize(k)

@@ -65,10 +65,17 @@ class HLAGatedDeltaNetMixer(GatedDeltaNetMixer):
                              f"{self.decay_convention!r} for operator {self.operator!r}")
 
     def _mix(self, q, k, v, beta, g, hidden, cache, cu_seqlens):
-        """The operator over value blocks of at most 256 columns ([B, T, H, V]); with a cache it continues the
-        slot's operator state and stores the new one. beta is None (no write strength) and hidden unused."""
+        """The operator over value blocks of at most 256 columns ([B, T, H, V]; a single decoding token takes the
+        recurrent step over all columns at once); with a cache it continues the slot's operator state and stores
+        the new one. beta is None (no write strength) and hidden unused."""
         slot = cache[self.layer_idx] if cache is not None else None
         state = read_operator_state(self.operator, slot)
+        if slot is not None and q.shape[1] == 1 and cu_seqlens is None:
+            # the recurrent step has no head-dim limit: one call over all value columns, which also updates the
+            # key moment once instead of once per block
+            o, state = run_operator(self.operator, q, k, v, g, state, True, None, decay=self.decay_convention)
+            write_operator_state(slot, state)
+            return o
         outs, finals = [], []
         for lo, hi in value_blocks(self.head_v_dim):
             o, final = run_operator(self.operator, q, k, v[..., lo:hi], g,

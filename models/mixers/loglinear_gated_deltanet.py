@@ -55,7 +55,8 @@ class LogLinearGatedDeltaNetMixer(FlagsLevelParameter, GatedDeltaNetMixer):
     def _mix(self, q, k, v, beta, g, hidden, cache, cu_seqlens):
         """loglinear_delta_rule with lambda from l_proj(hidden), over value blocks of at most MAX_OPERATOR_DIM
         columns (exact, as in GatedDeltaNetMixer); with a cache it continues and stores the slot's per-level state,
-        grown to the levels this call's positions reach. A single decoding token takes the recurrent step."""
+        grown to the levels this call's positions reach. A single decoding token takes the recurrent step, over all
+        columns at once."""
         b, t, h, _ = q.shape
         slot = cache[self.layer_idx] if cache is not None else None
         state = read_level_state(slot)
@@ -64,20 +65,20 @@ class LogLinearGatedDeltaNetMixer(FlagsLevelParameter, GatedDeltaNetMixer):
             levels = max(levels, state.levels.shape[2])
             state = state.grow(levels)
         lam = level_scales(self.L, self.l_proj(hidden), levels)
-        decode = slot is not None and t == 1
-        if decode and state is None:
-            state = LogLinearState.empty(b, h, self.head_dim, self.head_v_dim, levels, device=q.device)
+        if slot is not None and t == 1:
+            # the step is plain PyTorch with no head-dim limit: one call over all value columns (no slicing and
+            # re-joining of the level states, a pass over all of them)
+            if state is None:
+                state = LogLinearState.empty(b, h, self.head_dim, self.head_v_dim, levels, device=q.device)
+            o, state = loglinear_delta_rule_step(q[:, 0], k[:, 0], v[:, 0], beta[:, 0], g[:, 0], lam[:, 0], state)
+            write_level_state(slot, state)
+            return o.unsqueeze(1)
         outs, finals = [], []
         for lo, hi in value_blocks(self.head_v_dim):
             s0 = None if state is None else LogLinearState(state.levels[..., lo:hi], state.tokens)
-            if decode:
-                o, s1 = loglinear_delta_rule_step(q[:, 0], k[:, 0], v[:, 0, :, lo:hi], beta[:, 0], g[:, 0],
-                                                  lam[:, 0], s0)
-                o = o.unsqueeze(1)
-            else:
-                o, s1 = loglinear_delta_rule(q, k, v[..., lo:hi], beta, g, lam, initial_state=s0,
-                                             output_final_state=slot is not None, cu_seqlens=cu_seqlens,
-                                             backend=self.backend)
+            o, s1 = loglinear_delta_rule(q, k, v[..., lo:hi], beta, g, lam, initial_state=s0,
+                                         output_final_state=slot is not None, cu_seqlens=cu_seqlens,
+                                         backend=self.backend)
             outs.append(o)
             finals.append(s1)
         if slot is not None:

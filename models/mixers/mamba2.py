@@ -85,15 +85,14 @@ class Mamba2Mixer(nn.Module):
         cache=None,
     ) -> torch.Tensor:
         b, t, _ = hidden.shape
-        h, p, n, gn = self.num_heads, self.head_dim, self.state_size, self.n_groups * self.state_size
+        h, p, gn = self.num_heads, self.head_dim, self.n_groups * self.state_size
         slot = cache[self.layer_idx] if cache is not None else None
         z, xbc, dt, dl = self.in_proj(hidden).split(self.in_proj_sizes, dim=-1)
         xbc, conv_state = self.conv(xbc, slot.get("conv_state") if slot else None, cu_seqlens)
         x, bm, cm = xbc.split([self.d_inner, gn, gn], dim=-1)
         x = x.reshape(b, t, h, p)
-        per_group = h // self.n_groups
-        bm = bm.reshape(b, t, self.n_groups, n).repeat_interleave(per_group, dim=2)
-        cm = cm.reshape(b, t, self.n_groups, n).repeat_interleave(per_group, dim=2)
+        decode = slot is not None and t == 1
+        bm, cm = self._per_head(bm, decode), self._per_head(cm, decode)
         dt, g = log_decay(self.A_log, dt, self.dt_bias)
         v = (x * dt.unsqueeze(-1)).to(x.dtype)  # fp32 product (dt is fp32) without keeping an fp32 copy of x
         y = self._mix(cm, bm, v, g, dl, cache, cu_seqlens)
@@ -102,6 +101,16 @@ class Mamba2Mixer(nn.Module):
         y = y + x * self.D.unsqueeze(-1).to(x.dtype)
         y = self.norm(y.reshape(b, t, self.d_inner), z)
         return self.out_proj(y)
+
+    def _per_head(self, m: torch.Tensor, decode: bool) -> torch.Tensor:
+        """B or C [B, T, G N] -> [B, T, H, N], each group's for its H / G heads. A decoding step broadcasts instead
+        of copying (a stride-0 view when G == 1): its recurrent step takes any strides, while the scan kernels
+        get contiguous inputs."""
+        b, t, _ = m.shape
+        g, n = self.n_groups, self.state_size
+        if decode:
+            return m.view(b, t, g, 1, n).expand(b, t, g, self.num_heads // g, n).reshape(b, t, self.num_heads, n)
+        return m.reshape(b, t, g, n).repeat_interleave(self.num_heads // g, dim=2)
 
     def _mix(self, cm, bm, v, g, dl, cache, cu_seqlens):
         """The scan y = linear_attn(q=C, k=B, v, g, scale=1) ([B, T, H, P]); with a cache it continues the slot's
