@@ -36,6 +36,7 @@ from training import (  # noqa: E402
     PhaseTimer,
     build_lr_schedule,
     build_optimizer,
+    compile_blocks,
     peak_flops_per_device,
     validate_train_config,
 )
@@ -147,6 +148,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
     model = models.build_model(_model_kwargs(cfg.model, vocab_size, tokenizer))
     if tr.gradient_checkpointing:  # transformers 5 renamed the method; call whichever this version has
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+    if tr.get("compile"):  # the blocks' training forwards through torch.compile, the kernels' operators opaque
+        compile_blocks(model)
     n_params = sum(p.numel() for p in model.parameters())
     flops_per_token = model.num_flops_per_token(int(tr.seq_len))
 

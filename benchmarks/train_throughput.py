@@ -4,6 +4,7 @@
     python benchmarks/train_throughput.py --models transformer mamba2 --seq-lens 16384 32768 --sizes 760m
     python benchmarks/train_throughput.py --model transformer --sizes tiny 340m --seq-len 2048 --batch-size 8 --steps 40
     python benchmarks/train_throughput.py --models mamba2 --fused-norms   # Triton norms (model.fused_norms)
+    python benchmarks/train_throughput.py --models mamba2 --compile       # torch.compile'd blocks (trainer.compile)
     python benchmarks/train_throughput.py ... --append                    # also appends the table to RESULTS.md
 
 `make bench` (no ARGS) runs this script with its defaults, which are issue 7's measurement at 340m: every family
@@ -14,13 +15,15 @@ step at every length. --model and --seq-len are aliases of --models and --seq-le
 Each configuration (model, size, seq_len) runs train.run() in-process on the embedded corpus with the real loader
 and optimizer (bf16 autocast on CUDA), model.max_position_embeddings = seq_len (the log-linear families' levels),
 trainer.time_phases on, W&B off and no checkpoint, and reports the mean of the log windows after the first (the
-first holds compilation and allocator warm-up): tokens/s, MFU (the model's num_flops_per_token against the GPU's
-bf16 peak), peak allocated memory of that configuration, milliseconds per optimizer step, and its breakdown as
-shares of the step: data wait (host time in the loader), forward (with the loss), backward, optimizer (clipping,
-step, scheduler, zero_grad). On CUDA the three phases are device time between CUDA events, while the data wait
-is host time that can overlap the device's tail of the previous step; what the shares leave is host-to-device
-copies, launch gaps between phases and the loop's own overhead. A configuration that runs out of
-GPU memory (torch.cuda.OutOfMemoryError) is a row saying OOM and the remaining configurations still run.
+first holds compilation, Triton's and with --compile torch.compile's, and allocator warm-up): tokens/s, MFU (the
+model's num_flops_per_token against the GPU's bf16 peak), peak allocated memory of that configuration,
+milliseconds per optimizer step, and its breakdown as shares of the step: data wait (host time in the loader),
+forward (with the loss), backward, optimizer (clipping, step, scheduler, zero_grad). On CUDA the three phases are
+device time between CUDA events, while the data wait is host time that can overlap the device's tail of the
+previous step; what the shares leave is host-to-device copies, launch gaps between phases and the loop's own
+overhead. A configuration that runs out of GPU memory (torch.cuda.OutOfMemoryError) is a row saying OOM and the
+remaining configurations still run. The last column says whether the blocks ran compiled (--compile:
+trainer.compile=true, training.compile).
 """
 from __future__ import annotations
 
@@ -45,8 +48,10 @@ RESULTS = REPO / "benchmarks" / "RESULTS.md"
 PHASES = ("data_wait", "forward", "backward", "optimizer")
 
 
-def measure(model: str, size: str, seq_len: int, batch_size: int, steps: int, extra: list[str]) -> dict:
-    """One configuration's row: the means over the steady log windows, or status "OOM"."""
+def measure(model: str, size: str, seq_len: int, batch_size: int, steps: int, extra: list[str],
+            compiled: bool = False) -> dict:
+    """One configuration's row: the means over the steady log windows, or status "OOM". compiled adds
+    trainer.compile=true; the row's "compiled" is the run's trainer.compile."""
     import torch
     from accelerate.state import AcceleratorState, GradientState
     from hydra import compose, initialize_config_dir
@@ -60,9 +65,10 @@ def measure(model: str, size: str, seq_len: int, batch_size: int, steps: int, ex
                  f"trainer.seq_len={seq_len}", f"trainer.batch_size={batch_size}", f"trainer.max_steps={steps}",
                  f"trainer.log_every={log_every}", "trainer.val_every=0", "trainer.val_batches=1",
                  "trainer.save_every=0", "trainer.save_final=false", "trainer.progress_bar=false",
-                 "trainer.time_phases=true", "logger=none", *extra]
+                 "trainer.time_phases=true", "logger=none", *extra, *(["trainer.compile=true"] if compiled else [])]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
+    row["compiled"] = bool(cfg.trainer.get("compile"))
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     if torch.cuda.is_available():
@@ -95,17 +101,18 @@ def measure(model: str, size: str, seq_len: int, batch_size: int, steps: int, ex
 
 def table(results: list[dict]) -> str:
     lines = [("| model | size | seq_len | batch | tokens/s | MFU | peak mem (GiB) | ms/step | data wait | forward "
-              "| backward | optimizer | loss |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| backward | optimizer | loss | compiled |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         head = f"| {r['model']} | {r['size']} | {r['seq_len']} | {r['batch_size']} |"
+        compiled = "yes" if r.get("compiled") else "no"
         if r["status"] != "ok":
-            lines.append(f"{head} {r['status']} |" + " - |" * 8)
+            lines.append(f"{head} {r['status']} |" + " - |" * 8 + f" {compiled} |")
             continue
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
         shares = " | ".join(f"{100 * r[f'{p}_frac']:.1f}%" for p in PHASES)
         lines.append(f"{head} {r['tokens_per_s']:,.0f} | {mfu} | {r['mem_peak_gib']:.2f} | {r['step_ms']:.1f} "
-                     f"| {shares} | {r['final_loss']:.3f} |")
+                     f"| {shares} | {r['final_loss']:.3f} | {compiled} |")
     return "\n".join(lines)
 
 
@@ -123,6 +130,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--append", action="store_true", help="append the table to benchmarks/RESULTS.md")
     ap.add_argument("--fused-norms", action="store_true",
                     help="run the norms as Triton kernels (the Hydra override ++model.fused_norms=true)")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile every block's training forward (the Hydra override trainer.compile=true)")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     args = ap.parse_args(argv)
     if args.batch_size is None:
@@ -147,7 +156,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for size in sizes:
             for seq_len in args.seq_lens:
                 batch_size = args.batch_size or args.tokens_per_step // seq_len
-                results.append(measure(model, size, seq_len, batch_size, args.steps, overrides))
+                results.append(measure(model, size, seq_len, batch_size, args.steps, overrides, args.compile))
                 print(json.dumps(results[-1]), flush=True)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "CPU"
     text = table(results)

@@ -53,6 +53,7 @@ _OPTIONAL_CHECKS = {
                                   "null or a validation metric name such as val/mqar_acc"),
     "trainer.early_stop_threshold": (lambda v: v is None or _is_num(v), "null or a number"),
     "trainer.time_phases": (lambda v: v is None or isinstance(v, bool), "true or false"),
+    "trainer.compile": (lambda v: v is None or isinstance(v, bool), "true or false"),
 }
 
 
@@ -67,6 +68,9 @@ def validate_train_config(cfg: DictConfig) -> None:
             is None:
         problems.append("trainer.early_stop_metric is set but trainer.early_stop_threshold is null: give the value "
                         "at which to stop (e.g. trainer.early_stop_threshold=0.99)")
+    if OmegaConf.select(cfg, "trainer.compile") is True and OmegaConf.select(cfg, "model.fused_norms") is True:
+        problems.append("trainer.compile=true and model.fused_norms=true: inductor fuses the norms of compiled blocks "
+                        "itself; drop one of them")
     final_evals = OmegaConf.select(cfg, "trainer.final_evals")
     if final_evals is not None:  # checked at start-up, not after the training steps
         from training.evaluation import SUITES

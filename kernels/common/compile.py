@@ -1,0 +1,80 @@
+"""The operators under torch.compile: opaque calls that dynamo never traces.
+
+A compiled region that reaches an opaque operator ends its graph there, runs the operator eagerly with dynamo off
+for the whole call (its Triton kernels and autograd.Function on CUDA, the chunked PyTorch path elsewhere; inputs
+validated, cu_seqlens and dataclass states handled as in eager mode) and starts a new graph after it: a graph
+break, not a trace of the kernel's host code. `opaque_to_compile` is torch.compiler.disable (recursive), so the
+operators' Python never becomes part of a graph, whatever they take or return.
+
+`compile_safe_operators()` maps each public operator of kernels (kernels.__all__) to the callable a compiled model
+should hold instead: the recurrent families (linear_attn, delta_rule, loglinear_*, hla2/ahla/hla3) always opaque;
+softmax_attn traced (SDPA is one node of the graph) unless it gets cu_seqlens, whose per-document loop reads the
+boundaries on the host (opaque then, so no graph specialises on them). `make_opaque_in(namespace)` swaps those
+callables into a module's globals, and into the values of its module-level dicts (operator tables), so code that
+imported an operator by name calls the compile-safe one. Both are idempotent; eager results are unchanged. (Swapping
+at compile time, not decorating the entry points where they are defined, keeps eager calls free of the wrapper; a
+decorated entry point would need no swap: opaque_to_compile leaves it as it is.)
+"""
+
+import functools
+from collections.abc import Callable, MutableMapping
+
+import torch
+
+# Operators traced into the graph when called without cu_seqlens (and opaque with it).
+TRACED_WITHOUT_CU_SEQLENS = ("softmax_attn",)
+
+_SAFE: dict[int, Callable] = {}  # id(operator) -> its compile-safe callable (one per operator, stable identity)
+
+
+def opaque_to_compile(fn: Callable) -> Callable:
+    """fn behind torch.compiler.disable: under torch.compile the call is a graph break and fn runs eagerly with
+    dynamo off inside it. Idempotent; outside torch.compile it is fn plus a few microseconds."""
+    if getattr(fn, "_opaque_to_compile", False):
+        return fn
+    wrapped = torch.compiler.disable(fn, recursive=True)
+    wrapped._opaque_to_compile = True
+    return wrapped
+
+
+def traced_without_cu_seqlens(fn: Callable) -> Callable:
+    """fn traced when cu_seqlens is None (or absent), opaque_to_compile(fn) when it is given."""
+    opaque = opaque_to_compile(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, cu_seqlens=None, **kwargs):
+        if cu_seqlens is None:
+            return fn(*args, **kwargs)
+        return opaque(*args, cu_seqlens=cu_seqlens, **kwargs)
+
+    wrapper._opaque_to_compile = True  # already compile-safe: not wrapped again
+    return wrapper
+
+
+def compile_safe_operators() -> dict[int, Callable]:
+    """id(operator) -> compile-safe callable, for every public operator in kernels.__all__."""
+    import kernels
+
+    if not _SAFE:
+        for name in kernels.__all__:
+            fn = getattr(kernels, name)
+            _SAFE[id(fn)] = traced_without_cu_seqlens(fn) if name in TRACED_WITHOUT_CU_SEQLENS else \
+                opaque_to_compile(fn)
+    return _SAFE
+
+
+def make_opaque_in(namespace: MutableMapping) -> list[str]:
+    """Replace every kernels operator held in namespace (a module's __dict__), directly or as a value of one of
+    its dicts, by its compile-safe callable; return the names replaced ("name" or "table[key]")."""
+    safe = compile_safe_operators()
+    replaced = []
+    for name, value in list(namespace.items()):
+        if callable(value) and id(value) in safe:
+            namespace[name] = safe[id(value)]
+            replaced.append(name)
+        elif type(value) is dict:
+            for key, item in list(value.items()):
+                if callable(item) and id(item) in safe:
+                    value[key] = safe[id(item)]
+                    replaced.append(f"{name}[{key!r}]")
+    return replaced

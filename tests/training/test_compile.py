@@ -1,0 +1,148 @@
+"""trainer.compile on CPU: compiled blocks compute what the eager ones do (loss and every gradient), the kernels'
+operators stay out of the graphs (a graph break at each call, never traced), evaluation and decoding stay eager,
+and checkpoints move between compiled and eager runs.
+
+Inductor compiles (C++ on CPU) cost tens of seconds cold, so the Mamba-2 checks use inductor at the shapes of the
+train.py run (the second compile of the same graphs is a cache hit) and the other families use aot_eager, which
+runs the same dynamo capture, graph breaks and AOT autograd without code generation.
+"""
+import copy
+import re
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch._dynamo.testing import CompileCounterWithBackend
+from torch._dynamo.utils import counters
+
+import models
+from tests.training.helpers import metrics, run_train, small_cfg
+from training import CompileUnavailableError, ConfigError, compile_blocks, validate_train_config
+
+# The tiny preset (conf/model/size/tiny.yaml) with small heads (the chunked CPU operators dominate a CPU step);
+# the Mamba-2 model is the one test_train_compiled_then_resume_eager trains (MAMBA2_OVERRIDES).
+TINY = {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "vocab_size": 256, "max_position_embeddings": 1024}
+SMALL_HEADS = {"head_dim": 32, "state_size": 16}
+MIXERS = {"transformer": {"mixer": "attention"}, "mamba2": {"mixer": "mamba2", "mixer_kwargs": SMALL_HEADS},
+          "gated_deltanet": {"mixer": "gated_deltanet", "mixer_kwargs": {"head_dim": 32}}}
+MAMBA2_OVERRIDES = ["model=mamba2", *(f"model.mixer_kwargs.{k}={v}" for k, v in SMALL_HEADS.items())]
+OPERATOR = {"mamba2": "linear_attn", "gated_deltanet": "delta_rule"}
+BATCH, SEQ = 4, 64  # tests.training.helpers.SMALL's rows
+
+
+def _model(family):
+    torch.manual_seed(0)
+    return models.build_model({**TINY, **MIXERS[family]})
+
+
+def _loss_and_grads(model, ids):
+    model.zero_grad(set_to_none=True)
+    loss = model(input_ids=ids, labels=ids, return_logits=False).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def _graph_breaks() -> dict[str, int]:
+    """Graph breaks since counters were cleared: reason's first line (and the function it names) -> count."""
+    out = {}
+    for reason, n in counters["graph_break"].items():
+        named = re.search(r"function `<function (\w+) at", reason)
+        key = reason.splitlines()[0] + (f" [{named.group(1)}]" if named else "")
+        out[key] = out.get(key, 0) + n
+    return out
+
+
+@pytest.mark.parametrize("family", ["transformer", "mamba2", "gated_deltanet"])
+def test_compiled_blocks_match_eager_and_operators_stay_opaque(family):
+    eager = _model(family)
+    compiled = copy.deepcopy(eager)
+    backend = "inductor" if family == "mamba2" else CompileCounterWithBackend("aot_eager")
+    counters.clear()
+    assert compile_blocks(compiled, backend=backend) == TINY["num_layers"]
+    ids = torch.randint(0, TINY["vocab_size"], (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+    ref_loss, ref_grads = _loss_and_grads(eager, ids)
+    graphs = None
+    for _ in range(2):
+        loss, grads = _loss_and_grads(compiled, ids)
+        assert _rel(loss, ref_loss) < 1e-5, (loss, ref_loss)
+        for name, g in grads.items():
+            assert _rel(g, ref_grads[name]) < 1e-5, name
+        # the compiled path ran: every block kind compiles once, whatever the number of layers, and the second step
+        # runs the cached graphs (no recompilation)
+        assert counters["stats"]["unique_graphs"] >= 1 and graphs in (None, counters["stats"]["unique_graphs"])
+        graphs = counters["stats"]["unique_graphs"]
+    breaks = _graph_breaks()
+    if family == "transformer":  # softmax_attn without cu_seqlens is traced: a block is one graph, SDPA one node
+        assert breaks == {} and graphs == 1, breaks
+        assert "scaled_dot_product_attention" in backend.graphs[0].code
+    else:  # one graph break per block kind, at the operator (wrapped in torch.compiler.disable), nothing else
+        assert breaks == {f"Skip calling `torch.compiler.disable()`d function [{OPERATOR[family]}]": 1}, breaks
+        if hasattr(torch._dynamo.config, "nested_graph_breaks"):
+            assert graphs == 2  # before and after the operator call
+    # evaluation (no_grad) and decoding (a cache) run the eager forward: no new graphs
+    with torch.no_grad():
+        assert torch.allclose(compiled(input_ids=ids, labels=ids).loss, eager(input_ids=ids, labels=ids).loss,
+                              rtol=1e-5)
+    compiled.eval()
+    prompt = ids[:1, :8]
+    out = compiled.generate(prompt, max_new_tokens=4, do_sample=False)
+    assert torch.equal(out, eager.eval().generate(prompt, max_new_tokens=4, do_sample=False))
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert list(compiled.state_dict()) == list(eager.state_dict())  # no _orig_mod. prefixes
+
+
+def test_packed_documents_compile_once():
+    """varlen packing: cu_seqlens changes length from batch to batch; that length is dynamic, so the graphs are not
+    recompiled for each document layout, and the packed losses equal eager's."""
+    eager = _model("mamba2")
+    compiled = copy.deepcopy(eager)
+    backend = CompileCounterWithBackend("aot_eager")
+    compile_blocks(compiled, backend=backend)
+    gen = torch.Generator().manual_seed(2)
+    for bounds in ([0, 10, 30, 96], [0, 50, 60, 70, 96], [0, 7, 96]):
+        cu = torch.tensor(bounds)
+        ids = torch.randint(0, TINY["vocab_size"], (1, 96), generator=gen)
+        ref = eager(input_ids=ids, labels=ids, cu_seqlens=cu).loss
+        loss = compiled(input_ids=ids, labels=ids, cu_seqlens=cu).loss
+        assert _rel(loss, ref) < 1e-5
+    assert backend.frame_count <= 2 * (1 if hasattr(torch._dynamo.config, "nested_graph_breaks") else 4)
+
+
+def test_train_compiled_then_resume_eager(tmp_path):
+    """A compiled run (inductor) writes checkpoints with the eager model's keys; an eager run resumes from its
+    step-1 checkpoint and reaches the compiled run's step 3 up to rounding (compiled and eager steps agree)."""
+    compiled_dir, eager_dir = tmp_path / "compiled", tmp_path / "eager"
+    steps = [*MAMBA2_OVERRIDES, "trainer.max_steps=3", "trainer.save_every=1", "trainer.val_every=0",
+             "trainer.val_batches=1"]
+    counters.clear()
+    summary = run_train(small_cfg(*steps, "trainer.compile=true"), compiled_dir)
+    assert summary["step"] == 3 and counters["stats"]["unique_graphs"] >= 2
+    assert _graph_breaks() == {"Skip calling `torch.compiler.disable()`d function [linear_attn]": 1}
+    ckpt = compiled_dir / "checkpoints"
+    shutil.copytree(ckpt / "step_00000001", eager_dir / "checkpoints" / "step_00000001")
+    (eager_dir / "checkpoints" / "latest").write_text("step_00000001")
+    assert run_train(small_cfg(*steps, "trainer.compile=false"), eager_dir)["step"] == 3
+    a = load_file(str(ckpt / "step_00000003" / "model" / "model.safetensors"))
+    b = load_file(str(eager_dir / "checkpoints" / "step_00000003" / "model" / "model.safetensors"))
+    assert a.keys() == b.keys() and not any("_orig_mod" in k for k in a)
+    for k in a:
+        assert _rel(a[k], b[k]) < 1e-4, k
+    def losses(run_dir):
+        return [r["train/loss"] for r in metrics(run_dir) if "train/loss" in r and r["step"] > 1]
+
+    assert len(losses(eager_dir)) == 2 and losses(compiled_dir) == pytest.approx(losses(eager_dir), rel=1e-5)
+
+
+def test_config_and_missing_compile_fail_clearly(monkeypatch):
+    with pytest.raises(ConfigError, match="trainer.compile"):
+        validate_train_config(small_cfg("trainer.compile=yes"))
+    with pytest.raises(ConfigError, match="fused_norms"):
+        validate_train_config(small_cfg("trainer.compile=true", "++model.fused_norms=true"))
+    monkeypatch.setattr(torch._dynamo, "is_dynamo_supported", lambda: False)
+    with pytest.raises(CompileUnavailableError, match="trainer.compile=false"):
+        compile_blocks(_model("transformer"))
