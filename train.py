@@ -37,6 +37,7 @@ from training import (  # noqa: E402
     build_lr_schedule,
     build_optimizer,
     compile_blocks,
+    local_grad_norm,
     peak_flops_per_device,
     validate_train_config,
 )
@@ -260,8 +261,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
                 step_loss += loss.detach() / accum
             with phases("optimizer"):
                 max_norm = float(cfg.optim.grad_clip) or math.inf
-                grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
-                finite = torch.isfinite(step_loss) & torch.isfinite(torch.as_tensor(grad_norm, device=step_loss.device))
+                grad_norm = local_grad_norm(accelerator.clip_grad_norm_(model.parameters(), max_norm), step_loss.device)
+                finite = torch.isfinite(step_loss) & torch.isfinite(grad_norm)
                 if world > 1:
                     finite = accelerator.reduce(finite.float(), reduction="min") > 0
                 if skip_on_device:

@@ -64,3 +64,12 @@ def build_lr_schedule(optimizer: torch.optim.Optimizer, optim_cfg, total_steps: 
                   min_lr_ratio=float(optim_cfg.min_lr_ratio), decay_fraction=float(optim_cfg.decay_fraction))
     lr_multiplier(0, **kwargs)  # fail now on a bad schedule name
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(step, **kwargs))
+
+
+def local_grad_norm(grad_norm, device: torch.device) -> torch.Tensor:
+    """The total gradient norm from clip_grad_norm_ as a plain tensor on device. Under FSDP2 the gradients are
+    DTensors and so is the norm torch returns; a DTensor cannot go through a process-group all_reduce (no sharding
+    strategy for c10d.allreduce_: the H200 FSDP run of 2026-11-29 died there), so it is made whole first."""
+    if hasattr(grad_norm, "full_tensor"):
+        grad_norm = grad_norm.full_tensor()
+    return torch.as_tensor(grad_norm, device=device)
