@@ -4,6 +4,49 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.casts import autocast_dtype
+
+
+class _CausalConvFn(torch.autograd.Function):
+    """act(conv1d(cat(state, x^T), weight, bias, groups=C))^T for x [B, T, C], state [B, C, K-1], act SiLU or none,
+    keeping only x, state, weight and bias (in the conv's dtype) for the backward: the concatenated input and the
+    pre-activation, which autograd would keep (two [B, C, K-1+T] copies), are rebuilt there. Autocast's casts are
+    made by hand (those conv1d's autocast makes) and the backward calls the ops autograd's would
+    (silu_backward, convolution_backward), so the outputs and gradients are the same numbers."""
+
+    @staticmethod
+    def forward(ctx, x, state, weight, bias, silu):
+        ctx.dtypes = (x.dtype, state.dtype, weight.dtype, None if bias is None else bias.dtype)
+        dtype = autocast_dtype(x)
+        x, state, weight = x.to(dtype), state.to(dtype), weight.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
+        # every operand in autocast's dtype already: autocast casts nothing
+        y = F.conv1d(torch.cat((state, x.transpose(1, 2)), dim=2), weight, bias, groups=weight.shape[0])
+        if silu:
+            y = F.silu(y)
+        ctx.save_for_backward(x, state, weight, bias)
+        ctx.silu = silu
+        return y.transpose(1, 2)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, state, weight, bias = ctx.saved_tensors
+        x_dtype, state_dtype, weight_dtype, bias_dtype = ctx.dtypes
+        c, k = weight.shape[0], weight.shape[2]
+        ext = torch.cat((state, x.transpose(1, 2)), dim=2)
+        dpre = dy.transpose(1, 2).to(weight.dtype)
+        if ctx.silu:
+            dpre = torch.ops.aten.silu_backward(dpre, F.conv1d(ext, weight, bias, groups=c))
+        need_ext = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        dext, dweight, dbias = torch.ops.aten.convolution_backward(
+            dpre, ext, weight, None if bias is None else [c], [1], [0], [1], False, [0], c,
+            [need_ext, ctx.needs_input_grad[2], bias is not None and ctx.needs_input_grad[3]])
+        dx = dext[:, :, k - 1:].transpose(1, 2).to(x_dtype) if ctx.needs_input_grad[0] else None
+        dstate = dext[:, :, :k - 1].to(state_dtype) if ctx.needs_input_grad[1] else None
+        dweight = dweight.to(weight_dtype) if dweight is not None else None
+        dbias = dbias.to(bias_dtype) if dbias is not None else None
+        return dx, dstate, dweight, dbias, None
+
 
 class ShortConv(nn.Module):
     """y_t = act(bias + sum_{j=0}^{K-1} w[K-1-j] * x_{t-j}), per channel, causal, over x [B, T, C].
@@ -44,14 +87,14 @@ class ShortConv(nn.Module):
             state = x.new_zeros(b, c, k - 1)
         elif state.shape != (b, c, k - 1):
             raise ValueError(f"ShortConv state must be [B, C, K-1] = {(b, c, k - 1)}, got {tuple(state.shape)}")
+        t = x.shape[1]
         xt = x.transpose(1, 2)
-        ext = torch.cat((state.to(x.dtype), xt), dim=2)  # [B, C, K-1+T]
-        # a copy, not a view: a view would keep the whole [B, C, K-1+T] input of a prefill alive in the cache
-        new_state = ext[:, :, ext.shape[2] - (k - 1):].clone()
-        if x.shape[1] == 1:
+        if t == 1:
             # one decoding token: per channel, the dot product of its K inputs with its taps, as one matmul batched
             # over channels that adds the bias before its single rounding, as the conv does; conv1d's setup costs
             # several times this on the host
+            ext = torch.cat((state.to(x.dtype), xt), dim=2)  # [B, C, K]
+            new_state = ext[:, :, 1:].clone()  # a copy: the cache must not keep the token's input alive
             taps = ext.transpose(0, 1)  # [C, B, K]
             weight = self.conv.weight.reshape(c, k, 1)
             if self.conv.bias is None:
@@ -59,9 +102,14 @@ class ShortConv(nn.Module):
             else:
                 y = torch.baddbmm(self.conv.bias.view(c, 1, 1), taps, weight)
             y = y.permute(1, 2, 0).contiguous()  # [B, 1, C]
-        elif cu_seqlens is None:
-            y = F.conv1d(ext, self.conv.weight, self.conv.bias, groups=c).transpose(1, 2)
         else:
+            # the last K-1 inputs of cat(state, x), from the last K-1 columns of x only (a new tensor: no view keeps
+            # a prefill's whole input alive in the cache)
+            tail = torch.cat((state.to(x.dtype), xt[:, :, max(0, t - (k - 1)):]), dim=2)
+            new_state = tail[:, :, tail.shape[2] - (k - 1):].clone()
+            if cu_seqlens is None:
+                y = _CausalConvFn.apply(x, state, self.conv.weight, self.conv.bias, self.activation == "silu")
+                return y, new_state
             y = self._packed(x, cu_seqlens)
         if self.activation == "silu":
             y = F.silu(y)

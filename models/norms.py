@@ -7,6 +7,28 @@ from torch import nn
 from models import fused_norms
 
 
+class _RMSNormFn(torch.autograd.Function):
+    """RMSNorm's math (fp32) with a hand-written backward that keeps only x (in its dtype) and the per-row rstd:
+    autograd through the formula would also keep the fp32 normalized x, one more fp32 copy of the layer input."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        xf = x.float()
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return (xf * rstd * weight.float()).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, rstd = ctx.saved_tensors
+        xf, dyf, w = x.float(), dy.float(), weight.float()
+        dweight = (dyf * (xf * rstd)).reshape(-1, w.shape[0]).sum(0)
+        # y = w * x * rstd  =>  dx = rstd * a - x * rstd^3 * mean(a * x), with a = dy * w
+        a = dyf * w
+        dx = rstd * a - xf * rstd.pow(3) * (a * xf).mean(-1, keepdim=True)
+        return dx.to(x.dtype), dweight.to(weight.dtype), None
+
+
 class RMSNorm(nn.Module):
     """y = x / sqrt(mean(x^2) + eps) * weight, computed in fp32 and returned in x's dtype.
 
@@ -23,9 +45,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused and fused_norms.use_triton(x.shape[-1], x, self.weight):
             return fused_norms.rms_norm(x, self.weight, self.eps)
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.float()).to(x.dtype)
+        return _RMSNormFn.apply(x, self.weight, self.eps)
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(self(h), h) with h = residual + x: a pre-norm block adding a branch's output x to the residual stream

@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 from kernels import softmax_attn
+from models.casts import ProjectionInput
 from models.registry import register_mixer
 from models.rope import rope_tables, rotate
 
@@ -42,9 +43,10 @@ class AttentionMixer(nn.Module):
         cache=None,
     ) -> torch.Tensor:
         b, t, _ = hidden.shape
-        q = self.q_proj(hidden).view(b, t, self.num_heads, self.head_dim)
-        k = self.k_proj(hidden).view(b, t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(hidden).view(b, t, self.num_kv_heads, self.head_dim)
+        x = ProjectionInput(hidden)  # one autocast copy of hidden saved for the three projections, not one each
+        q = self.q_proj(x()).view(b, t, self.num_heads, self.head_dim)
+        k = self.k_proj(x()).view(b, t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x()).view(b, t, self.num_kv_heads, self.head_dim)
         tables = rope_tables(position_ids, self.head_dim, self.rope_theta)
         q, k = rotate(q, tables), rotate(k, tables)
         if cache is not None:

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from kernels.delta_rule import delta_rule, delta_rule_step
+from models.casts import ProjectionInput
 from models.conv import ShortConv
 from models.gates import a_log_init, dt_bias_init, log_decay
 from models.norms import GatedRMSNorm
@@ -109,23 +110,25 @@ class GatedDeltaNetMixer(nn.Module):
         b, t, _ = hidden.shape
         h, dk, dv = self.num_heads, self.head_dim, self.head_v_dim
         slot = cache[self.layer_idx] if cache is not None else None
-        q, conv_q = self.q_conv(self.q_proj(hidden), slot.get("conv_q") if slot else None, cu_seqlens)
-        k, conv_k = self.k_conv(self.k_proj(hidden), slot.get("conv_k") if slot else None, cu_seqlens)
-        v, conv_v = self.v_conv(self.v_proj(hidden), slot.get("conv_v") if slot else None, cu_seqlens)
+        x = ProjectionInput(hidden)  # one autocast copy of hidden saved for all the projections, not one each
+        q, conv_q = self.q_conv(self.q_proj(x()), slot.get("conv_q") if slot else None, cu_seqlens)
+        k, conv_k = self.k_conv(self.k_proj(x()), slot.get("conv_k") if slot else None, cu_seqlens)
+        v, conv_v = self.v_conv(self.v_proj(x()), slot.get("conv_v") if slot else None, cu_seqlens)
         q = l2_normalize(q.view(b, t, h, dk))
         k = l2_normalize(k.view(b, t, h, dk))
         v = v.view(b, t, h, dv)
-        beta = torch.sigmoid(self.b_proj(hidden).float()) if self.USES_BETA else None
-        _, g = log_decay(self.A_log, self.a_proj(hidden), self.dt_bias)
-        o = self._mix(q, k, v, beta, g, hidden, cache, cu_seqlens)
+        beta = torch.sigmoid(self.b_proj(x()).float()) if self.USES_BETA else None
+        _, g = log_decay(self.A_log, self.a_proj(x()), self.dt_bias)
+        o = self._mix(q, k, v, beta, g, x, cache, cu_seqlens)
         if slot is not None:
             slot.update(conv_q=conv_q, conv_k=conv_k, conv_v=conv_v)
-        o = self.norm(o, self.g_proj(hidden).view(b, t, h, dv))
+        o = self.norm(o, self.g_proj(x()).view(b, t, h, dv))
         return self.o_proj(o.reshape(b, t, h * dv))
 
-    def _mix(self, q, k, v, beta, g, hidden, cache, cu_seqlens):
+    def _mix(self, q, k, v, beta, g, x, cache, cu_seqlens):
         """The operator ([B, T, H, V]); with a cache it continues the slot's "recurrent_state" and stores the new
-        one. hidden (the layer input) is unused here: subclasses derive extra per-token operator inputs from it."""
+        one. x (the layer input as a models.casts.ProjectionInput: x() is what to pass to a projection) is unused
+        here: subclasses derive extra per-token operator inputs from it."""
         slot = cache[self.layer_idx] if cache is not None else None
         state = slot.get("recurrent_state") if slot is not None else None
         o, state = self._operator(q, k, v, beta, g, state, slot is not None, cu_seqlens)

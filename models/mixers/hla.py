@@ -8,6 +8,7 @@ from torch import nn
 
 from kernels import ahla, hla2, hla3
 from kernels.hla import AHLAState, HLA2State, HLA3State, hla_step
+from models.casts import ProjectionInput
 from models.conv import ShortConv
 from models.gates import a_log_init, dt_bias_init, log_decay
 from models.mixers.gated_deltanet import l2_normalize
@@ -146,7 +147,8 @@ class HLAMixer(nn.Module):
         b, t, _ = hidden.shape
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         slot = cache[self.layer_idx] if cache is not None else None
-        q, k, v = self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)
+        x = ProjectionInput(hidden)  # one autocast copy of hidden saved for all the projections, not one each
+        q, k, v = self.q_proj(x()), self.k_proj(x()), self.v_proj(x())
         if self.conv_size is not None:
             q, conv_q = self.q_conv(q, slot.get("conv_q") if slot is not None else None, cu_seqlens)
             k, conv_k = self.k_conv(k, slot.get("conv_k") if slot is not None else None, cu_seqlens)
@@ -161,9 +163,9 @@ class HLAMixer(nn.Module):
         q, k = l2_normalize(q), l2_normalize(k)
         if hkv != h:
             k, v = k.repeat_interleave(h // hkv, dim=2), v.repeat_interleave(h // hkv, dim=2)
-        g = log_decay(self.A_log, self.a_proj(hidden), self.dt_bias)[1] if self.decay else None
+        g = log_decay(self.A_log, self.a_proj(x()), self.dt_bias)[1] if self.decay else None
         o = self._operator(q, k, v, g, slot, cu_seqlens)
-        o = self.norm(o, self.g_proj(hidden).view(b, t, h, d))
+        o = self.norm(o, self.g_proj(x()).view(b, t, h, d))
         return self.o_proj(o.reshape(b, t, h * d))
 
     def _operator(self, q, k, v, g, slot, cu_seqlens):

@@ -64,10 +64,10 @@ class HLAGatedDeltaNetMixer(GatedDeltaNetMixer):
             raise ValueError(f"hla_gated_deltanet: decay_convention must be 'd1', or 'd2' for operator hla2; got "
                              f"{self.decay_convention!r} for operator {self.operator!r}")
 
-    def _mix(self, q, k, v, beta, g, hidden, cache, cu_seqlens):
+    def _mix(self, q, k, v, beta, g, x, cache, cu_seqlens):
         """The operator over value blocks of at most 256 columns ([B, T, H, V]; a single decoding token takes the
         recurrent step over all columns at once); with a cache it continues the slot's operator state and stores
-        the new one. beta is None (no write strength) and hidden unused."""
+        the new one. beta is None (no write strength) and x unused."""
         slot = cache[self.layer_idx] if cache is not None else None
         state = read_operator_state(self.operator, slot)
         if slot is not None and q.shape[1] == 1 and cu_seqlens is None:

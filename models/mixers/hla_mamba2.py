@@ -50,11 +50,16 @@ class HLAMamba2Mixer(Mamba2Mixer):
             raise ValueError(f"hla_mamba2: decay_convention must be 'd1', or 'd2' for operator hla2; got "
                              f"{self.decay_convention!r} for operator {self.operator!r}")
 
+    def _group_inputs(self, bm, cm):
+        """B and C [B, T, G, N] L2-normalised over N, once per group (the heads of a group share them): the
+        normalisation then keeps its input for the backward per group, not per head."""
+        return l2_normalize(bm), l2_normalize(cm)
+
     def _mix(self, cm, bm, v, g, dl, cache, cu_seqlens):
-        """The operator over (q = C, k = B) L2-normalised, v = x * dt, g = A * dt ([B, T, H, P]); with a cache it
-        continues the slot's operator state and stores the new one."""
+        """The operator over (q = C, k = B) L2-normalised (by _group_inputs), v = x * dt, g = A * dt ([B, T, H, P]);
+        with a cache it continues the slot's operator state and stores the new one."""
         slot = cache[self.layer_idx] if cache is not None else None
-        y, state = run_operator(self.operator, l2_normalize(cm), l2_normalize(bm), v, g,
+        y, state = run_operator(self.operator, cm, bm, v, g,
                                 read_operator_state(self.operator, slot), slot is not None, cu_seqlens,
                                 decay=self.decay_convention, backend=self.backend)
         if slot is not None:

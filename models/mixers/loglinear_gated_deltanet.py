@@ -52,11 +52,11 @@ class LogLinearGatedDeltaNetMixer(FlagsLevelParameter, GatedDeltaNetMixer):
         self.l_proj = nn.Linear(config.hidden_size, self.num_heads * self.num_levels, bias=False)
         self.L = level_parameter(self.num_heads, self.num_levels)
 
-    def _mix(self, q, k, v, beta, g, hidden, cache, cu_seqlens):
-        """loglinear_delta_rule with lambda from l_proj(hidden), over value blocks of at most MAX_OPERATOR_DIM
-        columns (exact, as in GatedDeltaNetMixer); with a cache it continues and stores the slot's per-level state,
-        grown to the levels this call's positions reach. A single decoding token takes the recurrent step, over all
-        columns at once."""
+    def _mix(self, q, k, v, beta, g, x, cache, cu_seqlens):
+        """loglinear_delta_rule with lambda from l_proj(x()) (x: the layer input as a models.casts.ProjectionInput),
+        over value blocks of at most MAX_OPERATOR_DIM columns (exact, as in GatedDeltaNetMixer); with a cache it
+        continues and stores the slot's per-level state, grown to the levels this call's positions reach. A single
+        decoding token takes the recurrent step, over all columns at once."""
         b, t, h, _ = q.shape
         slot = cache[self.layer_idx] if cache is not None else None
         state = read_level_state(slot)
@@ -64,7 +64,7 @@ class LogLinearGatedDeltaNetMixer(FlagsLevelParameter, GatedDeltaNetMixer):
         if state is not None:
             levels = max(levels, state.levels.shape[2])
             state = state.grow(levels)
-        lam = level_scales(self.L, self.l_proj(hidden), levels)
+        lam = level_scales(self.L, self.l_proj(x()), levels)
         if slot is not None and t == 1:
             # the step is plain PyTorch with no head-dim limit: one call over all value columns (no slicing and
             # re-joining of the level states, a pass over all of them)

@@ -92,6 +92,8 @@ class Mamba2Mixer(nn.Module):
         x, bm, cm = xbc.split([self.d_inner, gn, gn], dim=-1)
         x = x.reshape(b, t, h, p)
         decode = slot is not None and t == 1
+        bm, cm = self._group_inputs(bm.unflatten(-1, (self.n_groups, self.state_size)),
+                                    cm.unflatten(-1, (self.n_groups, self.state_size)))
         bm, cm = self._per_head(bm, decode), self._per_head(cm, decode)
         dt, g = log_decay(self.A_log, dt, self.dt_bias)
         v = (x * dt.unsqueeze(-1)).to(x.dtype)  # fp32 product (dt is fp32) without keeping an fp32 copy of x
@@ -102,15 +104,20 @@ class Mamba2Mixer(nn.Module):
         y = self.norm(y.reshape(b, t, self.d_inner), z)
         return self.out_proj(y)
 
+    def _group_inputs(self, bm: torch.Tensor, cm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """B and C [B, T, G, N] as the operator takes them, per group, before they are repeated to every head of
+        their group (so what a subclass computes here runs, and is kept for the backward, once per group rather
+        than once per head). Mamba-2 takes them as they are."""
+        return bm, cm
+
     def _per_head(self, m: torch.Tensor, decode: bool) -> torch.Tensor:
-        """B or C [B, T, G N] -> [B, T, H, N], each group's for its H / G heads. A decoding step broadcasts instead
+        """B or C [B, T, G, N] -> [B, T, H, N], each group's for its H / G heads. A decoding step broadcasts instead
         of copying (a stride-0 view when G == 1): its recurrent step takes any strides, while the scan kernels
         get contiguous inputs."""
-        b, t, _ = m.shape
-        g, n = self.n_groups, self.state_size
+        b, t, g, n = m.shape
         if decode:
-            return m.view(b, t, g, 1, n).expand(b, t, g, self.num_heads // g, n).reshape(b, t, self.num_heads, n)
-        return m.reshape(b, t, g, n).repeat_interleave(self.num_heads // g, dim=2)
+            return m.unsqueeze(3).expand(b, t, g, self.num_heads // g, n).reshape(b, t, self.num_heads, n)
+        return m.repeat_interleave(self.num_heads // g, dim=2)
 
     def _mix(self, cm, bm, v, g, dl, cache, cu_seqlens):
         """The scan y = linear_attn(q=C, k=B, v, g, scale=1) ([B, T, H, P]); with a cache it continues the slot's

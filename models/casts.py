@@ -1,0 +1,54 @@
+"""Autocast's compute dtype, and one autocast copy of a layer input shared by the projections that read it."""
+
+import torch
+
+
+def autocast_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype an op on autocast's lower-precision list (linear, conv1d) computes in for x: autocast's dtype where
+    autocast is on for x's device (float64 is left alone), else x's dtype. For autograd.Functions that make
+    autocast's casts themselves."""
+    device = x.device.type
+    if (torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device) and x.is_floating_point()
+            and x.dtype != torch.float64):
+        return torch.get_autocast_dtype(device)
+    return x.dtype
+
+
+class _AliasCast(torch.autograd.Function):
+    """x.to(cast.dtype) returned as a view of `cast` (x already cast, outside autograd): the same numbers and the
+    same backward as a cast of its own (the gradient converted to x's dtype), but the aliases of one cast share its
+    storage, so the projections' saved inputs are one tensor."""
+
+    @staticmethod
+    def forward(ctx, x, cast):
+        ctx.dtype = x.dtype
+        return cast.view_as(cast)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.to(ctx.dtype), None
+
+
+class ProjectionInput:
+    """The input x of several nn.Linear projections; calling it gives what to pass to the next one.
+
+    Under autocast each projection casts x to the autocast dtype itself and keeps that copy for its backward: k
+    projections of one x keep k copies. Here x is cast once and each call returns an alias of the copy with a cast
+    node of its own, so the gradients still reach x one by one in x's dtype (summed in fp32, as before, and the
+    same numbers) while one copy is kept. Without autocast (or when x needs no cast) a call returns x itself.
+    """
+
+    def __init__(self, x: torch.Tensor):
+        self.x = x
+        self.cast = None
+        dtype = autocast_dtype(x)
+        if dtype != x.dtype:
+            with torch.no_grad():
+                self.cast = x.to(dtype)
+
+    def __call__(self) -> torch.Tensor:
+        if self.cast is None:
+            return self.x
+        if not (torch.is_grad_enabled() and self.x.requires_grad):
+            return self.cast
+        return _AliasCast.apply(self.x, self.cast)
