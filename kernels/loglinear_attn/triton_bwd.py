@@ -26,6 +26,7 @@ from .state import CHUNK_LEVELS, prior_level, segments
 from .triton_fwd import (
     CHUNK,
     CHUNK_LEVELS_C,
+    FORMS,
     OPTIONS,
     LevelLayout,
     _accumulate,
@@ -46,6 +47,7 @@ from .triton_fwd import (
     scan_warps,
     tile_shrink,
 )
+from .triton_nodes import node_scan_bwd, node_scan_fwd
 
 
 @triton.jit(do_not_specialize=["NL"])
@@ -165,6 +167,13 @@ def _level_scan_bwd(q, k, v, g, lam, do, drfin, dq, dk, dv, dlam, seqs, scale, N
             d_state = tl.where(keep[None, :], d_state, 0.0)
 
 
+def _form() -> str:
+    form = OPTIONS["form"]
+    if form not in FORMS:
+        raise ValueError(f"loglinear_attn OPTIONS['form'] = {form!r}; expected one of {FORMS}")
+    return form
+
+
 def _segment_reverse_cumsum(x: torch.Tensor, lay: LevelLayout) -> torch.Tensor:
     """dg_t = sum_{s >= t in t's document} x_s for x [TT, H] (float64 scan along the token axis)."""
     xt = x.t().to(torch.float64)
@@ -188,7 +197,8 @@ class LogLinearAttnFunction(torch.autograd.Function):
         intra_fwd(qf, kf, vf, gf, lf, scale, lay, o)
         rfin = None
         if lay.nj:
-            rfin = level_scan_fwd(qf, kf, vf, gf, lf, scale, lay, o, want_final)
+            scan = node_scan_fwd if _form() == "nodes" else level_scan_fwd
+            rfin = scan(qf, kf, vf, gf, lf, scale, lay, o, want_final)
         ctx.save_for_backward(qf, kf, vf, gf, lf, rfin)
         ctx.lay, ctx.scale, ctx.shape, ctx.lam_dtype = lay, scale, (b, t, h, dk, dv), lam.dtype
         return o.reshape(b, t, h, dv), rfin
@@ -199,9 +209,11 @@ class LogLinearAttnFunction(torch.autograd.Function):
         lay, scale = ctx.lay, ctx.scale
         b, t, h, dk_, dv_ = ctx.shape
         do = do.reshape(b * t, h, dv_).to(vf.dtype).contiguous()
-        dq = torch.zeros(b * t, h, dk_, device=qf.device, dtype=torch.float32)
-        dk = torch.zeros_like(dq)
-        dv = torch.zeros(b * t, h, dv_, device=qf.device, dtype=torch.float32)
+        # the intra kernel stores every real token's dq, dk, dv (each token is in one chunk row)
+        alloc = torch.empty if lay.rows else torch.zeros
+        dq = alloc(b * t, h, dk_, device=qf.device, dtype=torch.float32)
+        dk = alloc(b * t, h, dk_, device=qf.device, dtype=torch.float32)
+        dv = alloc(b * t, h, dv_, device=qf.device, dtype=torch.float32)
         dlam = torch.zeros_like(lf)
         nl = lf.shape[-1]
         prec = dot_precision(qf.dtype)
@@ -211,10 +223,15 @@ class LogLinearAttnFunction(torch.autograd.Function):
                                       V=dv_, C=CHUNK, BK=pow2(dk_), BV=min(64, pow2(dv_)), HAS_G=gf is not None,
                                       PREC=prec, num_warps=8, num_stages=1)
         has_drfin = drfin is not None and rfin is not None
+        d_big_g = None
+        if lay.nj and _form() == "nodes":
+            # the node form's gradient kernel finishes dq, dk, dv (in the input dtype) and dL/dG_t itself
+            dq, dk, dv, d_big_g = node_scan_bwd(qf, kf, vf, gf, lf, do, drfin if has_drfin else None, scale, lay, dq,
+                                                dk, dv, dlam)
         # both directions in one launch (they run side by side), or one launch each (fewer registers per program)
         directions = ((0, 1), (1, 1)) if OPTIONS["scan_bwd_split"] else ((2, 2),)
         shrink = tile_shrink(pow2(dk_), 1)
-        for j0, nj, groups in lay.level_groups(shrink=shrink):
+        for j0, nj, groups in (lay.level_groups(shrink=shrink) if _form() == "scan" else []):
             bv = lay.scan_block_v(dv_, nj, shrink)
             for direction, per_group in directions:
                 _level_scan_bwd[(triton.cdiv(dv_, bv), lay.n * h, per_group * groups)](
@@ -224,7 +241,8 @@ class LogLinearAttnFunction(torch.autograd.Function):
                     num_warps=scan_warps(pow2(dk_), nj * bv), num_stages=1)
         dg = None
         if gf is not None:
-            d_big_g = (qf.float() * dq).sum(-1) - (kf.float() * dk).sum(-1)
+            if d_big_g is None:
+                d_big_g = (qf.float() * dq).sum(-1) - (kf.float() * dk).sum(-1)
             if drfin is not None and rfin is not None:
                 term = (rfin * drfin).sum((2, 3, 4)) * lay.nonempty_mask[:, None]
                 d_big_g = d_big_g.index_add(0, lay.last_of_seq, term)

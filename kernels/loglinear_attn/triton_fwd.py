@@ -50,10 +50,19 @@ CHUNK_LEVELS_C = tl.constexpr(CHUNK_LEVELS)
 #               accumulation) instead of taking tf32 products of fp32 tiles. Off by default: Triton 3.6 on Hopper
 #               miscompiled some 16-bit dots with narrow tiles in linear_attn (benchmarks/RESULTS.md), and these
 #               scans have such tiles (N = BV < 64); turn it on where tests/kernels/test_gpu_bf16.py passes with it.
+#   form:       "nodes" (triton_nodes: the chunk levels as a tree of node states, every chunk in parallel) or "scan"
+#               (the level scans below, sequential over a sequence's chunks); loglinear_attn only.
+#   node_lowp:  16-bit inputs: the node form's dots take 16-bit operands (node tiles rounded to the input dtype,
+#               fp32 accumulation; every tile is at least 64 wide) instead of tf32 products of fp32 tiles. On by
+#               default: 14.1 -> 10.2 ms fwd+bwd at T = 16K on the H200 with unchanged bf16 error ratios, and the
+#               small-head GPU tests pass (benchmarks/RESULTS.md, session 4).
+#   node_stages: software-pipelining stages of the node form's gradient kernel (its per-level loops).
 #   scan_bwd_split: loglinear_attn's backward scan as two launches (forward recompute, then the reverse pass)
 #               instead of one launch running both side by side: fewer registers per program (sm_90, K = V = 128:
 #               spills 416 + 224 B instead of 776 B at one chunk level), half the programs in flight.
-OPTIONS = {"scan_cols": 128, "scan_warps": 0, "scan_levels": 8, "lowp": False, "scan_bwd_split": False}
+OPTIONS = {"scan_cols": 128, "scan_warps": 0, "scan_levels": 8, "lowp": False, "scan_bwd_split": False,
+           "form": "nodes", "node_stages": 2, "node_lowp": True}
+FORMS = ("nodes", "scan")
 
 
 def _apply_env_options():
@@ -62,7 +71,12 @@ def _apply_env_options():
         key, _, val = item.partition("=")
         if key not in OPTIONS:
             raise ValueError(f"HILO_LOGLINEAR: unknown option {key!r}; expected one of {sorted(OPTIONS)}")
-        flag = key in ("lowp", "scan_bwd_split")
+        if key == "form":
+            if val.strip() not in FORMS:
+                raise ValueError(f"HILO_LOGLINEAR: form={val.strip()!r}; expected one of {FORMS}")
+            OPTIONS[key] = val.strip()
+            continue
+        flag = key in ("lowp", "scan_bwd_split", "node_lowp")
         OPTIONS[key] = val.strip().lower() in ("1", "true", "yes", "on") if flag else int(val)
 
 
