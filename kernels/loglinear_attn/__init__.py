@@ -5,9 +5,10 @@
 with G_t = sum_{r <= t} g_r and t, s positions counted from 0 in each document (or from initial_state.tokens).
 With every lambda equal to 1 it is kernels.linear_attn.
 
-Backends: "triton" (triton_fwd / triton_bwd: an intra-chunk kernel for levels 0..6 and one level-scan kernel that
-carries every chunk-level state of a (sequence, head, V-block) in one program; forward and backward; the default on
-CUDA, on CPU tensors it runs under TRITON_INTERPRET=1), "torch" (kernels.loglinear_attn.chunk: chunks of 64 aligned
+Backends: "triton" (triton_fwd / triton_bwd / triton_nodes: an intra-chunk kernel for levels 0..6, and the chunk
+levels either as a tree of node states built and read by every chunk in parallel (form "nodes", the default) or as
+one level scan carrying every chunk-level state of a (sequence, head, V-block) chunk to chunk (form "scan");
+forward and backward; the default on CUDA, on CPU tensors it runs under TRITON_INTERPRET=1), "torch" (kernels.loglinear_attn.chunk: chunks of 64 aligned
 to absolute positions, one dense masked block per chunk for levels 0..6 and one carried state per higher level;
 exact, differentiable by autograd; the default elsewhere) and "naive" (the binary-carry recurrence token by token:
 the oracle). `loglinear_attn_quadratic` (naive.py) is the O(T^2) definition, used by the tests.

@@ -1,5 +1,8 @@
 """Triton backward of log-linear attention, the autograd.Function tying it to triton_fwd, and the backend entry.
 
+With OPTIONS["form"] == "nodes" (the default) the chunk levels go through triton_nodes (forward and backward) and
+the level scans below are not launched; the intra-chunk kernels are shared by both forms.
+
 Two launches (notation of triton_fwd; P[t, s] = scale q_t.k_s exp(gc_t - gc_s) [s <= t], W[t, s] = P * Lambda):
   1. `_intra_bwd`, one program per (chunk, head): dW = do v^T, dv = W^T do, dlambda_t[l] = sum_{s: level l}
      (dW * P)[t, s] for l = 0..6, dP = dW * Lambda, dq = dP k * ..., dk = dP^T q * ... (plain stores, fp32).
@@ -195,17 +198,20 @@ class LogLinearAttnFunction(torch.autograd.Function):
         lf = lam.reshape(b * t, h, lam.shape[-1]).float().contiguous()
         o = torch.empty(b * t, h, dv, device=q.device, dtype=torch.float32)
         intra_fwd(qf, kf, vf, gf, lf, scale, lay, o)
-        rfin = None
-        if lay.nj:
-            scan = node_scan_fwd if _form() == "nodes" else level_scan_fwd
-            rfin = scan(qf, kf, vf, gf, lf, scale, lay, o, want_final)
-        ctx.save_for_backward(qf, kf, vf, gf, lf, rfin)
+        rfin, nodes = None, None
+        if lay.nj and _form() == "nodes":
+            rfin, nodes = node_scan_fwd(qf, kf, vf, gf, lf, scale, lay, o, want_final)
+            if not OPTIONS["node_save"]:
+                nodes = None  # the backward recomputes them
+        elif lay.nj:
+            rfin = level_scan_fwd(qf, kf, vf, gf, lf, scale, lay, o, want_final)
+        ctx.save_for_backward(qf, kf, vf, gf, lf, rfin, nodes)
         ctx.lay, ctx.scale, ctx.shape, ctx.lam_dtype = lay, scale, (b, t, h, dk, dv), lam.dtype
         return o.reshape(b, t, h, dv), rfin
 
     @staticmethod
     def backward(ctx, do, drfin):
-        qf, kf, vf, gf, lf, rfin = ctx.saved_tensors
+        qf, kf, vf, gf, lf, rfin, nodes = ctx.saved_tensors
         lay, scale = ctx.lay, ctx.scale
         b, t, h, dk_, dv_ = ctx.shape
         do = do.reshape(b * t, h, dv_).to(vf.dtype).contiguous()
@@ -227,7 +233,7 @@ class LogLinearAttnFunction(torch.autograd.Function):
         if lay.nj and _form() == "nodes":
             # the node form's gradient kernel finishes dq, dk, dv (in the input dtype) and dL/dG_t itself
             dq, dk, dv, d_big_g = node_scan_bwd(qf, kf, vf, gf, lf, do, drfin if has_drfin else None, scale, lay, dq,
-                                                dk, dv, dlam)
+                                                dk, dv, dlam, nodes)
         # both directions in one launch (they run side by side), or one launch each (fewer registers per program)
         directions = ((0, 1), (1, 1)) if OPTIONS["scan_bwd_split"] else ((2, 2),)
         shrink = tile_shrink(pow2(dk_), 1)

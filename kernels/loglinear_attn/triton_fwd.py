@@ -56,12 +56,15 @@ CHUNK_LEVELS_C = tl.constexpr(CHUNK_LEVELS)
 #               fp32 accumulation; every tile is at least 64 wide) instead of tf32 products of fp32 tiles. On by
 #               default: 14.1 -> 10.2 ms fwd+bwd at T = 16K on the H200 with unchanged bf16 error ratios, and the
 #               small-head GPU tests pass (benchmarks/RESULTS.md, session 4).
+#   node_save:  the node form keeps its forward's nodes for the backward instead of recomputing them (one
+#               [K, V] node per chunk row and head: 8 KiB per token per layer at H = 16, K = V = 128 in bf16).
 #   node_stages: software-pipelining stages of the node form's gradient kernel (its per-level loops).
 #   scan_bwd_split: loglinear_attn's backward scan as two launches (forward recompute, then the reverse pass)
 #               instead of one launch running both side by side: fewer registers per program (sm_90, K = V = 128:
 #               spills 416 + 224 B instead of 776 B at one chunk level), half the programs in flight.
 OPTIONS = {"scan_cols": 128, "scan_warps": 0, "scan_levels": 8, "lowp": False, "scan_bwd_split": False,
-           "form": "nodes", "node_stages": 2, "node_lowp": True}
+           "form": "nodes", "node_stages": 2, "node_lowp": True,
+           "node_save": False}
 FORMS = ("nodes", "scan")
 
 
@@ -76,7 +79,7 @@ def _apply_env_options():
                 raise ValueError(f"HILO_LOGLINEAR: form={val.strip()!r}; expected one of {FORMS}")
             OPTIONS[key] = val.strip()
             continue
-        flag = key in ("lowp", "scan_bwd_split", "node_lowp")
+        flag = key in ("lowp", "scan_bwd_split", "node_lowp", "node_save")
         OPTIONS[key] = val.strip().lower() in ("1", "true", "yes", "on") if flag else int(val)
 
 

@@ -339,8 +339,8 @@ def nodes_fwd(k, v, g, lay: LevelLayout, tab: NodeTables, rows: torch.Tensor | N
 
 
 def node_scan_fwd(q, k, v, g, lam, scale, lay: LevelLayout, o, store_final: bool):
-    """o += the chunk-level reads (node form); returns (final chunk-level states [N, H, nj, K, V] fp32 or None,
-    nodes, factors) — the drop-in of triton_fwd.level_scan_fwd."""
+    """o += the chunk-level reads (node form); returns (the final chunk-level states [N, H, nj, K, V] fp32 or None,
+    the nodes): the counterpart of triton_fwd.level_scan_fwd."""
     h, dk, dv = q.shape[1], q.shape[2], v.shape[2]
     tab = node_tables(lay)
     rf, wf, a_end = gate_factors(g, lay, tab, h)
@@ -354,7 +354,7 @@ def node_scan_fwd(q, k, v, g, lam, scale, lay: LevelLayout, o, store_final: bool
     if store_final:
         final = nodes if nodes.dtype == torch.float32 else nodes_fwd(k, v, g, lay, tab, tab.final_list, fp32=True)
         rfin = final_from_nodes(final, lay, tab, a_end, listed=final is not nodes)
-    return rfin
+    return rfin, nodes
 
 
 def _final_factors(lay: LevelLayout, tab: NodeTables, a_end, h: int):
@@ -377,13 +377,15 @@ def final_from_nodes(nodes, lay: LevelLayout, tab: NodeTables, a_end, listed: bo
     return picked.transpose(1, 2) * fac[..., None, None]
 
 
-def node_scan_bwd(qf, kf, vf, gf, lf, do, drfin, scale, lay: LevelLayout, dq, dk, dv, dlam):
+def node_scan_bwd(qf, kf, vf, gf, lf, do, drfin, scale, lay: LevelLayout, dq, dk, dv, dlam, nodes=None):
     """The chunk-level parts of the backward (node form), given the intra kernel's dq, dk, dv, dlam (fp32): returns
-    the whole dq, dk, dv in the input dtypes and dL/dG [TT, H] fp32 (None without a gate); dlam is added in place."""
+    the whole dq, dk, dv in the input dtypes and dL/dG [TT, H] fp32 (None without a gate); dlam is added in place.
+    nodes: the forward's (OPTIONS["node_save"]), else recomputed."""
     h, dk_, dv_ = qf.shape[1], qf.shape[2], vf.shape[2]
     tab = node_tables(lay)
     rf, wf, a_end = gate_factors(gf, lay, tab, h)
-    nodes = nodes_fwd(kf, vf, gf, lay, tab)
+    if nodes is None:
+        nodes = nodes_fwd(kf, vf, gf, lay, tab)
     dnodes = torch.empty_like(nodes)
     bk, bv, warps = _blocks(dk_, dv_)
     prec = dot_precision(qf.dtype)

@@ -267,20 +267,21 @@ def test_triton_level_groups(monkeypatch):
 
 
 @triton_only
-@pytest.mark.parametrize("form", ["nodes", "scan"])
-def test_triton_forms_many_chunk_levels(form, monkeypatch):
+@pytest.mark.parametrize("form,save", [("nodes", False), ("nodes", True), ("scan", False)])
+def test_triton_forms_many_chunk_levels(form, save, monkeypatch):
     """Both chunk-level forms (the node tree and the level scan) on documents of 13 and 9 chunks, the second
     continuing a 200-token prior (its chunks start at absolute index 3, so node ranges are clipped at the document's
     first chunk), with a strong gate on one and a weak one on the other head of the same rows."""
     from kernels.loglinear_attn.triton_fwd import OPTIONS
 
     monkeypatch.setitem(OPTIONS, "form", form)
+    monkeypatch.setitem(OPTIONS, "node_save", save)
     x = make(1, 1390, seed=31, decay="weak", nl=num_levels(200 + 560))
     x["g"][..., 0] *= 60.0
     cu = torch.tensor([0, 830, 1390])
     init = prior_state([0, 200], nl=x["lam"].shape[-1], seed=32)
     ref = run("quadratic", x, cu=cu, init=init, dtype=torch.float64)
-    assert_close(run("triton", x, cu=cu, init=init), ref, f"triton form={form}")
+    assert_close(run("triton", x, cu=cu, init=init), ref, f"triton form={form} node_save={save}")
 
 
 def test_form_option_is_checked(monkeypatch):
