@@ -32,10 +32,12 @@ def check_recurrent_inputs(
     initial_state: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
     backend: str = "triton",
+    grouped: bool = False,
 ) -> int:
     """Validate q, k [B, T, H, K], v [B, T, H, V], g / beta [B, T, H], initial_state [N, H, K, V] (fp32) and
     cu_seqlens [N+1]; return N, the number of sequences (B, or len(cu_seqlens) - 1). float64 inputs are
-    accepted by the "torch" and "naive" backends only (for float64 reference gradients)."""
+    accepted by the "torch" and "naive" backends only (for float64 reference gradients). grouped: q and k may
+    have G heads shared by groups of H / G consecutive heads of v (G divides H; Mamba-2's n_groups)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_4d(op, name, t)
     allowed = _IO_DTYPES if backend == "triton" else _IO_DTYPES + (torch.float64,)
@@ -51,6 +53,12 @@ def check_recurrent_inputs(
         raise ValueError(f"{op}: q and k must have the same shape [B, T, H, K], got q {tuple(q.shape)} and "
                          f"k {tuple(k.shape)}")
     b, t, h, dk = q.shape
+    if grouped and v.shape[:2] == (b, t) and v.shape[2] != h:
+        if v.shape[2] % h != 0:
+            raise ValueError(f"{op}: grouped q and k have G={h} heads, which must divide v's H={v.shape[2]} heads "
+                             f"(each group of H / G heads shares one q and k); got q {tuple(q.shape)}, "
+                             f"v {tuple(v.shape)}")
+        h = v.shape[2]
     if v.shape[:3] != (b, t, h):
         raise ValueError(f"{op}: v must be [B={b}, T={t}, H={h}, V] to match q, got {tuple(v.shape)}")
     dv = v.shape[3]

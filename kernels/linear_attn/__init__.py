@@ -39,14 +39,20 @@ def linear_attn(
     with N = B, or N = len(cu_seqlens) - 1 for packed documents (B == 1; no state crosses a boundary).
     Gradients flow to q, k, v, g and initial_state. backend: "triton", "torch", "naive" or None (triton on
     CUDA, torch otherwise).
+
+    Grouped q and k: [B, T, G, K] with G dividing H, head h reading group h // (H / G) (Mamba-2's n_groups: B and
+    C shared by the heads of a group). The same as repeating them to every head, but the Triton backend keeps only
+    the G-head tensors for the backward (re-expanding them there), not H / G copies.
     """
     backend = resolve_backend("linear_attn", backend, q.device if isinstance(q, torch.Tensor) else
                               torch.device("cpu"))
     check_recurrent_inputs("linear_attn", q, k, v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                           backend=backend)
+                           backend=backend, grouped=True)
     if scale is None:
         scale = q.shape[-1] ** -0.5
     scale = float(scale)
+    if backend != "triton" and q.shape[2] != v.shape[2]:  # autograd sums the repeated heads' gradients
+        q, k = (x.repeat_interleave(v.shape[2] // q.shape[2], dim=2) for x in (q, k))
     if backend == "naive":
         return linear_attn_naive(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens)
     if backend == "torch":

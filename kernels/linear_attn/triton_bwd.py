@@ -302,32 +302,43 @@ def chunk_bwd(q, k, v, g, do, dht, ht, hs, scale, h0, lay: Layout, need_dh0: boo
     return dq, dk, dv, dg, dh0
 
 
+def _per_head(x: torch.Tensor, rep: int) -> torch.Tensor:
+    """[TT, G, K] -> [TT, G * rep, K], each group's row for its rep heads (contiguous, as the kernels read it)."""
+    return x if rep == 1 else x.repeat_interleave(rep, dim=1)
+
+
 class LinearAttnFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, h0, cu_seqlens, scale, output_final_state):
-        b, t, h, dk = q.shape
-        dv = v.shape[-1]
+        b, t, groups, dk = q.shape
+        h, dv = v.shape[2], v.shape[-1]
+        rep = h // groups
         lay = Layout(b, t, h, cu_seqlens, q.device)
-        qf, kf, vf = (x.reshape(b * t, h, x.shape[-1]).contiguous() for x in (q, k, v))
+        qg, kg = (x.reshape(b * t, groups, dk).contiguous() for x in (q, k))
+        vf = v.reshape(b * t, h, dv).contiguous()
         gf = None if g is None else g.reshape(b * t, h).contiguous().float()
         h0f = None if h0 is None else h0.contiguous().float()
-        o, ht, hs = chunk_fwd(qf, kf, vf, gf, scale, h0f, lay, output_final_state)
+        o, ht, hs = chunk_fwd(_per_head(qg, rep), _per_head(kg, rep), vf, gf, scale, h0f, lay, output_final_state)
         # The chunk states (K*V/64 values per token and head, in the inputs' dtype) are kept for the backward:
         # recomputing them is a sequential pass that costs as much as the rest of the backward at long T.
-        ctx.save_for_backward(qf, kf, vf, gf, h0f, ht, hs)
-        ctx.lay, ctx.scale, ctx.shape = lay, scale, (b, t, h, dk, dv)
+        # Grouped q and k are kept per group and repeated to the heads again in the backward.
+        ctx.save_for_backward(qg, kg, vf, gf, h0f, ht, hs)
+        ctx.lay, ctx.scale, ctx.shape, ctx.rep = lay, scale, (b, t, h, dk, dv), rep
         ctx.h0_dtype = None if h0 is None else h0.dtype
         return o.reshape(b, t, h, dv), ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        qf, kf, vf, gf, h0f, ht, hs = ctx.saved_tensors
+        qg, kg, vf, gf, h0f, ht, hs = ctx.saved_tensors
         b, t, h, dk, dv = ctx.shape
+        rep = ctx.rep
         do = do.reshape(b * t, h, dv).contiguous().to(vf.dtype)
         dht = None if dht is None else dht.contiguous().float()
-        dq, dk_, dv_, dg, dh0 = chunk_bwd(qf, kf, vf, gf, do, dht, ht, hs, ctx.scale, h0f, ctx.lay,
-                                          need_dh0=h0f is not None)
-        dq, dk_ = dq.reshape(b, t, h, dk), dk_.reshape(b, t, h, dk)
+        dq, dk_, dv_, dg, dh0 = chunk_bwd(_per_head(qg, rep), _per_head(kg, rep), vf, gf, do, dht, ht, hs, ctx.scale,
+                                          h0f, ctx.lay, need_dh0=h0f is not None)
+        if rep > 1:  # a group's gradient is the sum of its heads' (in fp32)
+            dq, dk_ = (x.reshape(b * t, h // rep, rep, dk).float().sum(2).to(qg.dtype) for x in (dq, dk_))
+        dq, dk_ = dq.reshape(b, t, h // rep, dk), dk_.reshape(b, t, h // rep, dk)
         dv_ = dv_.reshape(b, t, h, dv)
         dg = None if dg is None else dg.reshape(b, t, h)
         dh0 = None if dh0 is None else dh0.to(ctx.h0_dtype)

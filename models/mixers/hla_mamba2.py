@@ -36,6 +36,8 @@ class HLAMamba2Mixer(Mamba2Mixer):
     restart the conv and the state at every boundary.
     """
 
+    GROUPED_OPERATOR: ClassVar[bool] = False  # the operator takes B and C per head
+
     NAME: ClassVar[str] = "hla_mamba2"
     DEFAULTS: ClassVar[dict] = {**Mamba2Mixer.DEFAULTS, "decay_convention": "d1"}
 

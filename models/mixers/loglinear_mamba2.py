@@ -39,6 +39,8 @@ class LogLinearMamba2Mixer(FlagsLevelParameter, Mamba2Mixer):
     one each time a position reaches a power of two (O(log T) memory and time per decoded token).
     """
 
+    GROUPED_OPERATOR: ClassVar[bool] = False  # the operator takes B and C per head
+
     NAME: ClassVar[str] = "loglinear_mamba2"
 
     def __init__(self, config, layer_idx: int):

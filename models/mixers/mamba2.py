@@ -94,7 +94,8 @@ class Mamba2Mixer(nn.Module):
         decode = slot is not None and t == 1
         bm, cm = self._group_inputs(bm.unflatten(-1, (self.n_groups, self.state_size)),
                                     cm.unflatten(-1, (self.n_groups, self.state_size)))
-        bm, cm = self._per_head(bm, decode), self._per_head(cm, decode)
+        if decode or not self.GROUPED_OPERATOR:
+            bm, cm = self._per_head(bm, decode), self._per_head(cm, decode)
         dt, g = log_decay(self.A_log, dt, self.dt_bias)
         v = (x * dt.unsqueeze(-1)).to(x.dtype)  # fp32 product (dt is fp32) without keeping an fp32 copy of x
         y = self._mix(cm, bm, v, g, dl, cache, cu_seqlens)
@@ -103,6 +104,11 @@ class Mamba2Mixer(nn.Module):
         y = y + x * self.D.unsqueeze(-1).to(x.dtype)
         y = self.norm(y.reshape(b, t, self.d_inner), z)
         return self.out_proj(y)
+
+    # Whether _mix's scan takes B and C per group ([B, T, G, N]; linear_attn repeats them to the heads itself and
+    # keeps only the G-head tensors for the backward: 2 * (H - G) * N fewer values per token and layer). Operators
+    # without grouped inputs (the log-linear and HLA subclasses) get them repeated to every head.
+    GROUPED_OPERATOR: ClassVar[bool] = True
 
     def _group_inputs(self, bm: torch.Tensor, cm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """B and C [B, T, G, N] as the operator takes them, per group, before they are repeated to every head of
@@ -120,7 +126,8 @@ class Mamba2Mixer(nn.Module):
         return m.repeat_interleave(self.num_heads // g, dim=2)
 
     def _mix(self, cm, bm, v, g, dl, cache, cu_seqlens):
-        """The scan y = linear_attn(q=C, k=B, v, g, scale=1) ([B, T, H, P]); with a cache it continues the slot's
+        """The scan y = linear_attn(q=C, k=B, v, g, scale=1) ([B, T, H, P]; C and B per head for a decoding step,
+        per group otherwise); with a cache it continues the slot's
         "recurrent_state" and stores the new one (a single token takes the recurrent step). dl is the in_proj's
         level projection ([B, T, 0] here)."""
         b, t, h, p = v.shape

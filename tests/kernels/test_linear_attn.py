@@ -233,3 +233,25 @@ def test_triton_without_final_state():
     got = run(q, k, v, g, h0, "triton", with_final=False)
     assert got[1] is None
     assert_close(got, ref, what="triton no final state")
+
+
+@pytest.mark.parametrize("backend", ["naive", "torch", pytest.param("triton", marks=triton_only)])
+def test_grouped_q_k_equal_repeated_heads(backend):
+    """q, k with G = 2 heads for H = 6 heads of v (Mamba-2's n_groups): the same outputs, state and v / g / h0
+    gradients as q, k repeated to every head, and dq, dk the sums over each group's heads; varlen included."""
+    dev = DEV if backend == "triton" else "cpu"
+    q, k, v, g, h0 = make(1, 150, 6, 16, 24, "weak", n_state=2, device=dev)
+    qg, kg = q[:, :, ::3].contiguous(), k[:, :, ::3].contiguous()  # group i: heads 3i .. 3i + 2
+    cu = torch.tensor([0, 70, 150], device=dev)
+    full = run(qg.repeat_interleave(3, 2), kg.repeat_interleave(3, 2), v, g, h0, backend, cu=cu)
+    grouped = run(qg, kg, v, g, h0, backend, cu=cu)
+    assert grouped[2][0].shape == qg.shape and grouped[2][1].shape == kg.shape
+    per_group = [x.unflatten(2, (2, 3)).sum(3) for x in full[2][:2]]
+    assert_close((grouped[0], grouped[1], grouped[2]), (full[0], full[1], (*per_group, *full[2][2:])),
+                 what=f"grouped {backend}")
+
+
+def test_grouped_heads_must_divide():
+    q, k, v, g, _ = make(1, 10, 6, 8, 8, "weak")
+    with pytest.raises(ValueError, match="must divide"):
+        linear_attn(q[:, :, :4], k[:, :, :4], v, g)

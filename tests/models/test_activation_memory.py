@@ -199,3 +199,22 @@ def test_projection_input_shares_one_autocast_copy_with_the_same_gradients():
     # without autocast it hands the input itself to every projection
     hidden = torch.randn(2, 3, 16)
     assert ProjectionInput(hidden)() is hidden
+
+
+@pytest.mark.skipif(not __import__("os").environ.get("TRITON_INTERPRET") and not torch.cuda.is_available(),
+                    reason="the Triton backend needs CUDA or TRITON_INTERPRET=1")
+def test_mamba2_keeps_b_and_c_per_group_for_the_triton_backward(monkeypatch):
+    """With linear_attn's Triton backend, Mamba-2 hands it B and C per group and the kernel op keeps those for the
+    backward: 2 * (H - G) * N bf16 values per token and layer fewer than when they are repeated to every head."""
+    from models.mixers.mamba2 import Mamba2Mixer
+
+    def kernel_bytes(grouped: bool) -> float:
+        monkeypatch.setattr(Mamba2Mixer, "GROUPED_OPERATOR", grouped)
+        torch.manual_seed(0)
+        cfg = {**BASE, **CONFIGS["mamba2"]}
+        model = build_model({**cfg, "mixer_kwargs": {**cfg["mixer_kwargs"], "backend": "triton"}})
+        return summarize(measure(model, ids(), "autocast-bf16"))["kernel"]
+
+    heads, groups, state = 2 * 64 // 16, 1, 16  # expand 2 x hidden 64 / head_dim 16; n_groups 1; state_size 16
+    saved = kernel_bytes(False) - kernel_bytes(True)
+    assert saved == pytest.approx(2 * (heads - groups) * state * 2)
