@@ -396,9 +396,9 @@ def node_scan_bwd(qf, kf, vf, gf, lf, do, drfin, scale, lay: LevelLayout, dq, dk
         NJP=tab.njp, LEV0=7, HAS_G=gf is not None, LOWP=_node_lowp(qf.dtype), PREC=prec, num_warps=warps, num_stages=2)
     if drfin is not None:  # the final chunk-level states are the final nodes, decayed to the last token
         fac = _final_factors(lay, tab, a_end, h)  # [N, H, nj]
-        part = (drfin.float() * fac[..., None, None]).transpose(1, 2)  # [N, nj, H, K, V]
-        on = tab.final_rows >= 0
-        dnodes.index_put_((tab.final_rows[on],), part[on].to(dnodes.dtype), accumulate=True)
+        part = (drfin.float() * fac[..., None, None]).transpose(1, 2)  # [N, nj, H, K, V], zero where no node
+        # every (sequence, level) adds, the missing ones zeros into row 0: no boolean indexing (a host sync)
+        dnodes.index_put_((tab.final_rows.clamp(min=0),), part.to(dnodes.dtype), accumulate=True)
     dq_out, dk_out, dv_out = torch.empty_like(qf), torch.empty_like(kf), torch.empty_like(vf)
     dbig_g = torch.empty(qf.shape[:2], device=qf.device, dtype=torch.float32) if gf is not None else None
     _grads[(lay.rows, h)](
