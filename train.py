@@ -32,6 +32,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from training import (  # noqa: E402
     CheckpointManager,
+    DataHashWriter,
     MetricsLogger,
     PhaseTimer,
     build_lr_schedule,
@@ -240,6 +241,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
                 "t0": time.perf_counter(), "tokens": 0}
 
     window = new_window()
+    # every rank records what it trains on (trainer.data_hashes; checked by python -m training.data_hashes)
+    hashes = DataHashWriter(run_dir, rank) if tr.get("data_hashes") else None
     last_val = last_val_step = None
     stopped_by_signal = early_stopped = False
     with _StopRequested() as stop:
@@ -249,6 +252,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
             for micro in range(accum):
                 t_wait = time.perf_counter()
                 batch = next(loader)
+                if hashes is not None:
+                    hashes.write(state["step"] + 1, micro, batch["input_ids"])
                 step_tokens += batch["input_ids"].numel() * world  # every rank's batch has the same shape
                 window["data_wait"] += time.perf_counter() - t_wait
                 batch = {k: v.to(accelerator.device, non_blocking=True) for k, v in batch.items()}

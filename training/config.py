@@ -54,6 +54,7 @@ _OPTIONAL_CHECKS = {
     "trainer.early_stop_threshold": (lambda v: v is None or _is_num(v), "null or a number"),
     "trainer.time_phases": (lambda v: v is None or isinstance(v, bool), "true or false"),
     "trainer.compile": (lambda v: v is None or isinstance(v, bool), "true or false"),
+    "trainer.data_hashes": (lambda v: v is None or isinstance(v, bool), "true or false"),
 }
 
 

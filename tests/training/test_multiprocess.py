@@ -16,7 +16,8 @@ def _losses(run_dir):
 def test_two_processes_match_one_process_at_the_same_global_batch(tmp_path):
     # data.shard=rows: the global batch is the same rows whatever the number of processes, so the two runs see
     # identical data and may differ only by the order of floating-point sums in the gradient all-reduce.
-    common = [*SMALL, "trainer.max_steps=4", "trainer.save_every=2", "trainer.val_every=0", "data.shard=rows"]
+    common = [*SMALL, "trainer.max_steps=4", "trainer.save_every=2", "trainer.val_every=0", "data.shard=rows",
+              "trainer.data_hashes=true"]
     one = subprocess.run([sys.executable, "train.py", *common, "trainer.batch_size=4",
                           f"hydra.run.dir={tmp_path / 'one'}"], cwd=REPO, env=ENV, capture_output=True, text=True,
                          timeout=300)
@@ -35,6 +36,15 @@ def test_two_processes_match_one_process_at_the_same_global_batch(tmp_path):
     ckpt = tmp_path / "two" / "checkpoints" / "step_00000004"
     assert sorted(p.name for p in (ckpt / "loader").iterdir()) == ["rank00000.pt", "rank00001.pt"]
     assert json.loads((ckpt / "trainer_state.json").read_text())["world_size"] == 2
+    # the per-rank row hashes: each rank 2 rows per step, none shared, and together the one process's rows
+    from training.data_hashes import cross_rank_overlap, main as check_hashes, read_hashes
+
+    report = cross_rank_overlap(read_hashes(tmp_path / "two"))
+    assert report == {"rows": {0: 8, 1: 8}, "distinct": {0: 8, 1: 8}, "shared": 0}
+    assert check_hashes([str(tmp_path / "two")]) == 0
+    one_rows = [h for r in read_hashes(tmp_path / "one")[0] for h in r["rows"]]
+    two_rows = [h for recs in read_hashes(tmp_path / "two").values() for r in recs for h in r["rows"]]
+    assert sorted(one_rows) == sorted(two_rows)
 
 
 def test_document_sharding_gives_each_rank_distinct_data(tmp_path):
@@ -53,3 +63,20 @@ def test_document_sharding_gives_each_rank_distinct_data(tmp_path):
         streams.append(torch.cat([next(loader)["input_ids"].flatten() for _ in range(5)]))
     rows = [set(map(tuple, s.view(-1, 64).tolist())) for s in streams]
     assert not rows[0] & rows[1]
+
+
+def test_data_hash_check_reports_shared_rows_and_errors(tmp_path):
+    import pytest
+    import torch
+
+    from training.data_hashes import DataHashWriter, main as check_hashes
+
+    with pytest.raises(FileNotFoundError, match="trainer.data_hashes=true"):
+        check_hashes([str(tmp_path)])
+    rows = torch.arange(12).view(3, 4)
+    DataHashWriter(tmp_path, 0).write(1, 0, rows[:2])
+    DataHashWriter(tmp_path, 1).write(1, 0, rows[1:])  # row 1 on both ranks
+    assert check_hashes([str(tmp_path)]) == 1
+    (tmp_path / "data_hashes" / "rank00001.jsonl").write_text("{broken\n")
+    with pytest.raises(ValueError, match="rank00001.jsonl:1"):
+        check_hashes([str(tmp_path)])
