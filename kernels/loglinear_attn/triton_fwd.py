@@ -58,13 +58,17 @@ CHUNK_LEVELS_C = tl.constexpr(CHUNK_LEVELS)
 #               small-head GPU tests pass (benchmarks/RESULTS.md, session 4).
 #   node_save:  the node form keeps its forward's nodes for the backward instead of recomputing them (one
 #               [K, V] node per chunk row and head: 8 KiB per token per layer at H = 16, K = V = 128 in bf16).
+#   node_grads_split: the node form's gradient kernel as two (reads: dq, dlambda; writes: dk, dv), each with half the
+#               live tiles. Triton 3.6 AOT for sm_90, bf16, K = V = 128 (benchmarks/triton_resources.py): the fused
+#               kernel takes 255 registers and spills 32 B at 8 warps; the halves 195 / 193 registers without spills
+#               at 8 warps (255 and spilling at 4). Not yet timed on a GPU, so off; node_grads_warps: their warps.
 #   node_stages: software-pipelining stages of the node form's gradient kernel (its per-level loops).
 #   scan_bwd_split: loglinear_attn's backward scan as two launches (forward recompute, then the reverse pass)
 #               instead of one launch running both side by side: fewer registers per program (sm_90, K = V = 128:
 #               spills 416 + 224 B instead of 776 B at one chunk level), half the programs in flight.
 OPTIONS = {"scan_cols": 128, "scan_warps": 0, "scan_levels": 8, "lowp": False, "scan_bwd_split": False,
            "form": "nodes", "node_stages": 2, "node_lowp": True,
-           "node_save": False}
+           "node_save": False, "node_grads_split": False, "node_grads_warps": 8}
 FORMS = ("nodes", "scan")
 
 
@@ -79,7 +83,7 @@ def _apply_env_options():
                 raise ValueError(f"HILO_LOGLINEAR: form={val.strip()!r}; expected one of {FORMS}")
             OPTIONS[key] = val.strip()
             continue
-        flag = key in ("lowp", "scan_bwd_split", "node_lowp", "node_save")
+        flag = key in ("lowp", "scan_bwd_split", "node_lowp", "node_save", "node_grads_split")
         OPTIONS[key] = val.strip().lower() in ("1", "true", "yes", "on") if flag else int(val)
 
 

@@ -309,6 +309,90 @@ def _grads(q, k, v, g, lam, do, nodes, dnodes, rf, wf, read_list, n_read, write_
     ptr = dlam + (o_t[:, None] * H + i_h) * NL + LEV0 + o_j[None, :]
     tl.store(ptr, tl.load(ptr, mask=m_l, other=0.0) + d_l * q_scale[:, None], mask=m_l)
 
+@triton.jit(do_not_specialize=["NL", "NJT"])
+def _grads_read(q, g, lam, do, nodes, rf, read_list, n_read, dq, dlam, dq_out, dbig_g, chunks, scale, NL, NJT,
+                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+                BV: tl.constexpr, NJP: tl.constexpr, LEV0: tl.constexpr, HAS_G: tl.constexpr, LOWP: tl.constexpr,
+                PREC: tl.constexpr):
+    """The read half of _grads (OPTIONS["node_grads_split"]): dq, dlambda and q.dq of dL/dG."""
+    i_r, i_h = tl.program_id(0), tl.program_id(1)
+    base, lo, hi = _chunk_rows(chunks, i_r)
+    o_t = base + tl.arange(0, C)
+    m_t = (o_t >= lo) & (o_t < hi)
+    o_k = tl.arange(0, BK)
+    m_tk = m_t[:, None] & (o_k[None, :] < K)
+    gc, gl = _chunk_gate(g, o_t, m_t, i_h, H, C, HAS_G)
+    q_scale = scale * tl.exp(gc)
+    qb = tl.load(q + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
+    o_j = tl.arange(0, NJP)
+    d_q = tl.zeros([C, BK], dtype=tl.float32)
+    d_l = tl.zeros([C, NJP], dtype=tl.float32)
+    reads = tl.load(n_read + i_r)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
+        dob = tl.load(do + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V),
+                      other=0.0)
+        for i in range(reads):
+            jj = tl.load(read_list + (i_r * NJP + i) * 2)
+            e = tl.load(read_list + (i_r * NJP + i) * 2 + 1)
+            f = tl.load(rf + (i_r * H + i_h) * NJP + jj)
+            lam_j = tl.load(lam + (o_t * H + i_h) * NL + LEV0 + jj,
+                            mask=m_t & ((tl.zeros_like(o_t) + LEV0 + jj) < NL), other=0.0).to(tl.float32)
+            nb = tl.load(nodes + ((e.to(tl.int64) * H + i_h) * K + o_k[:, None]) * V + o_v[None, :], mask=m_kv,
+                         other=0.0)
+            dq_j = _mm(dob, tl.trans(nb), q, LOWP, PREC)
+            d_q += dq_j * (lam_j * f)[:, None]
+            d_l = tl.where(o_j[None, :] == jj, d_l + (tl.sum(dq_j * qb.to(tl.float32), 1) * f)[:, None], d_l)
+    off = (o_t[:, None] * H + i_h) * K + o_k[None, :]
+    d_q = tl.load(dq + off, mask=m_tk, other=0.0) + d_q * q_scale[:, None]
+    tl.store(dq_out + off, d_q, mask=m_tk)
+    if HAS_G:
+        tl.store(dbig_g + o_t * H + i_h, tl.sum(qb.to(tl.float32) * d_q, 1), mask=m_t)
+    m_l = m_t[:, None] & (o_j[None, :] < NJT) & (LEV0 + o_j[None, :] < NL)
+    ptr = dlam + (o_t[:, None] * H + i_h) * NL + LEV0 + o_j[None, :]
+    tl.store(ptr, tl.load(ptr, mask=m_l, other=0.0) + d_l * q_scale[:, None], mask=m_l)
+
+
+@triton.jit
+def _grads_write(k, v, g, dnodes, wf, write_list, n_write, dk, dv, dk_out, dv_out, dbig_g, chunks,
+                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+                 BV: tl.constexpr, NJP: tl.constexpr, HAS_G: tl.constexpr, LOWP: tl.constexpr, PREC: tl.constexpr):
+    """The write half of _grads (after _grads_read): dk, dv and -k.dk of dL/dG."""
+    i_r, i_h = tl.program_id(0), tl.program_id(1)
+    base, lo, hi = _chunk_rows(chunks, i_r)
+    o_t = base + tl.arange(0, C)
+    m_t = (o_t >= lo) & (o_t < hi)
+    o_k = tl.arange(0, BK)
+    m_tk = m_t[:, None] & (o_k[None, :] < K)
+    gc, gl = _chunk_gate(g, o_t, m_t, i_h, H, C, HAS_G)
+    k_scale = tl.exp(gl - gc)
+    kb = tl.load(k + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
+    d_k = tl.zeros([C, BK], dtype=tl.float32)
+    writes = tl.load(n_write + i_r)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_tv = m_t[:, None] & (o_v[None, :] < V)
+        m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
+        vb = tl.load(v + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0)
+        d_v = tl.zeros([C, BV], dtype=tl.float32)
+        for i in range(writes):
+            jj = tl.load(write_list + (i_r * NJP + i) * 2)
+            w = tl.load(write_list + (i_r * NJP + i) * 2 + 1)
+            f = tl.load(wf + (i_r * H + i_h) * NJP + jj)
+            dnb = tl.load(dnodes + ((w.to(tl.int64) * H + i_h) * K + o_k[:, None]) * V + o_v[None, :], mask=m_kv,
+                          other=0.0) * f
+            d_k += _mm(vb, tl.trans(dnb), k, LOWP, PREC)
+            d_v += _mm(kb, dnb, k, LOWP, PREC)
+        off = (o_t[:, None] * H + i_h) * V + o_v[None, :]
+        tl.store(dv_out + off, tl.load(dv + off, mask=m_tv, other=0.0) + d_v * k_scale[:, None], mask=m_tv)
+    off = (o_t[:, None] * H + i_h) * K + o_k[None, :]
+    d_k = tl.load(dk + off, mask=m_tk, other=0.0) + d_k * k_scale[:, None]
+    tl.store(dk_out + off, d_k, mask=m_tk)
+    if HAS_G:
+        ptr = dbig_g + o_t * H + i_h
+        tl.store(ptr, tl.load(ptr, mask=m_t, other=0.0) - tl.sum(kb.to(tl.float32) * d_k, 1), mask=m_t)
+
 
 def _node_lowp(dtype: torch.dtype) -> bool:
     return dtype != torch.float32 and bool(OPTIONS["node_lowp"])
@@ -401,9 +485,18 @@ def node_scan_bwd(qf, kf, vf, gf, lf, do, drfin, scale, lay: LevelLayout, dq, dk
         dnodes.index_put_((tab.final_rows.clamp(min=0),), part.to(dnodes.dtype), accumulate=True)
     dq_out, dk_out, dv_out = torch.empty_like(qf), torch.empty_like(kf), torch.empty_like(vf)
     dbig_g = torch.empty(qf.shape[:2], device=qf.device, dtype=torch.float32) if gf is not None else None
-    _grads[(lay.rows, h)](
-        qf, kf, vf, gate, lf, do, nodes, dnodes, rf, wf, tab.read_list, tab.n_read, tab.write_list, tab.n_write, dq,
-        dk, dv, dlam, dq_out, dk_out, dv_out, dbig_g if dbig_g is not None else dq, lay.chunks, scale, nl, lay.nj, H=h, K=dk_, V=dv_, C=CHUNK, BK=bk, BV=bv, NJP=tab.njp, LEV0=7,
-        HAS_G=gf is not None, LOWP=_node_lowp(qf.dtype), PREC=prec, num_warps=8 if bk <= 128 else 16,
-        num_stages=OPTIONS["node_stages"])
+    common = dict(H=h, K=dk_, V=dv_, C=CHUNK, BK=bk, BV=bv, NJP=tab.njp, HAS_G=gf is not None,
+                  LOWP=_node_lowp(qf.dtype), PREC=prec, num_stages=OPTIONS["node_stages"])
+    big_g = dbig_g if dbig_g is not None else dq
+    if OPTIONS["node_grads_split"]:  # two kernels with half the live tiles each (more programs per SM)
+        _grads_read[(lay.rows, h)](qf, gate, lf, do, nodes, rf, tab.read_list, tab.n_read, dq, dlam, dq_out, big_g,
+                                   lay.chunks, scale, nl, lay.nj, LEV0=7, num_warps=OPTIONS["node_grads_warps"],
+                                   **common)
+        _grads_write[(lay.rows, h)](kf, vf, gate, dnodes, wf, tab.write_list, tab.n_write, dk, dv, dk_out, dv_out,
+                                    big_g, lay.chunks, num_warps=OPTIONS["node_grads_warps"], **common)
+    else:
+        _grads[(lay.rows, h)](
+            qf, kf, vf, gate, lf, do, nodes, dnodes, rf, wf, tab.read_list, tab.n_read, tab.write_list, tab.n_write,
+            dq, dk, dv, dlam, dq_out, dk_out, dv_out, big_g, lay.chunks, scale, nl, lay.nj, LEV0=7,
+            num_warps=8 if bk <= 128 else 16, **common)
     return dq_out, dk_out, dv_out, dbig_g

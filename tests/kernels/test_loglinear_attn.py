@@ -267,8 +267,8 @@ def test_triton_level_groups(monkeypatch):
 
 
 @triton_only
-@pytest.mark.parametrize("form,save", [("nodes", False), ("nodes", True), ("scan", False)])
-def test_triton_forms_many_chunk_levels(form, save, monkeypatch):
+@pytest.mark.parametrize("form,save,split", [("nodes", False, False), ("nodes", True, True), ("scan", False, False)])
+def test_triton_forms_many_chunk_levels(form, save, split, monkeypatch):
     """Both chunk-level forms (the node tree and the level scan) on documents of 13 and 9 chunks, the second
     continuing a 200-token prior (its chunks start at absolute index 3, so node ranges are clipped at the document's
     first chunk), with a strong gate on one and a weak one on the other head of the same rows."""
@@ -276,12 +276,13 @@ def test_triton_forms_many_chunk_levels(form, save, monkeypatch):
 
     monkeypatch.setitem(OPTIONS, "form", form)
     monkeypatch.setitem(OPTIONS, "node_save", save)
+    monkeypatch.setitem(OPTIONS, "node_grads_split", split)
     x = make(1, 1390, seed=31, decay="weak", nl=num_levels(200 + 560))
     x["g"][..., 0] *= 60.0
     cu = torch.tensor([0, 830, 1390])
     init = prior_state([0, 200], nl=x["lam"].shape[-1], seed=32)
     ref = run("quadratic", x, cu=cu, init=init, dtype=torch.float64)
-    assert_close(run("triton", x, cu=cu, init=init), ref, f"triton form={form} node_save={save}")
+    assert_close(run("triton", x, cu=cu, init=init), ref, f"triton form={form} node_save={save} split={split}")
 
 
 def test_form_option_is_checked(monkeypatch):
