@@ -245,11 +245,68 @@ def _node_bwd(q, g, lam, do, rf, dnodes, chunks, info, scale, NL,
     tl.store(ptr, acc, mask=m_kv)
 
 
+@triton.jit
+def _read_levels(q, lam, nodes, rf, read_list, reads, d_q, d_l, qb, dob, i_r, i_h, o_t, m_t, o_k, o_v, o_j, NL,
+                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NJP: tl.constexpr, LEV0: tl.constexpr,
+                 LOWP: tl.constexpr, PREC: tl.constexpr):
+    """One V-block of the levels chunk row i_r reads: d_q += lambda f do N_e^T, d_l[:, jj] += f <q N_e, do> (before
+    the row factor scale exp(gc))."""
+    m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
+    for i in range(reads):
+        jj = tl.load(read_list + (i_r * NJP + i) * 2)
+        e = tl.load(read_list + (i_r * NJP + i) * 2 + 1)
+        f = tl.load(rf + (i_r * H + i_h) * NJP + jj)
+        lam_j = tl.load(lam + (o_t * H + i_h) * NL + LEV0 + jj,
+                        mask=m_t & ((tl.zeros_like(o_t) + LEV0 + jj) < NL), other=0.0).to(tl.float32)
+        nb = tl.load(nodes + ((e.to(tl.int64) * H + i_h) * K + o_k[:, None]) * V + o_v[None, :], mask=m_kv,
+                     other=0.0)
+        dq_j = _mm(dob, tl.trans(nb), q, LOWP, PREC)  # do N_e^T: <q N_e, do> is its row-dot with q
+        d_q += dq_j * (lam_j * f)[:, None]
+        d_l = tl.where(o_j[None, :] == jj, d_l + (tl.sum(dq_j * qb.to(tl.float32), 1) * f)[:, None], d_l)
+    return d_q, d_l
+
+
+@triton.jit
+def _write_levels(k, dnodes, wf, write_list, writes, d_k, kb, vb, i_r, i_h, o_k, o_v, C: tl.constexpr,
+                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, NJP: tl.constexpr,
+                  LOWP: tl.constexpr, PREC: tl.constexpr):
+    """One V-block of the nodes whose ranges hold chunk row i_r: d_k += f v dN^T; returns (d_k, this block's
+    f k dN) (before the row factor exp(gl - gc))."""
+    m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
+    d_v = tl.zeros([C, BV], dtype=tl.float32)
+    for i in range(writes):
+        jj = tl.load(write_list + (i_r * NJP + i) * 2)
+        w = tl.load(write_list + (i_r * NJP + i) * 2 + 1)
+        f = tl.load(wf + (i_r * H + i_h) * NJP + jj)
+        dnb = tl.load(dnodes + ((w.to(tl.int64) * H + i_h) * K + o_k[:, None]) * V + o_v[None, :], mask=m_kv,
+                      other=0.0) * f
+        d_k += _mm(vb, tl.trans(dnb), k, LOWP, PREC)
+        d_v += _mm(kb, dnb, k, LOWP, PREC)
+    return d_k, d_v
+
+
+@triton.jit
+def _finish(src, dst, acc, row_scale, ptr_off, mask):
+    """dst = src (the intra kernel's part) + acc * row_scale (stored in dst's dtype); returns that sum (fp32)."""
+    total = tl.load(src + ptr_off, mask=mask, other=0.0) + acc * row_scale[:, None]
+    tl.store(dst + ptr_off, total, mask=mask)
+    return total
+
+
+@triton.jit
+def _finish_dlam(dlam, d_l, q_scale, o_t, m_t, o_j, i_h, NL, NJT, H: tl.constexpr, LEV0: tl.constexpr):
+    m_l = m_t[:, None] & (o_j[None, :] < NJT) & (LEV0 + o_j[None, :] < NL)
+    ptr = dlam + (o_t[:, None] * H + i_h) * NL + LEV0 + o_j[None, :]
+    tl.store(ptr, tl.load(ptr, mask=m_l, other=0.0) + d_l * q_scale[:, None], mask=m_l)
+
+
 @triton.jit(do_not_specialize=["NL", "NJT"])
 def _grads(q, k, v, g, lam, do, nodes, dnodes, rf, wf, read_list, n_read, write_list, n_write, dq, dk, dv, dlam,
-           dq_out, dk_out, dv_out, dbig_g, chunks, scale, NL, NJT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
-           BV: tl.constexpr, NJP: tl.constexpr, LEV0: tl.constexpr, HAS_G: tl.constexpr, LOWP: tl.constexpr,
-           PREC: tl.constexpr):
+           dq_out, dk_out, dv_out, dbig_g, chunks, scale, NL, NJT, H: tl.constexpr, K: tl.constexpr,
+           V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NJP: tl.constexpr,
+           LEV0: tl.constexpr, HAS_G: tl.constexpr, LOWP: tl.constexpr, PREC: tl.constexpr):
+    """dq, dk, dv (the intra kernel's parts + the node parts, in the input dtype), dlambda of the chunk levels and
+    dL/dG_t = q.dq - k.dk, one program per (row, head), V-blocks in turn."""
     i_r, i_h = tl.program_id(0), tl.program_id(1)
     base, lo, hi = _chunk_rows(chunks, i_r)
     o_t = base + tl.arange(0, C)
@@ -270,44 +327,22 @@ def _grads(q, k, v, g, lam, do, nodes, dnodes, rf, wf, read_list, n_read, write_
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = m_t[:, None] & (o_v[None, :] < V)
-        m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
-        dob = tl.load(do + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0)
-        vb = tl.load(v + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0)
-        for i in range(reads):  # the levels read here: dq, and dlambda_t[6 + j] = <q_t N_e, do_t> (times factors)
-            jj = tl.load(read_list + (i_r * NJP + i) * 2)
-            e = tl.load(read_list + (i_r * NJP + i) * 2 + 1)
-            f = tl.load(rf + (i_r * H + i_h) * NJP + jj)
-            lam_j = tl.load(lam + (o_t * H + i_h) * NL + LEV0 + jj,
-                            mask=m_t & ((tl.zeros_like(o_t) + LEV0 + jj) < NL), other=0.0).to(tl.float32)
-            nb = tl.load(nodes + ((e.to(tl.int64) * H + i_h) * K + o_k[:, None]) * V + o_v[None, :], mask=m_kv,
-                         other=0.0)
-            dq_j = _mm(dob, tl.trans(nb), q, LOWP, PREC)  # do N_e^T: <q N_e, do> is its row-dot with q
-            d_q += dq_j * (lam_j * f)[:, None]
-            part = tl.sum(dq_j * qb.to(tl.float32), 1) * f
-            d_l = tl.where(o_j[None, :] == jj, d_l + part[:, None], d_l)
-        d_v = tl.zeros([C, BV], dtype=tl.float32)
-        for i in range(writes):  # the nodes whose ranges hold this chunk: dk, dv
-            jj = tl.load(write_list + (i_r * NJP + i) * 2)
-            w = tl.load(write_list + (i_r * NJP + i) * 2 + 1)
-            f = tl.load(wf + (i_r * H + i_h) * NJP + jj)
-            dnb = tl.load(dnodes + ((w.to(tl.int64) * H + i_h) * K + o_k[:, None]) * V + o_v[None, :], mask=m_kv,
-                          other=0.0) * f
-            d_k += _mm(vb, tl.trans(dnb), q, LOWP, PREC)
-            d_v += _mm(kb, dnb, q, LOWP, PREC)
         off = (o_t[:, None] * H + i_h) * V + o_v[None, :]
-        tl.store(dv_out + off, tl.load(dv + off, mask=m_tv, other=0.0) + d_v * k_scale[:, None], mask=m_tv)
-    # dq, dk = the intra kernel's parts + the node parts, stored in the input dtype; dL/dG_t = q.dq - k.dk
+        dob = tl.load(do + off, mask=m_tv, other=0.0)
+        vb = tl.load(v + off, mask=m_tv, other=0.0)
+        d_q, d_l = _read_levels(q, lam, nodes, rf, read_list, reads, d_q, d_l, qb, dob, i_r, i_h, o_t, m_t, o_k, o_v,
+                                o_j, NL, H, K, V, NJP, LEV0, LOWP, PREC)
+        d_k, d_v = _write_levels(k, dnodes, wf, write_list, writes, d_k, kb, vb, i_r, i_h, o_k, o_v, C, H, K, V, BV,
+                                 NJP, LOWP, PREC)
+        _finish(dv, dv_out, d_v, k_scale, off, m_tv)
     off = (o_t[:, None] * H + i_h) * K + o_k[None, :]
-    d_q = tl.load(dq + off, mask=m_tk, other=0.0) + d_q * q_scale[:, None]
-    d_k = tl.load(dk + off, mask=m_tk, other=0.0) + d_k * k_scale[:, None]
-    tl.store(dq_out + off, d_q, mask=m_tk)
-    tl.store(dk_out + off, d_k, mask=m_tk)
+    d_q = _finish(dq, dq_out, d_q, q_scale, off, m_tk)
+    d_k = _finish(dk, dk_out, d_k, k_scale, off, m_tk)
     if HAS_G:
         d_g = tl.sum(qb.to(tl.float32) * d_q, 1) - tl.sum(kb.to(tl.float32) * d_k, 1)
         tl.store(dbig_g + o_t * H + i_h, d_g, mask=m_t)
-    m_l = m_t[:, None] & (o_j[None, :] < NJT) & (LEV0 + o_j[None, :] < NL)
-    ptr = dlam + (o_t[:, None] * H + i_h) * NL + LEV0 + o_j[None, :]
-    tl.store(ptr, tl.load(ptr, mask=m_l, other=0.0) + d_l * q_scale[:, None], mask=m_l)
+    _finish_dlam(dlam, d_l, q_scale, o_t, m_t, o_j, i_h, NL, NJT, H, LEV0)
+
 
 @triton.jit(do_not_specialize=["NL", "NJT"])
 def _grads_read(q, g, lam, do, nodes, rf, read_list, n_read, dq, dlam, dq_out, dbig_g, chunks, scale, NL, NJT,
@@ -330,28 +365,14 @@ def _grads_read(q, g, lam, do, nodes, rf, read_list, n_read, dq, dlam, dq_out, d
     reads = tl.load(n_read + i_r)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
-        m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
         dob = tl.load(do + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V),
                       other=0.0)
-        for i in range(reads):
-            jj = tl.load(read_list + (i_r * NJP + i) * 2)
-            e = tl.load(read_list + (i_r * NJP + i) * 2 + 1)
-            f = tl.load(rf + (i_r * H + i_h) * NJP + jj)
-            lam_j = tl.load(lam + (o_t * H + i_h) * NL + LEV0 + jj,
-                            mask=m_t & ((tl.zeros_like(o_t) + LEV0 + jj) < NL), other=0.0).to(tl.float32)
-            nb = tl.load(nodes + ((e.to(tl.int64) * H + i_h) * K + o_k[:, None]) * V + o_v[None, :], mask=m_kv,
-                         other=0.0)
-            dq_j = _mm(dob, tl.trans(nb), q, LOWP, PREC)
-            d_q += dq_j * (lam_j * f)[:, None]
-            d_l = tl.where(o_j[None, :] == jj, d_l + (tl.sum(dq_j * qb.to(tl.float32), 1) * f)[:, None], d_l)
-    off = (o_t[:, None] * H + i_h) * K + o_k[None, :]
-    d_q = tl.load(dq + off, mask=m_tk, other=0.0) + d_q * q_scale[:, None]
-    tl.store(dq_out + off, d_q, mask=m_tk)
+        d_q, d_l = _read_levels(q, lam, nodes, rf, read_list, reads, d_q, d_l, qb, dob, i_r, i_h, o_t, m_t, o_k, o_v,
+                                o_j, NL, H, K, V, NJP, LEV0, LOWP, PREC)
+    d_q = _finish(dq, dq_out, d_q, q_scale, (o_t[:, None] * H + i_h) * K + o_k[None, :], m_tk)
     if HAS_G:
         tl.store(dbig_g + o_t * H + i_h, tl.sum(qb.to(tl.float32) * d_q, 1), mask=m_t)
-    m_l = m_t[:, None] & (o_j[None, :] < NJT) & (LEV0 + o_j[None, :] < NL)
-    ptr = dlam + (o_t[:, None] * H + i_h) * NL + LEV0 + o_j[None, :]
-    tl.store(ptr, tl.load(ptr, mask=m_l, other=0.0) + d_l * q_scale[:, None], mask=m_l)
+    _finish_dlam(dlam, d_l, q_scale, o_t, m_t, o_j, i_h, NL, NJT, H, LEV0)
 
 
 @triton.jit
@@ -373,22 +394,12 @@ def _grads_write(k, v, g, dnodes, wf, write_list, n_write, dk, dv, dk_out, dv_ou
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = m_t[:, None] & (o_v[None, :] < V)
-        m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
-        vb = tl.load(v + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0)
-        d_v = tl.zeros([C, BV], dtype=tl.float32)
-        for i in range(writes):
-            jj = tl.load(write_list + (i_r * NJP + i) * 2)
-            w = tl.load(write_list + (i_r * NJP + i) * 2 + 1)
-            f = tl.load(wf + (i_r * H + i_h) * NJP + jj)
-            dnb = tl.load(dnodes + ((w.to(tl.int64) * H + i_h) * K + o_k[:, None]) * V + o_v[None, :], mask=m_kv,
-                          other=0.0) * f
-            d_k += _mm(vb, tl.trans(dnb), k, LOWP, PREC)
-            d_v += _mm(kb, dnb, k, LOWP, PREC)
         off = (o_t[:, None] * H + i_h) * V + o_v[None, :]
-        tl.store(dv_out + off, tl.load(dv + off, mask=m_tv, other=0.0) + d_v * k_scale[:, None], mask=m_tv)
-    off = (o_t[:, None] * H + i_h) * K + o_k[None, :]
-    d_k = tl.load(dk + off, mask=m_tk, other=0.0) + d_k * k_scale[:, None]
-    tl.store(dk_out + off, d_k, mask=m_tk)
+        vb = tl.load(v + off, mask=m_tv, other=0.0)
+        d_k, d_v = _write_levels(k, dnodes, wf, write_list, writes, d_k, kb, vb, i_r, i_h, o_k, o_v, C, H, K, V, BV,
+                                 NJP, LOWP, PREC)
+        _finish(dv, dv_out, d_v, k_scale, off, m_tv)
+    d_k = _finish(dk, dk_out, d_k, k_scale, (o_t[:, None] * H + i_h) * K + o_k[None, :], m_tk)
     if HAS_G:
         ptr = dbig_g + o_t * H + i_h
         tl.store(ptr, tl.load(ptr, mask=m_t, other=0.0) - tl.sum(kb.to(tl.float32) * d_k, 1), mask=m_t)
