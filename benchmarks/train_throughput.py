@@ -132,8 +132,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="run the norms as Triton kernels (the Hydra override ++model.fused_norms=true)")
     ap.add_argument("--compile", action="store_true",
                     help="torch.compile every block's training forward (the Hydra override trainer.compile=true)")
-    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
-    args = ap.parse_args(argv)
+    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run (key=value), anywhere on the "
+                                                 "command line")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # key=value words are Hydra overrides wherever they stand (after --models or --seq-lens too)
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    args = ap.parse_args([a for a in argv if a not in overrides])
+    args.overrides = [*args.overrides, *overrides]
+    unknown = [m for m in args.models if not (REPO / "conf" / "model" / f"{m}.yaml").is_file()]
+    if unknown:
+        known = sorted(p.stem for p in (REPO / "conf" / "model").glob("*.yaml"))
+        ap.error(f"unknown model(s) {unknown}: --models takes names of conf/model/<name>.yaml: {' '.join(known)}")
     if args.batch_size is None:
         args.tokens_per_step = args.tokens_per_step or TOKENS_PER_STEP
         too_short = [t for t in args.seq_lens if args.tokens_per_step // t < 1]

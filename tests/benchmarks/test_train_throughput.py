@@ -89,3 +89,13 @@ def test_tokens_per_step_must_fit_one_row():
     defaults = tt.parse_args([])
     assert defaults.models == list(tt.FAMILIES) and defaults.seq_lens == [2048, 8192, 16384]
     assert defaults.tokens_per_step == 32768 and defaults.batch_size is None
+
+
+def test_overrides_anywhere_and_unknown_models():
+    """key=value words are Hydra overrides wherever they stand (after --models they used to be taken as model
+    names); a model name without conf/model/<name>.yaml is an error naming the choices."""
+    args = tt.parse_args(["--models", "mamba2", "trainer.grad_accum=32", "--seq-lens", "128", "model.x=1"])
+    assert args.models == ["mamba2"] and args.seq_lens == [128]
+    assert args.overrides == ["trainer.grad_accum=32", "model.x=1"]
+    with pytest.raises(SystemExit):
+        tt.parse_args(["--models", "mamba3"])
