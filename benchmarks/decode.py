@@ -154,8 +154,9 @@ def generate_ms_per_token(model, prompt, steps: int, device) -> float:
 
 def measure_family(family: str, size: str, contexts: list[int], steps: int, warmup: int, batch: int,
                    verify_tokens: int, overrides: list[str], vocab_size: int | None, device, dtype,
-                   time_generate: bool = False) -> list[dict]:
-    """One row per context length for one family (see the module docstring)."""
+                   time_generate: bool = False, compile_mode: str | None = None) -> list[dict]:
+    """One row per context length for one family (see the module docstring); compile_mode: decode with
+    model.compile_decoding(mode) ("default" for torch.compile's default mode), None eagerly."""
     import torch
 
     from models.cache import expected_state_bytes
@@ -164,6 +165,9 @@ def measure_family(family: str, size: str, contexts: list[int], steps: int, warm
     decoded = warmup + steps
     model, config = build(family, size, contexts[-1] + max(decoded, verify_tokens) + 1, overrides, vocab_size,
                           device, dtype)
+    if compile_mode is not None:
+        torch._dynamo.reset()
+        model.compile_decoding(mode=None if compile_mode == "default" else compile_mode)
     params = sum(p.numel() for p in model.parameters())
     gen = torch.Generator().manual_seed(0)
     rows = []
@@ -257,6 +261,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="tokens that model.generate must reproduce at the shortest context (0: skip the check)")
     ap.add_argument("--time-generate", action="store_true",
                     help="also time model.generate itself per token (two more prefills per context)")
+    ap.add_argument("--compile-decoding", nargs="?", const="default", default=None, metavar="MODE",
+                    help="decode with model.compile_decoding (torch.compile of the single-token steps; MODE is "
+                         "torch.compile's, e.g. reduce-overhead for CUDA graphs; the warm-up steps absorb the "
+                         "compilation)")
     ap.add_argument("--vocab-size", type=int, default=None, help="default: the tokenizer config's (8192)")
     ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     ap.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
@@ -285,7 +293,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     for family in args.families:
         rows += measure_family(family, size, contexts, args.steps, args.warmup, args.batch, args.verify_tokens,
-                               args.overrides, args.vocab_size, device, dtype, args.time_generate)
+                               args.overrides, args.vocab_size, device, dtype, args.time_generate,
+                               args.compile_decoding)
         print(f"{family}: done", file=sys.stderr, flush=True)
     text = table(rows)
     print(text)

@@ -17,6 +17,8 @@ import math
 
 import torch
 
+from models.levels import grow_cached_levels
+
 
 class HiloCache:
     """Per-layer decoding state. is_attention[i] tells whether layer i keeps a KV cache."""
@@ -28,6 +30,7 @@ class HiloCache:
         self.layers: list[dict[str, torch.Tensor]] = [{} for _ in self.is_attention]
         self.seen_tokens = 0
         self._kv_buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> (key, value) storage
+        self.step_prepared = False  # prepare_step ran for the coming forward (cleared by advance)
 
     @classmethod
     def from_config(cls, config) -> "HiloCache":
@@ -53,6 +56,20 @@ class HiloCache:
         slot = self.layers[layer_idx]
         past = slot["key"].shape[1] if "key" in slot else 0
         total = past + key.shape[1]
+        if self.step_prepared and layer_idx in self._kv_buffers:
+            buffers = self._kv_buffers[layer_idx]  # prepare_step made room on the host before the step
+        else:
+            buffers = self._grow_kv(layer_idx, key, value, total)
+        buffers[0][:, past:total] = key
+        buffers[1][:, past:total] = value
+        slot["key"], slot["value"] = buffers[0][:, :total], buffers[1][:, :total]
+        return slot["key"], slot["value"]
+
+    def _grow_kv(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor, total: int):
+        """Layer layer_idx's (key, value) buffers with room for `total` tokens (and the slot's past copied in when
+        they are new); key / value only give the shape and dtype of one token's entries."""
+        slot = self.layers[layer_idx]
+        past = slot["key"].shape[1] if "key" in slot else 0
         buffers = self._kv_buffers.get(layer_idx)
         if (buffers is None or buffers[0].shape[1] < total or buffers[0].dtype != key.dtype
                 or not _is_prefix_view(slot.get("key"), buffers[0])):
@@ -64,10 +81,20 @@ class HiloCache:
                     buf[:, :past] = slot[name]
                 grown.append(buf)
             buffers = self._kv_buffers[layer_idx] = tuple(grown)
-        buffers[0][:, past:total] = key
-        buffers[1][:, past:total] = value
-        slot["key"], slot["value"] = buffers[0][:, :total], buffers[1][:, :total]
-        return slot["key"], slot["value"]
+        return buffers
+
+    def prepare_step(self, total_tokens: int) -> None:
+        """Before a forward that ends at total_tokens (host code, run ahead of a compiled decoding step): KV caches
+        that hold tokens make room for them and per-level (log-linear) states grow to the levels those positions
+        reach, so the step itself only writes into buffers and never branches on the position or on storage."""
+        for layer_idx, slot in enumerate(self.layers):
+            if "key" in slot:
+                buffers = self._grow_kv(layer_idx, slot["key"][:, :1], slot["value"][:, :1], total_tokens)
+                # their lengths change every step (the buffers' at doublings): compile them as sizes, not constants
+                for t in (slot["key"], slot["value"]):
+                    torch._dynamo.maybe_mark_dynamic(t, 1)
+        grow_cached_levels(self, total_tokens)
+        self.step_prepared = True
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Number of tokens already processed (the position of the next token)."""
@@ -76,6 +103,7 @@ class HiloCache:
     def advance(self, num_tokens: int) -> None:
         """Called by the model after each forward through all layers."""
         self.seen_tokens += num_tokens
+        self.step_prepared = False
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Select batch rows beam_idx in every state (beam search)."""

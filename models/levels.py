@@ -68,6 +68,25 @@ def levels_reached(t: int, past: int, cu_seqlens: torch.Tensor | None) -> int:
     return num_levels(int((cu[1:] - cu[:-1]).max()))
 
 
+def grow_cached_levels(cache, total_tokens: int) -> None:
+    """Grow every per-level state a cache holds to num_levels(total_tokens), what a call ending at that many tokens
+    reaches (HiloCache.prepare_step, on the host before a compiled decoding step: HiloModel.compile_decoding)."""
+    levels = num_levels(total_tokens)
+    for slot in cache.layers:
+        state = read_level_state(slot)
+        if state is not None and state.levels.shape[2] < levels:
+            write_level_state(slot, state.grow(levels))
+
+
+def decode_levels(state: LogLinearState | None, t: int, cache, cu_seqlens) -> int:
+    """The levels a mixer's call works with: levels_reached(t, past, cu_seqlens), except for one token continuing a
+    state after cache.prepare_step (a compiled decoding step), which has grown the state already: its level count
+    is used without reading the position (which compiled code would otherwise specialise on, token by token)."""
+    if state is not None and t == 1 and cu_seqlens is None and cache is not None and cache.step_prepared:
+        return state.levels.shape[2]
+    return levels_reached(t, cache.get_seq_length() if cache is not None else 0, cu_seqlens)
+
+
 def read_level_state(slot: dict | None) -> LogLinearState | None:
     """The per-level state kept in a cache slot, or None (no cache, or nothing consumed yet)."""
     if slot is None or LEVELS_KEY not in slot:

@@ -66,7 +66,30 @@ class HiloModel(HiloPreTrainedModel):
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.norm_eps)
         self.gradient_checkpointing = False
+        self._decode_step = None  # compile_decoding's compiled layers for single-token cached steps
         self.post_init()
+
+    def compile_decoding(self, mode: str | None = None, enabled: bool = True, backend="inductor") -> None:
+        """torch.compile the layers (and the final norm) of single-token decoding steps with a cache, the path
+        generate() takes after the prompt; mode is torch.compile's ("reduce-overhead" adds CUDA graphs on a GPU).
+        Eager decoding is bound by the host cost of ~800-2,400 operators per token at 340m
+        (benchmarks/decode_ops.py); compiled, inductor fuses the elementwise ones. The prompt's forward, training
+        and anything with gradients stay eager. Log-linear states are grown on the host before each step
+        and KV caches make room on the host first (HiloCache.prepare_step), so a step's code neither depends on the
+        position nor checks storage. enabled=False turns it off again; backend is torch.compile's (tests use
+        "aot_eager": the same capture without code generation)."""
+        if enabled and not (hasattr(torch, "compile") and torch._dynamo.is_dynamo_supported()):
+            import sys
+
+            raise RuntimeError(f"compile_decoding: torch.compile does not run with torch {torch.__version__} on Python "
+                               f"{sys.version.split()[0]}; decode eagerly (leave compile_decoding off)")
+        self._decode_step = torch.compile(self._run_layers, mode=mode, backend=backend) if enabled else None
+
+    def _run_layers(self, hidden: torch.Tensor, position_ids: torch.Tensor, cache: HiloCache | None) -> torch.Tensor:
+        """The blocks of a cached decoding step and the final norm (compile_decoding compiles this)."""
+        for block in self.layers:
+            hidden = block(hidden, position_ids, None, cache)
+        return self.norm(hidden)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens
@@ -131,6 +154,12 @@ class HiloModel(HiloPreTrainedModel):
         if position_ids is None:
             position_ids = torch.arange(past, past + t, device=hidden.device).unsqueeze(0).expand(b, t)
         all_hidden = [] if output_hidden_states else None
+        if (self._decode_step is not None and cache is not None and t == 1 and cu_seqlens is None
+                and all_hidden is None and not torch.is_grad_enabled()):
+            cache.prepare_step(past + t)
+            hidden = self._decode_step(hidden, position_ids, cache)
+            cache.advance(t)
+            return BaseModelOutputWithPast(last_hidden_state=hidden, **{_CACHE_FIELD: cache if use_cache else None})
         for block in self.layers:
             if all_hidden is not None:
                 all_hidden.append(hidden)
@@ -163,6 +192,11 @@ class HiloForCausalLM(HiloPreTrainedModel, GenerationMixin):
         self.model = HiloModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
+
+    def compile_decoding(self, mode: str | None = None, enabled: bool = True, backend="inductor") -> None:
+        """Compile single-token cached decoding steps (HiloModel.compile_decoding): generate() and decode loops
+        then run the layers compiled after the prompt."""
+        self.model.compile_decoding(mode=mode, enabled=enabled, backend=backend)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.embed_tokens

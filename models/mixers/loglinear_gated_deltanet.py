@@ -11,7 +11,7 @@ from models.levels import (
     FlagsLevelParameter,
     level_parameter,
     level_scales,
-    levels_reached,
+    decode_levels,
     read_level_state,
     trained_levels,
     write_level_state,
@@ -60,7 +60,7 @@ class LogLinearGatedDeltaNetMixer(FlagsLevelParameter, GatedDeltaNetMixer):
         b, t, h, _ = q.shape
         slot = cache[self.layer_idx] if cache is not None else None
         state = read_level_state(slot)
-        levels = levels_reached(t, cache.get_seq_length() if cache is not None else 0, cu_seqlens)
+        levels = decode_levels(state, t, cache, cu_seqlens)
         if state is not None:
             levels = max(levels, state.levels.shape[2])
             state = state.grow(levels)
