@@ -1,7 +1,8 @@
 #!/bin/bash
 # Planned first one-GPU call of the next session (nvidia-h200), for what session 4 built without device time:
 # loglinear_attn node_grads_split (bf16 check, timing), Mamba-2 with B/C per group (compiled throughput and peak
-# memory at 8K / 16K: before, 86,785 tok/s / 59.90 GiB and 88,407 / 59.90), fused norms in decoding and training.
+# memory at 8K / 16K: before, 86,785 tok/s / 59.90 GiB and 88,407 / 59.90), fused norms in decoding and training,
+# compiled decoding (model.compile_decoding; eager: 27-60 ms per token at 340m). Over 10 minutes: split it.
 # Carry .whl, .hilo_cache.
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | tail -1
 export PYTHONPATH=/tmp/site HILO_CACHE=$PWD/.hilo_cache WANDB_MODE=disabled
@@ -24,5 +25,12 @@ el "4. training with fused norms (uncompiled)" | tee -a $L
 timeout 150 python benchmarks/train_throughput.py --steps 12 --fused-norms --append --models transformer mamba2 \
   --seq-lens 8192 > /tmp/f.log 2>&1; echo "rc=$?" >> $L; grep -E "^\| (transformer|mamba2)" /tmp/f.log >> $L
 cp benchmarks/RESULTS.md $OUT/n/RESULTS.md
+el "5. compiled decoding (default mode, then reduce-overhead: CUDA graphs)" | tee -a $L
+for mode in "" reduce-overhead; do
+  timeout 150 python benchmarks/decode.py --contexts 1024 32768 --families transformer mamba2 hla_transformer \
+    loglinear_mamba2 --compile-decoding $mode --append > /tmp/dc.log 2>&1; echo "compile ${mode:-default} rc=$?" >> $L
+  grep -E "^\| [a-z]|^- " /tmp/dc.log >> $L; grep -E "Error" /tmp/dc.log | tail -2 >> $L
+  cp benchmarks/RESULTS.md $OUT/n/RESULTS.md
+done
 el done | tee -a $L
 cat $L
