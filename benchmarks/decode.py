@@ -48,6 +48,15 @@ CPU_CONTEXTS = (256, 512, 1024, 2048)
 RESULTS = REPO / "benchmarks" / "RESULTS.md"
 
 
+def parse_with_overrides(ap: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """ap.parse_args(argv) with every key=value word taken as a Hydra override (args.overrides) wherever it stands:
+    after an option with nargs="+" (--families, --models, --contexts) argparse would take it as one more value."""
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    args = ap.parse_args([a for a in argv if a not in overrides])
+    args.overrides = [*args.overrides, *overrides]
+    return args
+
+
 def latency_target(family: str) -> float | None:
     return LATENCY_TARGETS.get(family, DEFAULT_LATENCY_TARGET)
 
@@ -274,10 +283,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every model (model.key=value), anywhere "
                                                  "on the command line")
     argv = list(sys.argv[1:] if argv is None else argv)
-    # key=value words are Hydra overrides wherever they stand (after --families or --contexts too)
-    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
-    args = ap.parse_args([a for a in argv if a not in overrides])
-    args.overrides = [*args.overrides, *overrides]
+    args = parse_with_overrides(ap, argv)
     if args.steps < 1 or args.warmup < 0 or args.batch < 1:
         ap.error("--steps and --batch must be >= 1 and --warmup >= 0")
 

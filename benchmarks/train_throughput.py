@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.decode import FAMILIES  # noqa: E402
+from benchmarks.decode import FAMILIES, parse_with_overrides  # noqa: E402
 
 SEQ_LENS = (2048, 8192, 16384)
 TOKENS_PER_STEP = 32768
@@ -134,11 +134,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="torch.compile every block's training forward (the Hydra override trainer.compile=true)")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run (key=value), anywhere on the "
                                                  "command line")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    # key=value words are Hydra overrides wherever they stand (after --models or --seq-lens too)
-    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
-    args = ap.parse_args([a for a in argv if a not in overrides])
-    args.overrides = [*args.overrides, *overrides]
+    args = parse_with_overrides(ap, list(sys.argv[1:] if argv is None else argv))
     unknown = [m for m in args.models if not (REPO / "conf" / "model" / f"{m}.yaml").is_file()]
     if unknown:
         known = sorted(p.stem for p in (REPO / "conf" / "model").glob("*.yaml"))

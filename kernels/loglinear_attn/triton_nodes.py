@@ -246,6 +246,19 @@ def _node_bwd(q, g, lam, do, rf, dnodes, chunks, info, scale, NL,
 
 
 @triton.jit
+def _row(chunks, g, i_r, i_h, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+         HAS_G: tl.constexpr):
+    """Chunk row i_r's tokens o_t, real-token mask m_t, key offsets o_k, their [C, BK] mask and the gate's in-chunk
+    cumsum gc and total gl."""
+    base, lo, hi = _chunk_rows(chunks, i_r)
+    o_t = base + tl.arange(0, C)
+    m_t = (o_t >= lo) & (o_t < hi)
+    o_k = tl.arange(0, BK)
+    gc, gl = _chunk_gate(g, o_t, m_t, i_h, H, C, HAS_G)
+    return o_t, m_t, o_k, m_t[:, None] & (o_k[None, :] < K), gc, gl
+
+
+@triton.jit
 def _read_levels(q, lam, nodes, rf, read_list, reads, d_q, d_l, qb, dob, i_r, i_h, o_t, m_t, o_k, o_v, o_j, NL,
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NJP: tl.constexpr, LEV0: tl.constexpr,
                  LOWP: tl.constexpr, PREC: tl.constexpr):
@@ -308,12 +321,7 @@ def _grads(q, k, v, g, lam, do, nodes, dnodes, rf, wf, read_list, n_read, write_
     """dq, dk, dv (the intra kernel's parts + the node parts, in the input dtype), dlambda of the chunk levels and
     dL/dG_t = q.dq - k.dk, one program per (row, head), V-blocks in turn."""
     i_r, i_h = tl.program_id(0), tl.program_id(1)
-    base, lo, hi = _chunk_rows(chunks, i_r)
-    o_t = base + tl.arange(0, C)
-    m_t = (o_t >= lo) & (o_t < hi)
-    o_k = tl.arange(0, BK)
-    m_tk = m_t[:, None] & (o_k[None, :] < K)
-    gc, gl = _chunk_gate(g, o_t, m_t, i_h, H, C, HAS_G)
+    o_t, m_t, o_k, m_tk, gc, gl = _row(chunks, g, i_r, i_h, H, K, C, BK, HAS_G)
     q_scale = scale * tl.exp(gc)
     k_scale = tl.exp(gl - gc)
     qb = tl.load(q + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
@@ -351,12 +359,7 @@ def _grads_read(q, g, lam, do, nodes, rf, read_list, n_read, dq, dlam, dq_out, d
                 PREC: tl.constexpr):
     """The read half of _grads (OPTIONS["node_grads_split"]): dq, dlambda and q.dq of dL/dG."""
     i_r, i_h = tl.program_id(0), tl.program_id(1)
-    base, lo, hi = _chunk_rows(chunks, i_r)
-    o_t = base + tl.arange(0, C)
-    m_t = (o_t >= lo) & (o_t < hi)
-    o_k = tl.arange(0, BK)
-    m_tk = m_t[:, None] & (o_k[None, :] < K)
-    gc, gl = _chunk_gate(g, o_t, m_t, i_h, H, C, HAS_G)
+    o_t, m_t, o_k, m_tk, gc, gl = _row(chunks, g, i_r, i_h, H, K, C, BK, HAS_G)
     q_scale = scale * tl.exp(gc)
     qb = tl.load(q + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
     o_j = tl.arange(0, NJP)
@@ -381,12 +384,7 @@ def _grads_write(k, v, g, dnodes, wf, write_list, n_write, dk, dv, dk_out, dv_ou
                  BV: tl.constexpr, NJP: tl.constexpr, HAS_G: tl.constexpr, LOWP: tl.constexpr, PREC: tl.constexpr):
     """The write half of _grads (after _grads_read): dk, dv and -k.dk of dL/dG."""
     i_r, i_h = tl.program_id(0), tl.program_id(1)
-    base, lo, hi = _chunk_rows(chunks, i_r)
-    o_t = base + tl.arange(0, C)
-    m_t = (o_t >= lo) & (o_t < hi)
-    o_k = tl.arange(0, BK)
-    m_tk = m_t[:, None] & (o_k[None, :] < K)
-    gc, gl = _chunk_gate(g, o_t, m_t, i_h, H, C, HAS_G)
+    o_t, m_t, o_k, m_tk, gc, gl = _row(chunks, g, i_r, i_h, H, K, C, BK, HAS_G)
     k_scale = tl.exp(gl - gc)
     kb = tl.load(k + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
     d_k = tl.zeros([C, BK], dtype=tl.float32)
