@@ -463,7 +463,9 @@ def _final_factors(lay: LevelLayout, tab: NodeTables, a_end, h: int):
 
 def final_from_nodes(nodes, lay: LevelLayout, tab: NodeTables, a_end, listed: bool = False):
     """The final chunk-level states [N, H, nj, K, V] fp32 from the nodes (all rows', or those of tab.final_list)."""
-    h = nodes.shape[1]
+    n, h = lay.n, nodes.shape[1]
+    if nodes.shape[0] == 0:  # no sequence ends with a chunk-level state (e.g. one chunk after a prior)
+        return nodes.new_zeros(n, h, lay.nj, *nodes.shape[2:], dtype=torch.float32)
     fac = _final_factors(lay, tab, a_end, h)
     index = tab.final_pos if listed else tab.final_rows.clamp(min=0)
     picked = nodes[index]  # [N, nj, H, K, V]

@@ -311,3 +311,19 @@ def test_input_errors():
     late = LogLinearState(torch.zeros(1, H, 8, DK, DV), torch.tensor([100]))
     with pytest.raises(ValueError, match="position 174"):
         loglinear_attn(*args, x["lam"], initial_state=late)
+
+
+def test_node_form_final_states_when_no_sequence_ends_on_a_chunk_level():
+    """A single chunk after a 128-token prior (chunk index 2 = 0b10 reads level 2, whose range, chunks 0-1, is all
+    prior): no final node exists, so the listed final nodes (bf16 storage keeps them apart) are an empty tensor, and
+    the final chunk-level states must come out zero, not fail to index it."""
+    from kernels.loglinear_attn.triton_fwd import level_layout
+    from kernels.loglinear_attn.triton_nodes import final_from_nodes, node_tables
+
+    lay = level_layout(((0, 0, 40),), (128,), 40, torch.device("cpu"))
+    tab = node_tables(lay)
+    assert lay.nj == 2 and tab.final_list.numel() == 0
+    empty = torch.zeros(0, H, DK, DV)
+    for listed in (True, False):
+        out = final_from_nodes(empty, lay, tab, None, listed=listed)
+        assert out.shape == (1, H, 2, DK, DV) and not out.any()
