@@ -157,7 +157,10 @@ class HiloModel(HiloPreTrainedModel):
         if (self._decode_step is not None and cache is not None and t == 1 and cu_seqlens is None
                 and all_hidden is None and not torch.is_grad_enabled()):
             cache.prepare_step(past + t)
-            hidden = self._decode_step(hidden, position_ids, cache)
+            try:
+                hidden = self._decode_step(hidden, position_ids, cache)
+            finally:
+                cache.step_prepared = False  # only this step may skip the cache's growth checks
             cache.advance(t)
             return BaseModelOutputWithPast(last_hidden_state=hidden, **{_CACHE_FIELD: cache if use_cache else None})
         for block in self.layers:
