@@ -293,9 +293,11 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
 
             step = state["step"]
             if step % int(tr.log_every) == 0 or step == max_steps:
+                # the loss read waits for the device: the window's time is taken after it, so work still queued on
+                # the GPU when the host reaches this line counts (taken before, tokens/s came out 7-20% high)
+                loss_sum = float(accelerator.reduce(window["loss"], reduction="mean"))
                 elapsed = time.perf_counter() - window["t0"]
                 tok_s = window["tokens"] / max(elapsed, 1e-9)
-                loss_sum = float(accelerator.reduce(window["loss"], reduction="mean"))
                 updates = int(window["updates"])
                 skipped = fold_skips()
                 if skipped:
