@@ -69,6 +69,7 @@ def measure(model: str, size: str, seq_len: int, batch_size: int, steps: int, ex
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
     row["compiled"] = bool(cfg.trainer.get("compile"))
+    row["grad_accum"] = int(cfg.trainer.grad_accum)
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     if torch.cuda.is_available():
@@ -104,7 +105,10 @@ def table(results: list[dict]) -> str:
               "| backward | optimizer | loss | compiled |"),
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        head = f"| {r['model']} | {r['size']} | {r['seq_len']} | {r['batch_size']} |"
+        # rows per micro step, times the micro steps of an optimizer step under gradient accumulation
+        accum = r.get("grad_accum", 1)
+        batch = f"{r['batch_size']}x{accum}" if accum > 1 else f"{r['batch_size']}"
+        head = f"| {r['model']} | {r['size']} | {r['seq_len']} | {batch} |"
         compiled = "yes" if r.get("compiled") else "no"
         if r["status"] != "ok":
             lines.append(f"{head} {r['status']} |" + " - |" * 8 + f" {compiled} |")

@@ -2,7 +2,7 @@
 # Planned for the next session (nvidia-h200): issue 7's "760m at 16,384 trains in the GPU's memory with a
 # 0.5M-token global batch via accumulation": one row of 16,384 tokens per micro step, 32 micro steps per optimizer
 # step (524,288 tokens), 3 steps per family, compiled blocks. tokens/s counts all 32 micro steps; the table's batch
-# column is the micro batch. Carry .whl, .hilo_cache.
+# column reads 1x32 (rows per micro step x micro steps). Carry .whl, .hilo_cache.
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | tail -1
 export PYTHONPATH=/tmp/site HILO_CACHE=$PWD/.hilo_cache WANDB_MODE=disabled
 T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }

@@ -99,3 +99,11 @@ def test_overrides_anywhere_and_unknown_models():
     assert args.overrides == ["trainer.grad_accum=32", "model.x=1"]
     with pytest.raises(SystemExit):
         tt.parse_args(["--models", "mamba3"])
+
+
+def test_accumulation_shows_in_the_batch_column():
+    row = {"model": "mamba2", "size": "760m", "seq_len": 16384, "batch_size": 1, "grad_accum": 32, "status": "ok",
+           "tokens_per_s": 1000.0, "mfu": None, "mem_peak_gib": 1.0, "step_ms": 10.0, "final_loss": 1.0,
+           "compiled": True, **{f"{p}_frac": 0.1 for p in tt.PHASES}}
+    assert "| mamba2 | 760m | 16384 | 1x32 | 1,000 |" in tt.table([row])
+    assert "| mamba2 | 760m | 16384 | 1 | 1,000 |" in tt.table([{**row, "grad_accum": 1}])
