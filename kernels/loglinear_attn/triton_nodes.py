@@ -190,14 +190,9 @@ def _read_fwd(q, g, lam, nodes, rf, read_list, n_read, o, chunks, scale, NL,
               BV: tl.constexpr, NJP: tl.constexpr, LEV0: tl.constexpr, HAS_G: tl.constexpr, LOWP: tl.constexpr,
               PREC: tl.constexpr):
     i_v, i_r, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    base, lo, hi = _chunk_rows(chunks, i_r)
-    o_t = base + tl.arange(0, C)
-    m_t = (o_t >= lo) & (o_t < hi)
-    o_k = tl.arange(0, BK)
+    o_t, m_t, o_k, m_tk, gc, gl = _row(chunks, g, i_r, i_h, H, K, C, BK, HAS_G)
     o_v = i_v * BV + tl.arange(0, BV)
-    gc, gl = _chunk_gate(g, o_t, m_t, i_h, H, C, HAS_G)
-    qb = tl.load(q + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K),
-                 other=0.0)
+    qb = tl.load(q + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
     acc = tl.zeros([C, BV], dtype=tl.float32)
     for i in range(tl.load(n_read + i_r)):
         jj = tl.load(read_list + (i_r * NJP + i) * 2)
