@@ -31,6 +31,7 @@ class HiloCache:
         self.seen_tokens = 0
         self._kv_buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> (key, value) storage
         self.step_prepared = False  # prepare_step ran for the coming forward (cleared by advance)
+        self.step_index = None  # [1] long on the KV buffers' device: the prepared step's position
 
     @classmethod
     def from_config(cls, config) -> "HiloCache":
@@ -56,10 +57,7 @@ class HiloCache:
         slot = self.layers[layer_idx]
         past = slot["key"].shape[1] if "key" in slot else 0
         total = past + key.shape[1]
-        if self.step_prepared and layer_idx in self._kv_buffers:
-            buffers = self._kv_buffers[layer_idx]  # prepare_step made room on the host before the step
-        else:
-            buffers = self._grow_kv(layer_idx, key, value, total)
+        buffers = self._grow_kv(layer_idx, key, value, total)
         buffers[0][:, past:total] = key
         buffers[1][:, past:total] = value
         slot["key"], slot["value"] = buffers[0][:, :total], buffers[1][:, :total]
@@ -76,7 +74,8 @@ class HiloCache:
             capacity = max(total, 2 * (buffers[0].shape[1] if buffers is not None else 0), 64)
             grown = []
             for name, new in (("key", key), ("value", value)):
-                buf = new.new_empty(new.shape[0], capacity, *new.shape[2:])
+                # zeros, not empty: a prepared step reads whole buffers, and 0 x NaN from unused memory is NaN
+                buf = new.new_zeros(new.shape[0], capacity, *new.shape[2:])
                 if past:
                     buf[:, :past] = slot[name]
                 grown.append(buf)
@@ -84,17 +83,30 @@ class HiloCache:
         return buffers
 
     def prepare_step(self, total_tokens: int) -> None:
-        """Before a forward that ends at total_tokens (host code, run ahead of a compiled decoding step): KV caches
-        that hold tokens make room for them and per-level (log-linear) states grow to the levels those positions
-        reach, so the step itself only writes into buffers and never branches on the position or on storage."""
+        """Before a single-token forward that ends at total_tokens (host code, run ahead of a compiled decoding
+        step): KV caches make room for the token and their slots already show it (the step writes it through
+        write_kv_step), and per-level (log-linear) states grow to the levels that position reaches. The step itself
+        then only writes into buffers and reads whole ones: its shapes change only when a buffer doubles, never
+        with the position, and it never branches on storage."""
+        self.step_index = None
         for layer_idx, slot in enumerate(self.layers):
             if "key" in slot:
-                buffers = self._grow_kv(layer_idx, slot["key"][:, :1], slot["value"][:, :1], total_tokens)
-                # their lengths change every step (the buffers' at doublings): compile them as sizes, not constants
-                for t in (slot["key"], slot["value"]):
-                    torch._dynamo.maybe_mark_dynamic(t, 1)
+                key_buf, value_buf = self._grow_kv(layer_idx, slot["key"][:, :1], slot["value"][:, :1], total_tokens)
+                slot["key"], slot["value"] = key_buf[:, :total_tokens], value_buf[:, :total_tokens]
+                if self.step_index is None:  # made on the device by a kernel: no host-to-device copy, no sync
+                    self.step_index = torch.full((1,), total_tokens - 1, dtype=torch.long, device=key_buf.device)
         grow_cached_levels(self, total_tokens)
         self.step_prepared = True
+
+    def write_kv_step(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor):
+        """In a prepared step (prepare_step): write key/value [B, 1, Hkv, D] at the step's position of layer
+        layer_idx's buffers; return the whole buffers [B, capacity, Hkv, D] and visible [capacity] (bool, True for
+        positions up to the step's). Attention over the buffers with that key mask is attention over the cache."""
+        key_buf, value_buf = self._kv_buffers[layer_idx]
+        key_buf.index_copy_(1, self.step_index, key)
+        value_buf.index_copy_(1, self.step_index, value)
+        visible = torch.arange(key_buf.shape[1], device=key_buf.device) <= self.step_index
+        return key_buf, value_buf, visible
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Number of tokens already processed (the position of the next token)."""

@@ -154,7 +154,8 @@ class HiloModel(HiloPreTrainedModel):
         if position_ids is None:
             position_ids = torch.arange(past, past + t, device=hidden.device).unsqueeze(0).expand(b, t)
         all_hidden = [] if output_hidden_states else None
-        if (self._decode_step is not None and cache is not None and t == 1 and cu_seqlens is None
+        # compiled single-token steps continue a cache (the first token, with empty slots, runs eagerly)
+        if (self._decode_step is not None and cache is not None and past > 0 and t == 1 and cu_seqlens is None
                 and all_hidden is None and not torch.is_grad_enabled()):
             cache.prepare_step(past + t)
             try:

@@ -60,6 +60,19 @@ def _check_inputs(q, k, v, causal, cu_seqlens) -> list[int] | None:
     return bounds
 
 
+def _check_key_mask(key_mask, q, k, causal, cu_seqlens) -> None:
+    if not isinstance(key_mask, torch.Tensor) or key_mask.dtype != torch.bool or key_mask.shape != (k.shape[1],):
+        got = f"{key_mask.dtype} {tuple(key_mask.shape)}" if isinstance(key_mask, torch.Tensor) else type(key_mask)
+        raise ValueError(f"softmax_attn: key_mask must be a bool tensor [Tk={k.shape[1]}], got {got}")
+    if key_mask.device != k.device:
+        raise ValueError(f"softmax_attn: key_mask is on {key_mask.device}, k on {k.device}")
+    if cu_seqlens is not None:
+        raise ValueError("softmax_attn: key_mask (a preallocated cache) cannot be combined with cu_seqlens")
+    if causal and q.shape[1] != 1:
+        raise ValueError(f"softmax_attn: key_mask with causal=True takes one query (a decoding step), got Tq="
+                         f"{q.shape[1]}; pass the filled keys without key_mask, or causal=False")
+
+
 def softmax_attn(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -69,6 +82,7 @@ def softmax_attn(
     causal: bool = True,
     cu_seqlens: torch.Tensor | None = None,
     backend: str | None = None,
+    key_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """o = softmax(scale * q k^T + mask) v, per head; returns o [B, Tq, H, D] in q's dtype.
 
@@ -76,21 +90,30 @@ def softmax_attn(
     scale defaults to D ** -0.5. causal: query i sees keys j <= Tk - Tq + i (bottom-right alignment, so a
     decoding step with a KV cache sees the whole cache). cu_seqlens: int tensor [N+1] of document boundaries
     with B == 1 and Tq == Tk; no query attends to a key of another document.
+    key_mask: bool [Tk], True for the keys that hold tokens (a preallocated KV cache whose first positions are
+    filled: the compiled decoding step reads whole buffers). With causal=True it needs Tq == 1 (bottom-right
+    alignment would place several queries at the buffer's end, not after its filled prefix). Backend sdpa or
+    naive (None picks sdpa).
     backend: "flash", "sdpa" or "naive"; None picks flash when importable on CUDA with fp16/bf16 inputs and
     D <= 256, else sdpa.
     """
     bounds = _check_inputs(q, k, v, causal, cu_seqlens)
     if scale is None:
         scale = q.shape[-1] ** -0.5
+    if key_mask is not None:
+        _check_key_mask(key_mask, q, k, causal, cu_seqlens)
+        if backend == "flash":
+            raise ValueError("softmax_attn: key_mask needs backend 'sdpa' or 'naive' (flash_attn takes no key mask)")
+        backend = backend or "sdpa"
     if backend is None:
         use_flash = (
             q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256 and flash_available()
         )
         backend = "flash" if use_flash else "sdpa"
     if backend == "naive":
-        return softmax_attn_naive(q, k, v, scale, causal, bounds)
+        return softmax_attn_naive(q, k, v, scale, causal, bounds, key_mask)
     if backend == "sdpa":
-        return softmax_attn_sdpa(q, k, v, scale, causal, bounds)
+        return softmax_attn_sdpa(q, k, v, scale, causal, bounds, key_mask)
     if backend == "flash":
         if not flash_available():
             raise RuntimeError("softmax_attn: backend='flash' needs the flash_attn package; install it or use "

@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
-    """One dense call on [B, T, H, D] tensors with bottom-right causal alignment."""
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool,
+          key_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """One dense call on [B, T, H, D] tensors with bottom-right causal alignment (and key_mask [Tk], if any)."""
     tq, tk = q.shape[1], k.shape[1]
     mask = None
     is_causal = False
@@ -21,6 +22,8 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causa
         j = torch.arange(tk, device=q.device)[None, :]
         mask = j <= i + (tk - tq)
     # causal with tq == 1: the single (last) query sees all keys, no mask needed.
+    if key_mask is not None:  # with causal, Tq == 1 (softmax_attn checks): no causal mask to combine
+        mask = key_mask[None, :]  # SDPA takes [Tq, Tk] masks
     o = F.scaled_dot_product_attention(
         q.transpose(1, 2),
         k.transpose(1, 2),
@@ -40,10 +43,11 @@ def softmax_attn_sdpa(
     scale: float,
     causal: bool,
     doc_bounds: list[int] | None,
+    key_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same contract as softmax_attn_naive; output [B, Tq, H, D] in q's dtype."""
     if doc_bounds is None:
-        return _sdpa(q, k, v, scale, causal)
+        return _sdpa(q, k, v, scale, causal, key_mask)
     outs = [
         _sdpa(q[:, a:b], k[:, a:b], v[:, a:b], scale, causal)
         for a, b in zip(doc_bounds[:-1], doc_bounds[1:])

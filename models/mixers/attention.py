@@ -49,6 +49,13 @@ class AttentionMixer(nn.Module):
         v = self.v_proj(x()).view(b, t, self.num_kv_heads, self.head_dim)
         tables = rope_tables(position_ids, self.head_dim, self.rope_theta)
         q, k = rotate(q, tables), rotate(k, tables)
+        if cache is not None and cache.step_prepared:
+            # a compiled decoding step (HiloCache.prepare_step): attend over the whole preallocated buffers with a
+            # mask, so the step's shapes do not change with the position
+            k, v, visible = cache.write_kv_step(self.layer_idx, k, v)
+            o = softmax_attn(q, k, v, causal=True, key_mask=visible,
+                             backend="naive" if self.backend == "naive" else "sdpa")
+            return self.o_proj(o.reshape(b, t, self.num_heads * self.head_dim))
         if cache is not None:
             k, v = cache.update_kv(self.layer_idx, k, v)
         o = softmax_attn(q, k, v, causal=True, cu_seqlens=cu_seqlens, backend=self.backend)

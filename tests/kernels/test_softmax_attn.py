@@ -123,6 +123,21 @@ def test_cached_queries_align_bottom_right(tq, tk):
         assert err_ratio(softmax_attn(q, k, v, backend=backend), full[:, tk - tq:]) <= 1e-4
 
 
+@pytest.mark.parametrize("tq,causal", [(1, True), (3, False)])
+def test_key_mask_reads_the_filled_prefix_of_a_buffer(tq, causal):
+    """key_mask (a preallocated KV cache, HiloCache.write_kv_step): attention over a 32-slot buffer whose first 21
+    slots hold keys equals attention over those 21 keys, whatever the other slots hold."""
+    q, k, v = make(2, tq, 21, 4, 2, 16, seed=12)
+    ref = loop_reference(q, k, v, causal=causal)
+    k_buf, v_buf = (torch.cat([t, 50.0 * torch.randn(2, 11, 2, 16)], dim=1) for t in (k, v))
+    visible = torch.arange(32) < 21
+    for backend in ("naive", "sdpa", None):
+        out = softmax_attn(q, k_buf, v_buf, causal=causal, key_mask=visible, backend=backend)
+        assert err_ratio(out, ref) <= 1e-5, backend
+    # the mask matters: without it the queries see the other slots
+    assert err_ratio(softmax_attn(q, k_buf, v_buf, causal=causal, backend="sdpa"), ref) > 1e-2
+
+
 def test_low_precision_inputs_return_their_dtype():
     q, k, v = make(1, 19, 19, 4, 2, 32, seed=9)
     ref = softmax_attn(q, k, v, backend="naive")
@@ -170,6 +185,16 @@ def test_bad_inputs_raise_clear_errors():
         softmax_attn(q, k, v, cu_seqlens=torch.tensor([0, 5, 3, 8]))
     with pytest.raises(TypeError, match="1-D int32/int64"):
         softmax_attn(q, k, v, cu_seqlens=torch.tensor([0.0, 8.0]))
+    with pytest.raises(ValueError, match=r"key_mask must be a bool tensor \[Tk=8\]"):
+        softmax_attn(q[:, :1], k, v, key_mask=torch.ones(8))
+    with pytest.raises(ValueError, match=r"key_mask must be a bool tensor \[Tk=8\]"):
+        softmax_attn(q[:, :1], k, v, key_mask=torch.ones(7, dtype=torch.bool))
+    with pytest.raises(ValueError, match="takes one query"):
+        softmax_attn(q, k, v, key_mask=torch.ones(8, dtype=torch.bool))
+    with pytest.raises(ValueError, match="cannot be combined with cu_seqlens"):
+        softmax_attn(q, k, v, key_mask=torch.ones(8, dtype=torch.bool), cu_seqlens=torch.tensor([0, 8]))
+    with pytest.raises(ValueError, match="key_mask needs backend 'sdpa' or 'naive'"):
+        softmax_attn(q[:, :1], k, v, key_mask=torch.ones(8, dtype=torch.bool), backend="flash")
     with pytest.raises(ValueError, match="unknown backend"):
         softmax_attn(q, k, v, backend="cudnn")
     with pytest.raises((RuntimeError, ValueError), match="flash"):
