@@ -19,6 +19,8 @@ and backward); the prior levels of an initial state run through the same scan ke
 matrices per chunk and head in the inputs' dtype (the backward needs them for dW and dKd).
 """
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -38,7 +40,26 @@ from kernels.loglinear_attn.triton_fwd import (
 )
 
 from .chunk import delta_wy_pieces
+from .level_nodes import DeltaLevelNodesFunction
 from .triton_fwd import _scan_masks, _scan_program, delta_level_scan_fwd, dot_precision, scan_launches
+
+# How the chunk levels run: "scan" (the Triton level scan above and in triton_fwd) or "nodes" (level_nodes: a tree of
+# aligned chunk blocks in batched matmuls, the same values). HILO_LOGLINEAR_DELTA="form=nodes" picks it; the scan
+# stays the default until the tree is timed on the H200. Priors (an initial state's levels) always take the scan.
+FORMS = ("scan", "nodes")
+OPTIONS = {"form": "scan"}
+
+
+def _read_options() -> None:
+    spec = os.environ.get("HILO_LOGLINEAR_DELTA", "").strip()
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        key, _, val = item.partition("=")
+        if key.strip() != "form" or val.strip() not in FORMS:
+            raise ValueError(f"HILO_LOGLINEAR_DELTA: expected form=scan or form=nodes, got {item!r}")
+        OPTIONS["form"] = val.strip()
+
+
+_read_options()
 
 
 @triton.jit(do_not_specialize=["NL", "NW", "ROWS", "NS", "J0"])
@@ -208,8 +229,13 @@ def loglinear_delta_rule_triton(q, k, v, beta, g, level_scales, scale, initial_s
     o = (e * lam_in) @ vc  # [H, rows, C, V]
     rfin = None
     if lay.nj:
-        inter, rfin = DeltaLevelScanFunction.apply(q_eff, w_wy, kd, decay, zcols, vc, lc, None, None, lay, 0,
-                                                   q.dtype)
+        if OPTIONS["form"] not in FORMS:
+            raise ValueError(f"loglinear_delta_rule OPTIONS['form'] = {OPTIONS['form']!r}; expected one of {FORMS}")
+        if OPTIONS["form"] == "nodes":
+            inter, rfin = DeltaLevelNodesFunction.apply(q_eff, w_wy, kd, decay, zcols, vc, lc, lay, q.dtype)
+        else:
+            inter, rfin = DeltaLevelScanFunction.apply(q_eff, w_wy, kd, decay, zcols, vc, lc, None, None, lay, 0,
+                                                       q.dtype)
         o = o + inter
     has_prior = initial_state is not None and any(p > 0 for p in starts)
     pfin = None

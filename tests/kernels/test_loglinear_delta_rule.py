@@ -257,3 +257,39 @@ def test_input_errors():
         loglinear_delta_rule(*args, x["lam"], initial_state=late)
     with pytest.raises(ValueError, match="state.levels must be"):
         loglinear_delta_rule_step(*(x[n][:, 0] for n in NAMES), LogLinearState.empty(1, H, DK, DV + 1))
+
+
+# The chunk levels as a block tree (kernels/loglinear_delta_rule/level_nodes.py, HILO_LOGLINEAR_DELTA=form=nodes):
+# T = 837 ends in chunk 13 (four chunk levels, blocks of 1..8 chunks); the long document of the varlen case starts at
+# chunk 3 of its prior, so blocks are clipped at several levels. Without a prior no Triton kernel runs.
+@pytest.fixture
+def nodes_form(monkeypatch):
+    from kernels.loglinear_delta_rule import triton_bwd
+
+    monkeypatch.setitem(triton_bwd.OPTIONS, "form", "nodes")
+
+
+@pytest.mark.parametrize("t,decay,unit_k", [(64, "zero", True), (75, "strong", False), (300, "mid", True),
+                                            (64 * 13 + 5, "weak", True)])
+def test_level_nodes_match_definition(nodes_form, t, decay, unit_k):
+    x = make(2, t, seed=t, decay=decay, unit_k=unit_k)
+    ref = run("quadratic" if t < 500 else "torch", x, dtype=torch.float64)
+    assert_close(run("triton", x), ref, f"nodes T={t}")
+
+
+@pytest.mark.parametrize("with_prior", [False, pytest.param(True, marks=triton_only)])
+def test_level_nodes_varlen_with_clipped_blocks(nodes_form, with_prior):
+    lengths = [1, 15, 0, 75, 1, 130, 900]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    x = make(1, int(cu[-1]), seed=7, nl=num_levels(900 + 300))
+    prior = prior_state([0, 5, 3, 64, 100, 130, 200], nl=x["lam"].shape[-1], seed=8) if with_prior else None
+    ref = run("torch", x, cu=cu, init=prior, dtype=torch.float64)
+    assert_close(run("triton", x, cu=cu, init=prior), ref, f"nodes varlen prior={with_prior}")
+
+
+def test_level_nodes_form_option_errors(monkeypatch):
+    from kernels.loglinear_delta_rule import triton_bwd
+
+    monkeypatch.setenv("HILO_LOGLINEAR_DELTA", "form=tree")
+    with pytest.raises(ValueError, match="expected form=scan or form=nodes"):
+        triton_bwd._read_options()
