@@ -76,6 +76,10 @@ class HiloCache:
             for name, new in (("key", key), ("value", value)):
                 # zeros, not empty: a prepared step reads whole buffers, and 0 x NaN from unused memory is NaN
                 buf = new.new_zeros(new.shape[0], capacity, *new.shape[2:])
+                # written in place by compiled steps: a fixed address lets CUDA graphs (compile_decoding's
+                # "reduce-overhead") keep them instead of skipping graphs with mutated inputs; a new buffer (a
+                # doubling) re-records, it does not recompile (guard=False)
+                torch._dynamo.mark_static_address(buf, guard=False)
                 if past:
                     buf[:, :past] = slot[name]
                 grown.append(buf)
@@ -118,10 +122,20 @@ class HiloCache:
         self.step_prepared = False
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Select batch rows beam_idx in every state (beam search)."""
-        for slot in self.layers:
+        """Select batch rows beam_idx in every state (beam search). KV buffers are reordered in place (their
+        addresses stay, so CUDA graphs of compiled decoding steps replay instead of re-recording)."""
+        for layer_idx, slot in enumerate(self.layers):
+            buffers = self._kv_buffers.get(layer_idx)
+            in_place = (buffers is not None and buffers[0].shape[0] == len(beam_idx)
+                        and _is_prefix_view(slot.get("key"), buffers[0])
+                        and _is_prefix_view(slot.get("value"), buffers[1]))
             for name, t in slot.items():
+                if in_place and name in ("key", "value"):
+                    continue
                 slot[name] = t.index_select(0, beam_idx.to(t.device))
+            if in_place:
+                for buf in buffers:
+                    buf.copy_(buf.index_select(0, beam_idx.to(buf.device)))
 
     def state_bytes(self) -> int:
         """Bytes of every tensor in every slot (numel * element size): the decoding state the cache holds, the

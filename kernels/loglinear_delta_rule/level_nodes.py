@@ -130,7 +130,7 @@ def _forward(tree: BlockTree, q_eff, lam, ns, ts, nseq, values: bool = True):
     h, rows, c, k = q_eff.shape
     dv = ns[0].shape[-1]
     out = q_eff.new_zeros(h, rows, c, dv)
-    q = q_eff
+    q = q_eff.clone()  # updated in place level by level (no autograd here: the Function has its own backward)
     chain = []
     for j in range(tree.nj):
         rsel, node = tree.reads[j]
@@ -140,7 +140,7 @@ def _forward(tree: BlockTree, q_eff, lam, ns, ts, nseq, values: bool = True):
         if values and w is not None and len(rsel):
             out[:, rsel] += w[:, rsel, :, None] * (qj @ ns[j][:, node])
         if len(rsel):
-            q = q.index_copy(1, rsel, qj @ ts[j][:, node])
+            q.index_copy_(1, rsel, qj @ ts[j][:, node])
     final = q_eff.new_zeros(nseq, h, tree.nj, k, dv)
     x = ts[0][:, tree.last_rows]  # [H, N, K, K]: the last chunk's own transition
     xs = []
@@ -151,7 +151,7 @@ def _forward(tree: BlockTree, q_eff, lam, ns, ts, nseq, values: bool = True):
         if values and len(seqs):
             final[seqs, :, j] = (xj @ ns[j][:, node]).transpose(0, 1)
         if len(seqs):
-            x = x.index_copy(1, seqs, xj @ ts[j][:, node])
+            x.index_copy_(1, seqs, xj @ ts[j][:, node])
     return out, final, chain, xs
 
 
@@ -198,7 +198,7 @@ class DeltaLevelNodesFunction(torch.autograd.Function):
                         dns[j].index_add_(1, node, qj.transpose(-1, -2) @ dw)
                         dqj = dqj + dw @ nj_.transpose(-1, -2)
                     dts[j].index_add_(1, node, dt_part)
-                    dq = dq.index_copy(1, rsel, dqj)
+                    dq.index_copy_(1, rsel, dqj)
             # the final states: F_j = X_j N_j, X_{j+1} = X_j T_j, X_0 = M_last
             if dfinal is not None:
                 dx = torch.zeros_like(ts[0][:, tree.last_rows])
@@ -210,8 +210,8 @@ class DeltaLevelNodesFunction(torch.autograd.Function):
                     dx_next = dx[:, seqs]
                     dns[j].index_add_(1, node, xj.transpose(-1, -2) @ df)
                     dts[j].index_add_(1, node, xj.transpose(-1, -2) @ dx_next)
-                    dx = dx.index_copy(1, seqs, df @ ns[j][:, node].transpose(-1, -2)
-                                       + dx_next @ ts[j][:, node].transpose(-1, -2))
+                    dx.index_copy_(1, seqs, df @ ns[j][:, node].transpose(-1, -2)
+                                   + dx_next @ ts[j][:, node].transpose(-1, -2))
                 dts[0].index_add_(1, tree.last_rows[tree.has_last], dx[:, tree.has_last])
             # the tree, top down: N = T_hi N_lo + N_hi, T = T_hi T_lo
             for j in reversed(range(1, nj)):

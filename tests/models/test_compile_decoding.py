@@ -81,13 +81,13 @@ def test_inductor_and_generate():
     assert model.model._decode_step is None
 
 
-@pytest.mark.parametrize("family", ["mamba2", "loglinear_mamba2"])
+@pytest.mark.parametrize("family", ["transformer", "mamba2", "loglinear_mamba2"])
 def test_beam_search_of_two_rows(family):
     """Beam search reorders the cache's states between steps (HiloCache.reorder_cache): the compiled steps follow
     it and give the eager beams."""
     model, _ = build(family, "tiny", 1024, [], 97, torch.device("cpu"), torch.float32)
     prompt = torch.randint(0, 97, (2, 20), generator=torch.Generator().manual_seed(3))
-    kw = dict(max_new_tokens=12, do_sample=False, num_beams=3, pad_token_id=0, eos_token_id=None)
+    kw = {"max_new_tokens": 12, "do_sample": False, "num_beams": 3, "pad_token_id": 0, "eos_token_id": None}
     eager = model.generate(prompt, **kw)
     torch._dynamo.reset()
     model.compile_decoding(backend="aot_eager")

@@ -11,7 +11,7 @@ from models import HiloConfig, HiloForCausalLM, build_model, register_mixer
 from models.mixers.attention import AttentionMixer
 
 VOCAB = 97
-TINY = dict(vocab_size=VOCAB, hidden_size=128, num_layers=4, num_heads=4)
+TINY = {"vocab_size": VOCAB, "hidden_size": 128, "num_layers": 4, "num_heads": 4}
 
 
 def tiny(seed=0, **overrides) -> HiloForCausalLM:
@@ -255,11 +255,18 @@ def test_kv_cache_appends_into_doubling_buffers():
         storages.add(full_k.untyped_storage().data_ptr())
         assert torch.equal(full_k, torch.cat(keys, 1)) and torch.equal(full_v, torch.cat(values, 1))
     assert len(storages) <= 4  # 64 -> 128 -> 280 -> (no more): amortised growth, not a copy per token
-    # a reorder (beam search) replaces the slot; later appends continue from the reordered rows
+    # a reorder (beam search) permutes the rows in place (the buffers keep their address, for CUDA graphs); later
+    # appends continue from the reordered rows
+    before = full_k.untyped_storage().data_ptr()
     cache.reorder_cache(torch.tensor([1, 0]))
+    assert torch.equal(cache[0]["key"], torch.cat(keys, 1).flip(0))
     k, v = torch.randn(2, 1, 3, 4, generator=gen), torch.randn(2, 1, 3, 4, generator=gen)
     full_k, _ = cache.update_kv(0, k, v)
     assert torch.equal(full_k, torch.cat([torch.cat(keys, 1).flip(0), k], 1))
+    assert full_k.untyped_storage().data_ptr() == before
+    # a reorder to another batch size (not beam search's) selects new rows
+    cache.reorder_cache(torch.tensor([1]))
+    assert torch.equal(cache[0]["key"], full_k[1:])
 
 
 def test_padding_masks_are_refused_with_the_fix():
