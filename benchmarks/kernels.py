@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import datetime
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -233,7 +234,7 @@ def check(name: str, case: OpCase, device: str) -> list[tuple[str, str, float, f
             shape = label if variant == name else f"{label} ({variant})"
             try:
                 o, s, g = _run_with_grads(case, inputs, cu, backend, torch.bfloat16)
-            except Exception as e:  # one failing backend (e.g. OutOfResources) must not hide the others' rows
+            except Exception as e:  # noqa: BLE001 (one failing backend, e.g. OutOfResources, must not hide the others)
                 rows.append((shape, f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:100]}", float("nan"),
                              OUT_TOL))
                 continue
@@ -297,7 +298,7 @@ def bench(ops, seqlens, tokens, heads, dim, device):
                                              return_mode="median")
                 rows.append((t, b, label, f, fb))
                 print(f"| {t} | {b} | {label} | {f:.3f} | {fb:.3f} |", flush=True)
-            except Exception as e:  # a backend missing here, or out of resources, is reported, not fatal
+            except Exception as e:  # noqa: BLE001 (a backend missing here, or out of resources, is reported, not fatal)
                 rows.append((t, b, label, float("nan"), float("nan")))
                 print(f"  {label} T={t}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
             torch.cuda.empty_cache()
@@ -316,11 +317,19 @@ def profile(ops, seqlen, tokens, heads, dim, device):
         for _ in range(3):
             fwd_bwd()
         torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(5):
+            fwd_bwd()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - start) / 5 * 1e3
         with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(5):
                 fwd_bwd()
             torch.cuda.synchronize()
-        print(f"{label} T={seqlen} B={b}: CUDA time per kernel over 5 forward+backward calls")
+        # kernel time well under the wall time: the call is bound by the host (launches, syncs), not the GPU
+        busy = sum(e.self_device_time_total for e in prof.key_averages()) / 5 / 1e3
+        print(f"{label} T={seqlen} B={b}: wall {wall:.2f} ms per forward+backward, GPU kernels {busy:.2f} ms; "
+              f"CUDA time per kernel over 5 calls")
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15))
 
 

@@ -22,6 +22,9 @@ done
 cp benchmarks/RESULTS.md $OUT/n/RESULTS.md
 HILO_LOGLINEAR_DELTA=form=nodes timeout 60 python benchmarks/kernels.py --ops loglinear_delta_rule --skip-check \
   --skip-bench --profile 16384 > /tmp/p.log 2>&1; echo "profile rc=$?" >> $L; tail -25 /tmp/p.log >> $L
+el "1c. loglinear_attn profile at 4K (7.46 ms vs cuDNN 4.00; nearly flat from 1K to 16K: what does not scale?)" | tee -a $L
+timeout 60 python benchmarks/kernels.py --ops loglinear_attn --skip-check --skip-bench --profile 4096 > /tmp/p4.log 2>&1
+echo "profile 4K rc=$?" >> $L; tail -25 /tmp/p4.log >> $L
 el "2. compiled decoding" | tee -a $L
 for mode in "" reduce-overhead; do
   timeout 130 python benchmarks/decode.py --contexts 1024 32768 --families transformer mamba2 hla_transformer \
