@@ -49,11 +49,13 @@ from triton.runtime.jit import JITFunction
 import kernels.delta_rule.triton_bwd
 import kernels.hla.triton_fused
 import kernels.linear_attn.triton_bwd  # noqa: F401
+import kernels.short_conv.triton  # noqa: F401
 from kernels import delta_rule, linear_attn, loglinear_attn, loglinear_delta_rule
 from kernels.hla import ahla, hla2
 from kernels.loglinear_attn import LogLinearState, num_levels
 from kernels.loglinear_attn.triton_bwd import loglinear_attn_triton
 from kernels.loglinear_delta_rule.triton_bwd import loglinear_delta_rule_triton
+from kernels.short_conv.triton import short_conv_triton
 
 # kernels.common.precision.autocast_off asks torch about autocast on the inputs' device, which "meta" is not: call
 # the undecorated functions (functools.wraps keeps them as __wrapped__)
@@ -216,11 +218,23 @@ def call_hla_fused(dk, dv, dtype, b, t, h):
         _backward(o, list(st))
 
 
-# linear_attn, delta_rule and hla copy host data out of their inputs: they run on small CPU tensors (T = 256; their tiles
-# do not depend on T), the log-linear families on meta tensors at the full T
-ON_CPU = {"linear_attn", "delta_rule", "hla_fused"}
+def call_short_conv(dk, dv, dtype, b, t, h):
+    """C = H * K channels, K = 4 taps, with a bias and an initial state, SiLU; then packed documents."""
+    c = h * dk
+    x, w, bias, st = _leaf(b, t, c, dtype=dtype), _leaf(c, 4, dtype=torch.float32), _leaf(c, dtype=torch.float32), \
+        _leaf(b, c, 3, dtype=dtype)
+    _backward(short_conv_triton(x, w, bias, st, None, True), [])
+    cu = torch.tensor([0, t // 3, t], device=x.device)
+    _backward(short_conv_triton(x[:1], w, bias, None, cu, False), [])
+
+
+# linear_attn, delta_rule, hla and short_conv copy host data out of their inputs (short_conv: a custom op, which on meta
+# tensors would run its fake instead): they run on small CPU tensors (T = 256; their tiles do not depend on T), the
+# log-linear families on meta tensors at the full T
+ON_CPU = {"linear_attn", "delta_rule", "hla_fused", "short_conv"}
 FAMILIES = {"linear_attn": call_linear_attn, "delta_rule": call_delta_rule, "loglinear_attn": call_loglinear_attn,
-            "loglinear_delta_rule": call_loglinear_delta_rule, "hla_fused": call_hla_fused}
+            "loglinear_delta_rule": call_loglinear_delta_rule, "hla_fused": call_hla_fused,
+            "short_conv": call_short_conv}
 
 
 def collect(family, dk, dv, dtype, b, t, h):

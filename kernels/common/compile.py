@@ -9,7 +9,8 @@ operators' Python never becomes part of a graph, whatever they take or return.
 `compile_safe_operators()` maps each public operator of kernels (kernels.__all__) to the callable a compiled model
 should hold instead: the recurrent families (linear_attn, delta_rule, loglinear_*, hla2/ahla/hla3) always opaque;
 softmax_attn traced (SDPA is one node of the graph) unless it gets cu_seqlens, whose per-document loop reads the
-boundaries on the host (opaque then, so no graph specialises on them). `make_opaque_in(namespace)` swaps those
+boundaries on the host (opaque then, so no graph specialises on them); short_conv always traced (its Triton path is a
+torch.library custom op). `make_opaque_in(namespace)` swaps those
 callables into a module's globals, and into the values of its module-level dicts (operator tables), so code that
 imported an operator by name calls the compile-safe one. Both are idempotent; eager results are unchanged. (Swapping
 at compile time, not decorating the entry points where they are defined, keeps eager calls free of the wrapper; a
@@ -23,6 +24,8 @@ import torch
 
 # Operators traced into the graph when called without cu_seqlens (and opaque with it).
 TRACED_WITHOUT_CU_SEQLENS = ("softmax_attn",)
+# Operators always traced: their Triton path is a torch.library custom op, one node of the graph (no break).
+ALWAYS_TRACED = ("short_conv",)
 
 _SAFE: dict[int, Callable] = {}  # id(operator) -> its compile-safe callable (one per operator, stable identity)
 
@@ -58,6 +61,8 @@ def compile_safe_operators() -> dict[int, Callable]:
     if not _SAFE:
         for name in kernels.__all__:
             fn = getattr(kernels, name)
+            if name in ALWAYS_TRACED:
+                continue
             _SAFE[id(fn)] = traced_without_cu_seqlens(fn) if name in TRACED_WITHOUT_CU_SEQLENS else \
                 opaque_to_compile(fn)
     return _SAFE

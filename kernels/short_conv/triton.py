@@ -1,0 +1,215 @@
+"""Triton kernels of the short conv (forward and backward), token-major: x [B, T, C] is read where it lies, channels
+contiguous, so no transpose or concatenation is made (ATen's conv1d wants [B, C, T] and a padded copy, and its
+depthwise backward is slow at long T). Elementwise-bound: each program computes a [BT, BC] tile from its K shifted
+input tiles; products and sums in fp32.
+
+  forward        y = act(bias + sum_j w[:, K-1-j] x_{t-j})
+  backward 1     (SiLU only) dpre = dy * silu'(pre), pre recomputed from x (nothing but x is kept)
+  backward 2     dx_t = sum_j w[:, K-1-j] dpre_{t+j} (where token t+j's tap j reaches t: same document), and per tile
+                 the partial sums of dw[:, K-1-j] = sum_t dpre_t x_{t-j} and dbias = sum_t dpre_t, added up in torch
+                 (no atomics: the same sums every run)
+The initial state's gradient (K-1 columns) is a few torch ops on dpre's first K-1 tokens.
+
+The pair is a torch.library custom op ("hilo::short_conv"), differentiable through register_autograd, so
+torch.compile keeps a block with a short conv as one graph (the op is one node) instead of breaking around it.
+"""
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .naive import positions_in_documents
+
+# [32, 64] tiles: 64-208 registers and no spills on sm_90 (Triton 3.6, benchmarks/triton_resources.py); [32, 128]
+# spills with an initial state, [64, 128] everywhere (64-bit pointer tiles)
+BT, BC = 32, 64
+
+
+@triton.jit
+def _tap(x, state, pos, i_b, o_t, o_c, m_c, lag, T, C: tl.constexpr, K: tl.constexpr, HAS_STATE: tl.constexpr,
+         VARLEN: tl.constexpr):
+    """x_{t - lag} on the tile (fp32): from x inside t's document, from the state before the first token, else 0."""
+    src = o_t - lag
+    m_t = o_t < T
+    if VARLEN:
+        ok = m_t & (tl.load(pos + o_t, mask=m_t, other=0) >= lag)
+    else:
+        ok = m_t & (src >= 0)
+    val = tl.load(x + (i_b * T + src[:, None]).to(tl.int64) * C + o_c[None, :], mask=ok[:, None] & m_c[None, :],
+                  other=0.0).to(tl.float32)
+    if HAS_STATE:
+        m_s = m_t & (src < 0)
+        val += tl.load(state + (i_b * C + o_c[None, :]).to(tl.int64) * (K - 1) + (K - 1 + src)[:, None],
+                       mask=m_s[:, None] & m_c[None, :], other=0.0).to(tl.float32)
+    return val
+
+
+@triton.jit
+def _pre(x, w, bias, state, pos, i_b, o_t, o_c, m_c, T, C: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+         BC: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, VARLEN: tl.constexpr):
+    """bias + sum_j w[:, K-1-j] x_{t-j} on the tile, fp32."""
+    acc = tl.zeros([BT, BC], dtype=tl.float32)
+    for lag in tl.static_range(K):
+        wj = tl.load(w + o_c * K + (K - 1 - lag), mask=m_c, other=0.0).to(tl.float32)
+        acc += wj[None, :] * _tap(x, state, pos, i_b, o_t, o_c, m_c, lag, T, C, K, HAS_STATE, VARLEN)
+    if HAS_BIAS:
+        acc += tl.load(bias + o_c, mask=m_c, other=0.0).to(tl.float32)[None, :]
+    return acc
+
+
+@triton.jit(do_not_specialize=["T"])
+def _short_conv_fwd(x, w, bias, state, pos, y, T, C: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                    BC: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, VARLEN: tl.constexpr,
+                    SILU: tl.constexpr):
+    i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_t = i_t * BT + tl.arange(0, BT)
+    o_c = i_c * BC + tl.arange(0, BC)
+    m_c = o_c < C
+    acc = _pre(x, w, bias, state, pos, i_b, o_t, o_c, m_c, T, C, K, BT, BC, HAS_BIAS, HAS_STATE, VARLEN)
+    if SILU:
+        acc = acc * tl.sigmoid(acc)
+    tl.store(y + (i_b * T + o_t[:, None]).to(tl.int64) * C + o_c[None, :], acc.to(y.dtype.element_ty),
+             mask=(o_t < T)[:, None] & m_c[None, :])
+
+
+@triton.jit(do_not_specialize=["T"])
+def _short_conv_dpre(x, w, bias, state, pos, dy, dpre, T, C: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                     BC: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, VARLEN: tl.constexpr):
+    """dpre = dy * silu'(pre) = dy * s (1 + pre (1 - s)), s = sigmoid(pre)."""
+    i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_t = i_t * BT + tl.arange(0, BT)
+    o_c = i_c * BC + tl.arange(0, BC)
+    m_c = o_c < C
+    pre = _pre(x, w, bias, state, pos, i_b, o_t, o_c, m_c, T, C, K, BT, BC, HAS_BIAS, HAS_STATE, VARLEN)
+    off = (i_b * T + o_t[:, None]).to(tl.int64) * C + o_c[None, :]
+    m = (o_t < T)[:, None] & m_c[None, :]
+    s = tl.sigmoid(pre)
+    g = tl.load(dy + off, mask=m, other=0.0).to(tl.float32)
+    tl.store(dpre + off, g * s * (1.0 + pre * (1.0 - s)), mask=m)
+
+
+@triton.jit(do_not_specialize=["T", "NT"])
+def _short_conv_bwd(x, w, state, pos, dpre, dx, dw_part, db_part, T, NT, C: tl.constexpr, K: tl.constexpr,
+                    BT: tl.constexpr, BC: tl.constexpr, HAS_STATE: tl.constexpr, VARLEN: tl.constexpr):
+    i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_t = i_t * BT + tl.arange(0, BT)
+    o_c = i_c * BC + tl.arange(0, BC)
+    m_c = o_c < C
+    m_t = o_t < T
+    # dx_t: every later token t + lag whose tap lag reads x_t (inside the same document)
+    acc = tl.zeros([BT, BC], dtype=tl.float32)
+    for lag in tl.static_range(K):
+        tt = o_t + lag
+        ok = tt < T
+        if VARLEN:
+            ok = ok & (tl.load(pos + tt, mask=ok, other=0) >= lag)
+        d = tl.load(dpre + (i_b * T + tt[:, None]).to(tl.int64) * C + o_c[None, :], mask=ok[:, None] & m_c[None, :],
+                    other=0.0).to(tl.float32)
+        acc += tl.load(w + o_c * K + (K - 1 - lag), mask=m_c, other=0.0).to(tl.float32)[None, :] * d
+    tl.store(dx + (i_b * T + o_t[:, None]).to(tl.int64) * C + o_c[None, :], acc.to(dx.dtype.element_ty),
+             mask=m_t[:, None] & m_c[None, :])
+    # this tile's parts of dw and dbias
+    d_own = tl.load(dpre + (i_b * T + o_t[:, None]).to(tl.int64) * C + o_c[None, :],
+                    mask=m_t[:, None] & m_c[None, :], other=0.0).to(tl.float32)
+    part = (i_b * NT + i_t).to(tl.int64)
+    for lag in tl.static_range(K):
+        tap = _tap(x, state, pos, i_b, o_t, o_c, m_c, lag, T, C, K, HAS_STATE, VARLEN)
+        tl.store(dw_part + (part * K + (K - 1 - lag)) * C + o_c, tl.sum(d_own * tap, 0), mask=m_c)
+    tl.store(db_part + part * C + o_c, tl.sum(d_own, 0), mask=m_c)
+
+
+def _flags(weight, bias, state, pos):
+    return {"K": weight.shape[1], "HAS_STATE": state is not None and weight.shape[1] > 1, "VARLEN": pos is not None}
+
+
+@torch.library.custom_op("hilo::short_conv", mutates_args=())
+def _short_conv_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],  # noqa: UP045 (schema)
+                   state: Optional[torch.Tensor], pos: Optional[torch.Tensor], silu: bool) -> torch.Tensor:  # noqa: UP045
+    b, t, c = x.shape
+    y = torch.empty_like(x)
+    if t:
+        _short_conv_fwd[(triton.cdiv(t, BT), triton.cdiv(c, BC), b)](
+            x, weight, bias if bias is not None else weight, state if state is not None else x,
+            pos if pos is not None else x, y, t, C=c, BT=BT, BC=BC, HAS_BIAS=bias is not None, SILU=silu,
+            **_flags(weight, bias, state, pos), num_warps=4)
+    return y
+
+
+@_short_conv_op.register_fake
+def _(x, weight, bias, state, pos, silu):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("hilo::short_conv_backward", mutates_args=())
+def _short_conv_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                            bias: Optional[torch.Tensor], state: Optional[torch.Tensor],  # noqa: UP045
+                            pos: Optional[torch.Tensor], silu: bool  # noqa: UP045
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dweight, dbias, dstate); dbias is zeros [C] without a bias, dstate empty without a state."""
+    b, t, c = x.shape
+    k = weight.shape[1]
+    grid = (triton.cdiv(t, BT), triton.cdiv(c, BC), b)
+    flags = _flags(weight, bias, state, pos)
+    state_arg, pos_arg = (state if state is not None else x), (pos if pos is not None else x)
+    dy = dy.contiguous()
+    if silu and t:
+        dpre = torch.empty(b, t, c, device=x.device, dtype=torch.float32)
+        _short_conv_dpre[grid](x, weight, bias if bias is not None else weight, state_arg, pos_arg, dy, dpre, t,
+                               C=c, BT=BT, BC=BC, HAS_BIAS=bias is not None, **flags, num_warps=4)
+    else:
+        dpre = dy
+    nt = triton.cdiv(t, BT)
+    dx = torch.empty_like(x)
+    dw_part = torch.zeros(b * nt, k, c, device=x.device, dtype=torch.float32)
+    db_part = torch.zeros(b * nt, c, device=x.device, dtype=torch.float32)
+    if t:
+        _short_conv_bwd[grid](x, weight, state_arg, pos_arg, dpre, dx, dw_part, db_part, t, nt, C=c, BT=BT, BC=BC,
+                              **flags, num_warps=4)
+    dweight = dw_part.sum(0).t().contiguous().to(weight.dtype)
+    dbias = db_part.sum(0).to(bias.dtype if bias is not None else torch.float32)
+    if state is None:
+        return dx, dweight, dbias, x.new_empty(0)
+    # state column i is input position i - (K-1): tap lag of token i - (K-1) + lag reads it
+    dstate = torch.zeros(b, c, k - 1, device=x.device, dtype=torch.float32)
+    w = weight.float()
+    for i in range(k - 1):
+        for lag in range(k):
+            tok = i - (k - 1) + lag
+            if 0 <= tok < t:
+                dstate[:, :, i] += w[:, k - 1 - lag] * dpre[:, tok].float()
+    return dx, dweight, dbias, dstate.to(state.dtype)
+
+
+@_short_conv_backward_op.register_fake
+def _(dy, x, weight, bias, state, pos, silu):
+    c = x.shape[2]
+    dstate = x.new_empty(0) if state is None else torch.empty_like(state)
+    return torch.empty_like(x), torch.empty_like(weight), x.new_empty(c, dtype=bias.dtype if bias is not None
+                                                                      else torch.float32), dstate
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, state, pos, silu = inputs
+    ctx.save_for_backward(x, weight, bias, state, pos)
+    ctx.silu = silu
+
+
+def _backward(ctx, dy):
+    x, weight, bias, state, pos = ctx.saved_tensors
+    dx, dweight, dbias, dstate = _short_conv_backward_op(dy, x, weight, bias, state, pos, ctx.silu)
+    return dx, dweight, (dbias if bias is not None else None), (dstate if state is not None else None), None, None
+
+
+_short_conv_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def short_conv_triton(x, weight, bias, initial_state, cu_seqlens, silu):
+    """Same contract as short_conv_naive; y in x's dtype."""
+    pos = None
+    if cu_seqlens is not None:
+        pos = positions_in_documents(x.shape[1], cu_seqlens, x.device).to(torch.int32)
+    state = None if initial_state is None else initial_state.contiguous()
+    return _short_conv_op(x.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous(), state, pos,
+                          silu)

@@ -1,0 +1,133 @@
+"""kernels.short_conv: the naive oracle against a per-token loop written here, then the conv1d (torch) and Triton
+(interpreter on CPU, fp32) backends against the oracle for the output and every gradient (x, weight, bias,
+initial_state), with odd channel counts, K = 1..4, a state, packed documents and T shorter than K; the Triton op
+inside a compiled graph (one graph, same numbers); input errors."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._dynamo.testing import CompileCounterWithBackend
+
+from kernels.common import error_ratio
+from kernels.short_conv import short_conv
+
+TOL = 1e-5
+
+
+def loop_definition(x, weight, bias, state, starts, silu):
+    """y[b, t] = act(bias + sum_lag weight[:, K-1-lag] * input(t - lag)), float64, token by token."""
+    b, t, c = x.shape
+    k = weight.shape[1]
+    y = torch.zeros(b, t, c, dtype=torch.float64)
+    for i in range(t):
+        doc = max(s for s in starts if s <= i)
+        for lag in range(k):
+            src = i - lag
+            if src >= doc:
+                y[:, i] += weight[:, k - 1 - lag].double() * x[:, src].double()
+            elif doc == 0 and src < 0 and state is not None:
+                y[:, i] += weight[:, k - 1 - lag].double() * state[:, :, k - 1 + src].double()
+    if bias is not None:
+        y = y + bias.double()
+    return F.silu(y) if silu else y
+
+
+def make(b, t, c, k, bias, state, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, t, c, generator=g)
+    w = torch.randn(c, k, generator=g)
+    bb = torch.randn(c, generator=g) if bias else None
+    st = torch.randn(b, c, k - 1, generator=g) if state else None
+    return x, w, bb, st
+
+
+def run(backend, x, w, bb, st, cu, silu, dtype=torch.float32):
+    leaves = [None if z is None else z.to(dtype).requires_grad_() for z in (x, w, bb, st)]
+    y = short_conv(leaves[0], leaves[1], leaves[2], initial_state=leaves[3], cu_seqlens=cu,
+                   activation="silu" if silu else None, backend=backend)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(99)).to(dtype)
+    grads = torch.autograd.grad((y * dy).sum(), [z for z in leaves if z is not None])
+    return [y.detach(), *grads]
+
+
+CASES = [  # b, t, c, k, bias, state, documents, silu
+    (2, 37, 20, 4, True, True, None, True),
+    (1, 70, 130, 3, False, False, [0, 1, 5, 40], True),
+    (2, 5, 7, 1, True, True, None, False),
+    (1, 100, 33, 4, True, False, [0, 64], False),
+    (3, 2, 9, 4, False, True, None, True),  # T < K - 1: the state reaches every tap
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_naive_matches_loop_definition(case):
+    b, t, c, k, bias, state, docs, silu = case
+    x, w, bb, st = make(b, t, c, k, bias, state, seed=t)
+    cu = None if docs is None else torch.tensor([*docs, t])
+    y = short_conv(x.double(), w.double(), None if bb is None else bb.double(),
+                   initial_state=None if st is None else st.double(), cu_seqlens=cu,
+                   activation="silu" if silu else None, backend="naive")
+    assert error_ratio(y, loop_definition(x, w, bb, st, docs or [0], silu)) <= 1e-6
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("case", CASES)
+def test_backends_match_naive(backend, case):
+    b, t, c, k, bias, state, docs, silu = case
+    x, w, bb, st = make(b, t, c, k, bias, state, seed=t)
+    cu = None if docs is None else torch.tensor([*docs, t])
+    ref = run("naive", x, w, bb, st, cu, silu, torch.float64)
+    got = run(backend, x, w, bb, st, cu, silu)
+    names = ["y", "dx", "dweight"] + (["dbias"] if bias else []) + (["dstate"] if state else [])
+    for name, a, r in zip(names, got, ref, strict=True):
+        if r.numel():
+            assert error_ratio(a, r) <= TOL, f"{backend} {case} {name}: {error_ratio(a, r)}"
+
+
+def test_triton_bf16_inputs_keep_their_dtype():
+    x, w, bb, st = make(2, 50, 24, 4, True, True, seed=3)
+    y = short_conv(x.bfloat16(), w, bb, initial_state=st.bfloat16(), backend="triton")
+    assert y.dtype == torch.bfloat16
+    ref = short_conv(x.bfloat16().double(), w.double(), bb.double(), initial_state=st.bfloat16().double(),
+                     backend="naive")
+    assert error_ratio(y, ref) <= 8e-3  # one bf16 rounding of the output
+
+
+def test_triton_op_compiles_into_one_graph():
+    x, w, bb, _ = make(2, 40, 24, 4, True, False, seed=4)
+
+    def f(x, w, bb):
+        y = short_conv(F.gelu(x) * 2, w, bb, backend="triton")
+        return (y * y.sigmoid()).sum()
+
+    leaves = [z.clone().requires_grad_() for z in (x, w, bb)]
+    ref = f(*leaves)
+    ref_grads = torch.autograd.grad(ref, leaves)
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    out = torch.compile(f, backend=counter, fullgraph=True)(*leaves)
+    grads = torch.autograd.grad(out, leaves)
+    assert counter.frame_count == 1
+    assert torch.equal(out, ref)
+    for a, r in zip(grads, ref_grads, strict=True):
+        assert torch.equal(a, r)
+
+
+def test_bad_inputs_raise_clear_errors():
+    x, w, bb, st = make(1, 8, 6, 4, True, True, seed=5)
+    with pytest.raises(ValueError, match=r"x must be a floating-point tensor \[B, T, C\]"):
+        short_conv(x[0], w)
+    with pytest.raises(ValueError, match=r"weight must be \[C=6, K\]"):
+        short_conv(x, w[:5])
+    with pytest.raises(ValueError, match=r"bias must be \[C=6\]"):
+        short_conv(x, w, bb[:2])
+    with pytest.raises(ValueError, match=r"initial_state must be \[B, C, K-1\]"):
+        short_conv(x, w, initial_state=st[:, :, :2])
+    with pytest.raises(ValueError, match="not both"):
+        short_conv(x, w, initial_state=st, cu_seqlens=torch.tensor([0, 8]))
+    with pytest.raises(ValueError, match="batch size 1"):
+        short_conv(torch.randn(2, 8, 6), w, cu_seqlens=torch.tensor([0, 8]))
+    with pytest.raises(ValueError, match="activation must be 'silu' or None"):
+        short_conv(x, w, activation="relu")
+    with pytest.raises(ValueError, match="unknown backend"):
+        short_conv(x, w, backend="cudnn")
