@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 import signal
 import sys
 import time
@@ -30,7 +28,7 @@ REPO_ROOT = Path(__file__).resolve().parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from training import (  # noqa: E402
+from training import (
     CheckpointManager,
     DataHashWriter,
     MetricsLogger,

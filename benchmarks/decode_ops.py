@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.decode import FAMILIES, build, prefill  # noqa: E402
+from benchmarks.decode import FAMILIES, build, prefill
 
 # aten ops that only make views or metadata (no kernel launch)
 VIEW_OPS = ("aten::view", "aten::_unsafe_view", "aten::t", "aten::transpose", "aten::unsqueeze", "aten::squeeze",

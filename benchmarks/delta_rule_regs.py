@@ -21,14 +21,14 @@ from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # must be unset before the kernels are decorated
 
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.delta_rule import triton_bwd as B  # noqa: E402
-from kernels.delta_rule import triton_fwd as F  # noqa: E402
+from kernels.delta_rule import triton_bwd as B
+from kernels.delta_rule import triton_fwd as F
 
 TARGET = GPUTarget("cuda", 90, 32)
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -45,11 +45,12 @@ def compile_stats(kernel, consts: dict, num_warps: int, num_stages: int, types: 
     src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
     try:
         k = triton.compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
-    except Exception as e:  # report, keep going
+    except Exception as e:  # noqa: BLE001 (report, keep going)
         return f"COMPILE ERROR {type(e).__name__}: {str(e).splitlines()[0][:200]}"
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
         f.write(k.asm["cubin"])
-    out = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", f.name], capture_output=True, text=True)
+    out = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", f.name], capture_output=True, text=True,
+                         check=False)
     os.unlink(f.name)
     res = dict(re.findall(r"(REG|STACK):(\d+)", out.stdout))
     return f"regs {res.get('REG', '?'):>3}  spill stack {res.get('STACK', '?'):>5} B  smem {k.metadata.shared:6d} B"
@@ -57,7 +58,7 @@ def compile_stats(kernel, consts: dict, num_warps: int, num_stages: int, types: 
 
 def configs(everything: bool):
     w, s, gb, o = F.NUM_WARPS, F.NUM_STAGES, F.GRADS_BLOCKS, F.OPTIONS
-    base = dict(H=16, K=128, V=128, C=64)
+    base = {"H": 16, "K": 128, "V": 128, "C": 64}
     mid = {"du_ptr": "*bf16" if o["lowp_bwd"] else "*fp32"}
     for mode in ((0, 1, 2) if everything else (o["prepare_mode"],)):
         yield (f"prepare (prepare_mode {mode})", F._prepare_kernel,

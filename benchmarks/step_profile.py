@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.decode import FAMILIES, build  # noqa: E402
+from benchmarks.decode import FAMILIES, build
 
 
 def profile_family(family, size, seq_len, batch, steps, overrides, device, top):
@@ -68,7 +68,7 @@ def profile_family(family, size, seq_len, batch, steps, overrides, device, top):
     for e in events[:top]:
         ms = getattr(e, key) / 1e3 / steps
         print(f"| {e.key[:90]} | {e.count // steps} | {ms:.2f} | {100 * ms / total:.1f}% |")
-    del model, opt
+    model = opt = None  # free them for empty_cache (not `del`: step() closes over them, F821)
     if device.type == "cuda":
         torch.cuda.empty_cache()
 

@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.decode import FAMILIES, parse_with_overrides  # noqa: E402
+from benchmarks.decode import FAMILIES, parse_with_overrides
 
 SEQ_LENS = (2048, 8192, 16384)
 TOKENS_PER_STEP = 32768
@@ -87,7 +87,7 @@ def measure(model: str, size: str, seq_len: int, batch_size: int, steps: int, ex
     if oom:
         return {**row, "status": "OOM"}
     steady = rows[1:] or rows
-    mean = lambda key: sum(r.get(key) or 0.0 for r in steady) / len(steady)  # noqa: E731
+    mean = lambda key: sum(r.get(key) or 0.0 for r in steady) / len(steady)
     step_s = mean("perf/step_time_s")
     row.update(status="ok", tokens_per_s=mean("perf/tokens_per_s"),
                mfu=mean("perf/mfu") if "perf/mfu" in steady[0] else None,

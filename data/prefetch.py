@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import queue
 import threading
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 
@@ -89,7 +89,7 @@ class PrefetchingLoader:
                         break
                     except queue.Full:
                         continue
-        except BaseException as exc:  # surfaced in the consumer's next()
+        except BaseException as exc:  # noqa: BLE001 (surfaced in the consumer's next())
             self._queue.put((_END, exc, None))
 
     def __iter__(self):

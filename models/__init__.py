@@ -23,7 +23,7 @@ AutoModel.register(HiloConfig, HiloModel, exist_ok=True)
 AutoModelForCausalLM.register(HiloConfig, HiloForCausalLM, exist_ok=True)
 
 __all__ = [
-    "Block", "HiloCache", "HiloConfig", "HiloForCausalLM", "HiloModel", "HiloPreTrainedModel", "MIXERS",
+    "MIXERS", "Block", "HiloCache", "HiloConfig", "HiloForCausalLM", "HiloModel", "HiloPreTrainedModel",
     "build_config", "build_mixer", "build_model", "register_mixer",
 ]
 

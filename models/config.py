@@ -1,6 +1,7 @@
 """HiloConfig: the one configuration class of every hilo model (model_type "hilo")."""
 
 import math
+from typing import ClassVar
 
 from transformers import PretrainedConfig
 
@@ -50,8 +51,8 @@ class HiloConfig(PretrainedConfig):
     """
 
     model_type = "hilo"
-    keys_to_ignore_at_inference = ["past_key_values"]
-    attribute_map = {
+    keys_to_ignore_at_inference: ClassVar[list[str]] = ["past_key_values"]
+    attribute_map: ClassVar[dict[str, str]] = {
         "num_hidden_layers": "num_layers",
         "num_attention_heads": "num_heads",
         "num_key_value_heads": "num_kv_heads",

@@ -1,6 +1,7 @@
 """HF wrappers: HiloPreTrainedModel, HiloModel (embeddings + Blocks + final norm), HiloForCausalLM."""
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +39,7 @@ class HiloPreTrainedModel(PreTrainedModel):
 
     config_class = HiloConfig
     base_model_prefix = "model"
-    _no_split_modules = ["Block"]
+    _no_split_modules: ClassVar[list[str]] = ["Block"]
     supports_gradient_checkpointing = True
     _is_stateful = False
 
@@ -282,7 +283,7 @@ class HiloForCausalLM(HiloPreTrainedModel, GenerationMixin):
             loss=loss,
             logits=logits,
             hidden_states=out.hidden_states,
-            **{_CACHE_FIELD: out[_CACHE_FIELD] if _CACHE_FIELD in out else None},
+            **{_CACHE_FIELD: out.get(_CACHE_FIELD, None)},
         )
 
     @staticmethod

@@ -14,7 +14,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-import torch  # noqa: E402
+import torch
 
 # Triton reads TRITON_INTERPRET when @triton.jit decorates (at import), so it must be set before kernels is imported:
 # without a GPU the Triton backends run on CPU tensors through the interpreter.

@@ -1,7 +1,12 @@
 """The trainer's concerns, kept out of train.py (the Hydra entry point) and shared with eval.py: config checks,
 optimizer and lr schedule, checkpoints, metrics logging, the step-time breakdown, compiling the blocks, per-rank data hashes."""
-from training.checkpoint import (CheckpointManager, load_checkpoint_config, load_checkpoint_model,
-                                 load_checkpoint_tokenizer, resolve_checkpoint)
+from training.checkpoint import (
+    CheckpointManager,
+    load_checkpoint_config,
+    load_checkpoint_model,
+    load_checkpoint_tokenizer,
+    resolve_checkpoint,
+)
 from training.compile import CompileUnavailableError, compile_blocks
 from training.config import ConfigError, validate_train_config
 from training.data_hashes import DataHashWriter

@@ -62,8 +62,9 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
 
 def load_checkpoint_model(path: str | os.PathLike, **from_pretrained_kwargs):
     """The HF model saved in a checkpoint (or in a run directory's newest checkpoint)."""
-    import models  # noqa: F401  (registers the hilo architectures with the Auto classes)
     from transformers import AutoModelForCausalLM
+
+    import models  # noqa: F401  (registers the hilo architectures with the Auto classes)
 
     ckpt = resolve_checkpoint(path)
     return AutoModelForCausalLM.from_pretrained(ckpt / "model", **from_pretrained_kwargs)

@@ -48,7 +48,7 @@ def lr_multiplier(step: int, *, total_steps: int, schedule: str, warmup_steps: i
         progress = min(max(step - warmup_steps, 0) / span, 1.0)
         return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
     if schedule == "wsd":
-        decay_steps = max(int(round(decay_fraction * total_steps)), 1)
+        decay_steps = max(round(decay_fraction * total_steps), 1)
         decay_start = max(total_steps - decay_steps, warmup_steps)
         if step < decay_start:
             return 1.0
@@ -60,8 +60,9 @@ def lr_multiplier(step: int, *, total_steps: int, schedule: str, warmup_steps: i
 def build_lr_schedule(optimizer: torch.optim.Optimizer, optim_cfg, total_steps: int):
     """A LambdaLR stepped once per optimizer step by the loop itself (not through accelerate.prepare, which
     would step it once per process)."""
-    kwargs = dict(total_steps=total_steps, schedule=str(optim_cfg.schedule), warmup_steps=int(optim_cfg.warmup_steps),
-                  min_lr_ratio=float(optim_cfg.min_lr_ratio), decay_fraction=float(optim_cfg.decay_fraction))
+    kwargs = {"total_steps": total_steps, "schedule": str(optim_cfg.schedule),
+              "warmup_steps": int(optim_cfg.warmup_steps), "min_lr_ratio": float(optim_cfg.min_lr_ratio),
+              "decay_fraction": float(optim_cfg.decay_fraction)}
     lr_multiplier(0, **kwargs)  # fail now on a bad schedule name
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(step, **kwargs))
 

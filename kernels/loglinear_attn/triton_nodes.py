@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_fwd import OPTIONS, CHUNK, LevelLayout, _chunk_rows, _mm, dot_precision, pow2
+from .triton_fwd import CHUNK, OPTIONS, LevelLayout, _chunk_rows, _mm, dot_precision, pow2
 
 
 class NodeTables:
@@ -63,7 +63,7 @@ class NodeTables:
             if count == 0:
                 continue
             c_last = c0 + count - 1
-            row = (lambda c: r0 + c - c0)
+            row = (lambda c, r0=r0, c0=c0: r0 + c - c0)  # the row of chunk c in this sequence
             needed = set()
             for c in range(c0, c_last + 1):
                 first[row(c)] = r0
@@ -190,7 +190,7 @@ def _read_fwd(q, g, lam, nodes, rf, read_list, n_read, o, chunks, scale, NL,
               BV: tl.constexpr, NJP: tl.constexpr, LEV0: tl.constexpr, HAS_G: tl.constexpr, LOWP: tl.constexpr,
               PREC: tl.constexpr):
     i_v, i_r, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    o_t, m_t, o_k, m_tk, gc, gl = _row(chunks, g, i_r, i_h, H, K, C, BK, HAS_G)
+    o_t, m_t, o_k, m_tk, gc, _gl = _row(chunks, g, i_r, i_h, H, K, C, BK, HAS_G)
     o_v = i_v * BV + tl.arange(0, BV)
     qb = tl.load(q + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
     acc = tl.zeros([C, BV], dtype=tl.float32)
@@ -228,7 +228,7 @@ def _node_bwd(q, g, lam, do, rf, dnodes, chunks, info, scale, NL,
         base, lo, hi = _chunk_rows(chunks, r)
         o_t = base + tl.arange(0, C)
         m_t = (o_t >= lo) & (o_t < hi)
-        gc, gl = _chunk_gate(g, o_t, m_t, i_h, H, C, HAS_G)
+        gc, _gl = _chunk_gate(g, o_t, m_t, i_h, H, C, HAS_G)
         f = tl.load(rf + (r * H + i_h) * NJP + jj)
         lam_j = tl.load(lam + (o_t * H + i_h) * NL + LEV0 + jj, mask=m_t & ((tl.zeros_like(o_t) + LEV0 + jj) < NL), other=0.0)
         coef = lam_j.to(tl.float32) * (scale * f) * tl.exp(gc)
@@ -354,7 +354,7 @@ def _grads_read(q, g, lam, do, nodes, rf, read_list, n_read, dq, dlam, dq_out, d
                 PREC: tl.constexpr):
     """The read half of _grads (OPTIONS["node_grads_split"]): dq, dlambda and q.dq of dL/dG."""
     i_r, i_h = tl.program_id(0), tl.program_id(1)
-    o_t, m_t, o_k, m_tk, gc, gl = _row(chunks, g, i_r, i_h, H, K, C, BK, HAS_G)
+    o_t, m_t, o_k, m_tk, gc, _gl = _row(chunks, g, i_r, i_h, H, K, C, BK, HAS_G)
     q_scale = scale * tl.exp(gc)
     qb = tl.load(q + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
     o_j = tl.arange(0, NJP)
@@ -431,7 +431,7 @@ def node_scan_fwd(q, k, v, g, lam, scale, lay: LevelLayout, o, store_final: bool
     the nodes): the counterpart of triton_fwd.level_scan_fwd."""
     h, dk, dv = q.shape[1], q.shape[2], v.shape[2]
     tab = node_tables(lay)
-    rf, wf, a_end = gate_factors(g, lay, tab, h)
+    rf, _, a_end = gate_factors(g, lay, tab, h)
     nodes = nodes_fwd(k, v, g, lay, tab)
     bk, bv, warps = _blocks(dk, dv)
     _read_fwd[(triton.cdiv(dv, bv), lay.rows, h)](
@@ -491,8 +491,8 @@ def node_scan_bwd(qf, kf, vf, gf, lf, do, drfin, scale, lay: LevelLayout, dq, dk
         dnodes.index_put_((tab.final_rows.clamp(min=0),), part.to(dnodes.dtype), accumulate=True)
     dq_out, dk_out, dv_out = torch.empty_like(qf), torch.empty_like(kf), torch.empty_like(vf)
     dbig_g = torch.empty(qf.shape[:2], device=qf.device, dtype=torch.float32) if gf is not None else None
-    common = dict(H=h, K=dk_, V=dv_, C=CHUNK, BK=bk, BV=bv, NJP=tab.njp, HAS_G=gf is not None,
-                  LOWP=_node_lowp(qf.dtype), PREC=prec, num_stages=OPTIONS["node_stages"])
+    common = {"H": h, "K": dk_, "V": dv_, "C": CHUNK, "BK": bk, "BV": bv, "NJP": tab.njp, "HAS_G": gf is not None,
+              "LOWP": _node_lowp(qf.dtype), "PREC": prec, "num_stages": OPTIONS["node_stages"]}
     big_g = dbig_g if dbig_g is not None else dq
     if OPTIONS["node_grads_split"]:  # two kernels with half the live tiles each (more programs per SM)
         _grads_read[(lay.rows, h)](qf, gate, lf, do, nodes, rf, tab.read_list, tab.n_read, dq, dlam, dq_out, big_g,

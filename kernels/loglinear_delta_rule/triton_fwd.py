@@ -82,7 +82,7 @@ def _delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, out, r
                           K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                           S: tl.constexpr, H: tl.constexpr, MODE: tl.constexpr,
                           HAS_R0: tl.constexpr, STORE_FINAL: tl.constexpr, PREC: tl.constexpr):
-    (i_v, i_nh, i_n, i_h, j0, row0, nchunks, c0, o_k, m_k, o_c, col_j, col_v, m_col,
+    (_i_v, i_nh, _i_n, i_h, j0, row0, nchunks, c0, o_k, m_k, o_c, col_j, col_v, m_col,
      o_v) = _scan_program(seq_chunks, J0, K, V, C, BK, BV, S, H)
     # states [NS stored levels, K, V] per (sequence or row, head)
     st_off = (col_j[None, :] * K + o_k[:, None]) * V + col_v[None, :]

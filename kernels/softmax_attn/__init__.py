@@ -4,6 +4,8 @@ Backends: "flash" (the flash_attn package, when importable; CUDA, fp16/bf16), "s
 scaled_dot_product_attention), "naive" (explicit masked softmax in fp32: the test oracle).
 """
 
+import itertools
+
 import torch
 
 from .flash import flash_available, softmax_attn_flash
@@ -13,7 +15,7 @@ from .sdpa import softmax_attn_sdpa
 BACKENDS = ("flash", "sdpa", "naive")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
-__all__ = ["softmax_attn", "BACKENDS"]
+__all__ = ["BACKENDS", "softmax_attn"]
 
 
 def _check_inputs(q, k, v, causal, cu_seqlens) -> list[int] | None:
@@ -54,7 +56,7 @@ def _check_inputs(q, k, v, causal, cu_seqlens) -> list[int] | None:
         raise ValueError(f"softmax_attn: cu_seqlens needs Tq == Tk (no cache), got Tq={tq}, Tk={tk}")
     bounds = cu_seqlens.tolist()
     if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != tq or any(
-        x > y for x, y in zip(bounds[:-1], bounds[1:])
+        x > y for x, y in itertools.pairwise(bounds)
     ):
         raise ValueError(f"softmax_attn: cu_seqlens must be non-decreasing from 0 to T={tq}, got {bounds}")
     return bounds
@@ -121,6 +123,6 @@ def softmax_attn(
         if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(f"softmax_attn: backend='flash' needs CUDA fp16/bf16 inputs, got {q.dtype} on "
                              f"{q.device}")
-        max_seqlen = None if bounds is None else max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
+        max_seqlen = None if bounds is None else max(b - a for a, b in itertools.pairwise(bounds))
         return softmax_attn_flash(q, k, v, scale, causal, cu_seqlens, max_seqlen)
     raise ValueError(f"softmax_attn: unknown backend {backend!r}; expected one of {BACKENDS} or None")

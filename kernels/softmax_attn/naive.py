@@ -4,6 +4,8 @@ Builds the full [Tq, Tk] score matrix per head, masks it explicitly and normaliz
 rule (causal bottom-right alignment, GQA head grouping, document boundaries) is visible in one place.
 """
 
+import itertools
+
 import torch
 
 
@@ -21,7 +23,7 @@ def attention_mask(
         j = torch.arange(tk, device=device)[None, :]
         mask = j <= i + (tk - tq)
     if doc_bounds is not None:
-        lengths = torch.tensor([b - a for a, b in zip(doc_bounds[:-1], doc_bounds[1:])], device=device)
+        lengths = torch.tensor([b - a for a, b in itertools.pairwise(doc_bounds)], device=device)
         doc = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)
         same_doc = doc[:, None] == doc[None, :]
         mask = same_doc if mask is None else mask & same_doc

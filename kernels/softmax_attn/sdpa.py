@@ -4,6 +4,8 @@ SDPA picks the fastest kernel it can (cuDNN, flash, memory-efficient, math). Pac
 call per document: a block-diagonal mask would force the O(T^2)-memory math kernel and lose the fused ones.
 """
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 
@@ -50,7 +52,7 @@ def softmax_attn_sdpa(
         return _sdpa(q, k, v, scale, causal, key_mask)
     outs = [
         _sdpa(q[:, a:b], k[:, a:b], v[:, a:b], scale, causal)
-        for a, b in zip(doc_bounds[:-1], doc_bounds[1:])
+        for a, b in itertools.pairwise(doc_bounds)
         if b > a
     ]
     return torch.cat(outs, dim=1)

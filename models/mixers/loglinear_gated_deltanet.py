@@ -9,9 +9,9 @@ from kernels.loglinear_attn import LogLinearState
 from kernels.loglinear_delta_rule import loglinear_delta_rule, loglinear_delta_rule_step
 from models.levels import (
     FlagsLevelParameter,
+    decode_levels,
     level_parameter,
     level_scales,
-    decode_levels,
     read_level_state,
     trained_levels,
     write_level_state,

@@ -5,9 +5,9 @@ from typing import ClassVar
 from kernels.loglinear_attn import LogLinearState, loglinear_attn, loglinear_attn_step
 from models.levels import (
     FlagsLevelParameter,
+    decode_levels,
     level_parameter,
     level_scales,
-    decode_levels,
     read_level_state,
     trained_levels,
     write_level_state,

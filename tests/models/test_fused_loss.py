@@ -137,7 +137,7 @@ def test_no_tensor_larger_than_a_chunk_of_logits_is_formed_or_saved():
 # ---- HiloForCausalLM: fused path (return_logits=False) against the plain one
 
 VOCAB = 101
-TINY = dict(vocab_size=VOCAB, hidden_size=64, num_layers=2, num_heads=4)
+TINY = {"vocab_size": VOCAB, "hidden_size": 64, "num_layers": 2, "num_heads": 4}
 
 
 def model_pair(chunk, **overrides):
@@ -162,7 +162,7 @@ def test_model_fused_loss_equals_plain_loss_with_all_grads(tie, num_items):
     labels = x.clone()
     labels[0, 20:27] = -100  # a whole chunk of targets (positions 19..25) ignored, across a document start
     cu = torch.tensor([0, 9, 10, 24, 30])
-    kwargs = dict(input_ids=x, labels=labels, cu_seqlens=cu, num_items_in_batch=num_items)
+    kwargs = {"input_ids": x, "labels": labels, "cu_seqlens": cu, "num_items_in_batch": num_items}
     plain, plain_grads = loss_and_grads(model, **kwargs)
     fused, fused_grads = loss_and_grads(model, return_logits=False, **kwargs)
     assert plain.logits.shape == (1, 30, VOCAB) and fused.logits is None

@@ -16,8 +16,9 @@ from models.mixers.attention import AttentionMixer
 from models.mixers.gated_deltanet import GatedDeltaNetMixer
 
 VOCAB = 89
-SMALL = dict(head_dim=16, num_heads=3, expand_v=2)
-TINY = dict(vocab_size=VOCAB, hidden_size=48, num_layers=2, num_heads=3, mixer="gated_deltanet", mixer_kwargs=SMALL)
+SMALL = {"head_dim": 16, "num_heads": 3, "expand_v": 2}
+TINY = {"vocab_size": VOCAB, "hidden_size": 48, "num_layers": 2, "num_heads": 3, "mixer": "gated_deltanet",
+        "mixer_kwargs": SMALL}
 tiny = fc.tiny_builder(TINY)
 tokens = fc.token_maker(VOCAB)
 
@@ -52,7 +53,7 @@ def reference_gdn(mixer: GatedDeltaNetMixer, hidden: torch.Tensor, eps: float) -
     return o.reshape(b, t, h * dv) @ mixer.o_proj.weight.to(d).T
 
 
-@pytest.mark.parametrize("kwargs, t", [(SMALL, 9), (dict(head_dim=144, num_heads=1, expand_v=2), 5)])
+@pytest.mark.parametrize("kwargs, t", [(SMALL, 9), ({"head_dim": 144, "num_heads": 1, "expand_v": 2}, 5)])
 def test_layer_equals_token_by_token_reference(kwargs, t):
     # the second case has value heads of 288 > 256 columns: the mixer runs the operator on column blocks
     model = tiny(seed=1, mixer_kwargs=kwargs)
@@ -65,8 +66,8 @@ def test_layer_equals_token_by_token_reference(kwargs, t):
 def test_default_head_count_follows_hidden_size():
     shapes = {}
     for hidden in (2048, 1024, 128):
-        config = build_config(dict(vocab_size=10, hidden_size=hidden, num_layers=1, num_heads=16,
-                                   mixer="gated_deltanet"))
+        config = build_config({"vocab_size": 10, "hidden_size": hidden, "num_layers": 1, "num_heads": 16,
+                               "mixer": "gated_deltanet"})
         with torch.device("meta"):
             mixer = GatedDeltaNetMixer(config, 0)
         shapes[hidden] = (mixer.num_heads, mixer.head_dim, mixer.head_v_dim)
@@ -100,7 +101,7 @@ def test_cached_decode_equals_full_forward():
 
 def test_cached_decode_with_wide_value_heads():
     # V = 288 > 256: the operator and its decode step both run in column blocks
-    model = tiny(seed=3, mixer_kwargs=dict(head_dim=144, num_heads=1, expand_v=2))
+    model = tiny(seed=3, mixer_kwargs={"head_dim": 144, "num_heads": 1, "expand_v": 2})
     cache, _ = fc.decode_in_pieces(model, tokens(1, 9, seed=4), 4, [(i, i + 1) for i in range(4, 9)])
     assert cache[0]["recurrent_state"].shape == (1, 1, 144, 288)
 
@@ -123,7 +124,7 @@ def test_hybrid_with_attention_layers_decodes_and_packs():
 
 
 def test_save_and_auto_load_round_trip(tmp_path):
-    model = tiny(seed=6, mixer_kwargs=dict(head_dim=8, num_heads=2, expand_v=1, conv_size=3))
+    model = tiny(seed=6, mixer_kwargs={"head_dim": 8, "num_heads": 2, "expand_v": 1, "conv_size": 3})
     perturb(model, seed=7)
     loaded = fc.check_save_load_round_trip(model, tmp_path, tokens(2, 16, seed=8), mixer="gated_deltanet")
     mixer = loaded.model.layers[0].mixer

@@ -16,8 +16,9 @@ from models.mixers.attention import AttentionMixer
 from models.mixers.mamba2 import Mamba2Mixer
 
 VOCAB = 89
-SMALL = dict(head_dim=16, state_size=12, expand=2, n_groups=1)
-TINY = dict(vocab_size=VOCAB, hidden_size=48, num_layers=2, num_heads=3, mixer="mamba2", mixer_kwargs=SMALL)
+SMALL = {"head_dim": 16, "state_size": 12, "expand": 2, "n_groups": 1}
+TINY = {"vocab_size": VOCAB, "hidden_size": 48, "num_layers": 2, "num_heads": 3, "mixer": "mamba2",
+        "mixer_kwargs": SMALL}
 tiny = fc.tiny_builder(TINY)
 tokens = fc.token_maker(VOCAB)
 

@@ -1,3 +1,4 @@
+import itertools
 import math
 
 import pytest
@@ -8,7 +9,7 @@ from training import build_lr_schedule, build_optimizer, lr_multiplier, split_de
 
 
 def _kw(**over):
-    kw = dict(total_steps=100, schedule="cosine", warmup_steps=10, min_lr_ratio=0.1, decay_fraction=0.2)
+    kw = {"total_steps": 100, "schedule": "cosine", "warmup_steps": 10, "min_lr_ratio": 0.1, "decay_fraction": 0.2}
     kw.update(over)
     return kw
 
@@ -21,7 +22,7 @@ def test_warmup_is_linear_then_cosine_reaches_min():
     assert lr_multiplier(55, **_kw()) == pytest.approx(0.55)
     assert lr_multiplier(100, **_kw()) == pytest.approx(0.1)
     values = [lr_multiplier(s, **_kw()) for s in range(10, 101)]
-    assert all(a >= b for a, b in zip(values, values[1:]))
+    assert all(a >= b for a, b in itertools.pairwise(values))
 
 
 def test_wsd_is_flat_then_decays_linearly_over_the_last_fraction():
@@ -51,7 +52,7 @@ class _Toy(torch.nn.Module):
 def test_no_decay_groups():
     model = _Toy()
     decay, no_decay = split_decay_groups(model, ["embed", "norm"])
-    ids = lambda ps: {id(p) for p in ps}  # noqa: E731
+    ids = lambda ps: {id(p) for p in ps}
     assert ids(decay) == {id(model.proj.weight)}
     assert ids(no_decay) == {id(model.embed_tokens.weight), id(model.proj.bias), id(model.norm.weight),
                              id(model.norm.bias), id(model.A_log), id(model.level_param)}
@@ -59,9 +60,9 @@ def test_no_decay_groups():
 
 def test_scheduler_steps_once_per_call():
     model = _Toy()
-    cfg = OmegaConf.create(dict(name="adamw", lr=1e-2, betas=[0.9, 0.95], eps=1e-8, weight_decay=0.1,
-                                no_decay=["embed", "norm"], fused="auto", schedule="cosine", warmup_steps=4,
-                                min_lr_ratio=0.1, decay_fraction=0.2))
+    cfg = OmegaConf.create({"name": "adamw", "lr": 1e-2, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1,
+                            "no_decay": ["embed", "norm"], "fused": "auto", "schedule": "cosine", "warmup_steps": 4,
+                            "min_lr_ratio": 0.1, "decay_fraction": 0.2})
     opt = build_optimizer(model, cfg, on_cuda=False)
     assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
     sched = build_lr_schedule(opt, cfg, total_steps=20)
