@@ -6,6 +6,7 @@
 #  2. compiled decoding (session 5: a step reads whole preallocated KV buffers with a key mask, so no shape follows
 #     the position and CUDA graphs can replay): default mode and reduce-overhead, 1K and 32K contexts.
 #  3. Transformer 340m at 2K, compiled, with session 4's timing fix (issue 7's 45% MFU target).
+#  (1d: the short conv's Triton kernels against ATen's conv1d, bf16 checks and times.)
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | tail -1
 export PYTHONPATH=/tmp/site HILO_CACHE=$PWD/.hilo_cache WANDB_MODE=disabled
 T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
@@ -25,6 +26,10 @@ HILO_LOGLINEAR_DELTA=form=nodes timeout 60 python benchmarks/kernels.py --ops lo
 el "1c. loglinear_attn profile at 4K (7.46 ms vs cuDNN 4.00; nearly flat from 1K to 16K: what does not scale?)" | tee -a $L
 timeout 60 python benchmarks/kernels.py --ops loglinear_attn --skip-check --skip-bench --profile 4096 > /tmp/p4.log 2>&1
 echo "profile 4K rc=$?" >> $L; tail -25 /tmp/p4.log >> $L
+el "1d. short conv: Triton kernels (session 5) against ATen's conv1d" | tee -a $L
+timeout 90 python benchmarks/short_conv.py --append > /tmp/sc.log 2>&1; echo "rc=$?" >> $L
+grep -E "NO|^\| [0-9]+ " /tmp/sc.log >> $L; grep -E "Error" /tmp/sc.log | tail -2 >> $L
+cp benchmarks/RESULTS.md $OUT/n/RESULTS.md
 el "2. compiled decoding" | tee -a $L
 for mode in "" reduce-overhead; do
   timeout 130 python benchmarks/decode.py --contexts 1024 32768 --families transformer mamba2 hla_transformer \
