@@ -2,6 +2,7 @@
 
     python benchmarks/step_profile.py --families mamba2 gated_deltanet --seq-len 8192     # 340m, 32K tokens/step
     python benchmarks/step_profile.py --families transformer --size tiny --seq-len 256 --device cpu   # quick check
+    python benchmarks/step_profile.py --families mamba2 --compile       # the blocks compiled, as trainer.compile=true
 
 Each family (conf/model/<family>.yaml at preset --size, random weights, seed 0) trains on random tokens as train.py
 does on a GPU: fp32 master weights, bf16 autocast, fused AdamW, the model's own loss. Two untimed steps compile
@@ -21,12 +22,16 @@ if str(REPO) not in sys.path:
 from benchmarks.decode import FAMILIES, build
 
 
-def profile_family(family, size, seq_len, batch, steps, overrides, device, top):
+def profile_family(family, size, seq_len, batch, steps, overrides, device, top, compile_blocks=False):
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     model, config = build(family, size, seq_len, overrides, None, device, torch.float32)
     model.train()
+    if compile_blocks:  # as trainer.compile=true: the blocks' training forwards through torch.compile
+        from training.compile import compile_blocks as compile_model_blocks
+
+        compile_model_blocks(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     gen = torch.Generator(device="cpu").manual_seed(0)
     ids = torch.randint(0, config.vocab_size, (batch, seq_len + 1), generator=gen).to(device)
@@ -62,7 +67,8 @@ def profile_family(family, size, seq_len, batch, steps, overrides, device, top):
     events.sort(key=lambda e: getattr(e, key), reverse=True)
     total = sum(getattr(e, key) for e in events) / 1e3 / steps
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
-    print(f"\n### {family} {size} T={seq_len} B={batch}: {step_ms:.1f} ms/step (profiled), kernels {total:.1f} ms/step, "
+    print(f"\n### {family} {size} T={seq_len} B={batch}{' compiled' if compile_blocks else ''}: {step_ms:.1f} ms/step "
+          f"(profiled), kernels {total:.1f} ms/step, "
           f"peak {peak:.1f} GiB")
     print("| kernel | calls/step | ms/step | share |\n|---|---|---|---|")
     for e in events[:top]:
@@ -84,12 +90,13 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--compile", action="store_true", help="compile the blocks, as trainer.compile=true")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. ++model.fused_norms=true")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     for family in args.families:
         profile_family(family, args.size, args.seq_len, max(args.tokens // args.seq_len, 1), args.steps,
-                       args.overrides, device, args.top)
+                       args.overrides, device, args.top, compile_blocks=args.compile)
 
 
 if __name__ == "__main__":

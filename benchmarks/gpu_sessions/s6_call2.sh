@@ -15,6 +15,9 @@ for m in mamba2 gated_deltanet transformer; do
     > /tmp/c.log 2>&1; echo "$m rc=$?" >> $L; grep -E "^\| $m " /tmp/c.log >> $L; grep -E "Error" /tmp/c.log | tail -1 >> $L
   cp benchmarks/RESULTS.md $OUT/n/RESULTS.md
 done
+el "where a compiled mamba2 step goes" | tee -a $L
+timeout 120 python benchmarks/step_profile.py --families mamba2 --compile --top 25 > /tmp/sp.log 2>&1
+echo "rc=$?" >> $L; grep -A28 "^### mamba2" /tmp/sp.log >> $L
 el "decode with fused norms" | tee -a $L
 timeout 90 python benchmarks/decode.py --contexts 1024 --families transformer mamba2 model.fused_norms=true \
   > /tmp/d.log 2>&1; echo "rc=$?" >> $L; grep -E "^\| (transformer|mamba2)" /tmp/d.log >> $L
