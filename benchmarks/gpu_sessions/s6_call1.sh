@@ -30,6 +30,12 @@ el "1d. short conv: Triton kernels (session 5) against ATen's conv1d" | tee -a $
 timeout 90 python benchmarks/short_conv.py --append > /tmp/sc.log 2>&1; echo "rc=$?" >> $L
 grep -E "NO|^\| [0-9]+ " /tmp/sc.log >> $L; grep -E "Error" /tmp/sc.log | tail -2 >> $L
 cp benchmarks/RESULTS.md $OUT/n/RESULTS.md
+el "1e. hla2 / ahla fused with bf16 dot operands (HILO_HLA=lowp=1, session 5; default tf32: 10.3-12 ms at 16K)" | tee -a $L
+for opt in lowp=0 lowp=1; do
+  HILO_HLA=$opt timeout 100 python benchmarks/kernels.py --ops hla2 ahla --seqlens 4096 16384 --append > /tmp/h.log 2>&1
+  echo "HILO_HLA=$opt rc=$?" >> $L; grep -E "NO|^\| [0-9]+ .*(hla2|ahla)" /tmp/h.log | head -20 >> $L
+done
+cp benchmarks/RESULTS.md $OUT/n/RESULTS.md
 el "2. compiled decoding" | tee -a $L
 for mode in "" reduce-overhead; do
   timeout 130 python benchmarks/decode.py --contexts 1024 32768 --families transformer mamba2 hla_transformer \

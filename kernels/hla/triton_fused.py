@@ -35,6 +35,8 @@ specialised on, so a new T never recompiles. Every kernel loops over or grids K 
 any head dim up to SPEC §2's 256 works.
 """
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -45,9 +47,39 @@ from kernels.linear_attn.triton_fwd import BT, Layout, _chunk_bounds, _pow2, _se
 from .state import STATE_TYPES, decay_powers, split_normalized, with_ones
 
 
+# HILO_HLA="lowp=1": 16-bit inputs multiply bf16 operands (fp32 accumulation) instead of tf32 products of fp32 tiles:
+# K~, V~ and the chunk states are rounded to bf16 at each product (as linear_attn's bf16 chunk states are). Off until
+# its speed and its bf16 error ratios are measured on the H200.
+OPTIONS = {"lowp": False}
+
+
+def _read_options() -> None:
+    for item in filter(None, (x.strip() for x in os.environ.get("HILO_HLA", "").split(","))):
+        key, _, val = item.partition("=")
+        if key.strip() not in OPTIONS:
+            raise ValueError(f"HILO_HLA: unknown option {key.strip()!r}; expected one of {sorted(OPTIONS)}")
+        OPTIONS[key.strip()] = val.strip().lower() in ("1", "true", "yes", "on")
+
+
+_read_options()
+
+
 def _precision(q: torch.Tensor) -> str:
-    """The dots' precision for inputs of q's dtype (fp32 intermediates such as K~ do not change it)."""
-    return "ieee" if q.dtype == torch.float32 else "tf32"
+    """The dots' precision for inputs of q's dtype (fp32 intermediates such as K~ do not change it): "ieee" for fp32,
+    "tf32" for 16-bit inputs, or "bf16" (operands rounded to bf16) with OPTIONS["lowp"]."""
+    if q.dtype == torch.float32:
+        return "ieee"
+    return "bf16" if OPTIONS["lowp"] else "tf32"
+
+
+@triton.jit
+def _dot(a, b, PREC: tl.constexpr):
+    """a @ b accumulated in fp32: bf16 operands for PREC "bf16", else fp32 operands at input_precision PREC."""
+    if PREC == "bf16":  # if / else, not an early return: the code after a return would still be compiled
+        out = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    else:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC)
+    return out
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
@@ -94,7 +126,7 @@ def _state_scan(x, y, g, h0, hs, ht, bounds, offsets, x_scale, T, NT,
                 xb = xb * tl.exp(gl - gc)[:, None]
         else:
             xb = xb * x_scale
-        state += tl.dot(tl.trans(xb), yb, input_precision=PREC)
+        state += _dot(tl.trans(xb), yb, PREC)
     if STORE_HT:
         tl.store(ht + i_nh.to(tl.int64) * DX * DY + xy_off, state, mask=m_xy)
 
@@ -122,8 +154,8 @@ def _chunk_out(q, x, y, g, hs, o, table, scale, T, NT,
         xb = tl.load(x + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
         hb = tl.load(hs + (i_c.to(tl.int64) * H + i_h) * K * DY + o_k[:, None] * DY + o_y[None, :],
                      mask=(o_k[:, None] < K) & (o_y[None, :] < DY), other=0.0)
-        acc += tl.dot(qb, hb, input_precision=PREC)
-        scores += tl.dot(qb, tl.trans(xb), input_precision=PREC)
+        acc += _dot(qb, hb, PREC)
+        scores += _dot(qb, tl.trans(xb), PREC)
     o_i = tl.arange(0, BT)
     causal = o_i[:, None] >= o_i[None, :]
     if HAS_G:
@@ -133,7 +165,7 @@ def _chunk_out(q, x, y, g, hs, o, table, scale, T, NT,
     scores = tl.where(causal, scores, 0.0)
     yb = tl.load(y + (o_t[:, None] * H + i_h) * DY + o_y[None, :], mask=m_t[:, None] & (o_y[None, :] < DY),
                  other=0.0).to(tl.float32)
-    acc += tl.dot(scores, yb, input_precision=PREC)
+    acc += _dot(scores, yb, PREC)
     tl.store(o + (o_t[:, None] * H + i_h) * DY + o_y[None, :], (acc * scale).to(o.dtype.element_ty),
              mask=m_t[:, None] & (o_y[None, :] < DY))
 
@@ -163,8 +195,8 @@ def _pass_dvalues(q, x, do, g, dhs, dy, table, scale, T, NT,
         q_t = tl.load(q + (o_t[None, :] * H + i_h) * K + o_k[:, None], mask=m_tk.T, other=0.0).to(tl.float32)
         dsb = tl.load(dhs + (i_c.to(tl.int64) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
                       mask=(o_k[:, None] < K) & (o_v[None, :] < V), other=0.0)
-        acc += tl.dot(xb, dsb, input_precision=PREC)
-        scores_t += tl.dot(xb, q_t, input_precision=PREC)
+        acc += _dot(xb, dsb, PREC)
+        scores_t += _dot(xb, q_t, PREC)
     o_i = tl.arange(0, BT)
     anti = o_i[:, None] <= o_i[None, :]  # j <= i in the [j, i] layout
     if HAS_G:
@@ -174,7 +206,7 @@ def _pass_dvalues(q, x, do, g, dhs, dy, table, scale, T, NT,
         scores_t *= tl.exp(tl.where(anti, gc[None, :] - gc[:, None], float("-inf")))
     scores_t = tl.where(anti, scores_t * scale, 0.0)
     dob = tl.load(do + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
-    acc += tl.dot(scores_t, dob, input_precision=PREC)
+    acc += _dot(scores_t, dob, PREC)
     tl.store(dy + (o_t[:, None] * H + i_h) * V + o_v[None, :], acc.to(dy.dtype.element_ty), mask=m_tv)
 
 
@@ -212,9 +244,9 @@ def _pass_dqk(q, x, y, g, do, hs, dhs, dq_prev, dx_prev, dq, dx, r_parts, table,
         m_vk = (o_v[:, None] < V) & (o_k[None, :] < K)
         sb_t = tl.load(hs + state_base + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0)
         dsb_t = tl.load(dhs + state_base + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0)
-        d_scores += tl.dot(dob, y_t, input_precision=PREC)
-        acc_q += tl.dot(dob, sb_t, input_precision=PREC)
-        acc_x += tl.dot(yb, dsb_t, input_precision=PREC)
+        d_scores += _dot(dob, y_t, PREC)
+        acc_q += _dot(dob, sb_t, PREC)
+        acc_x += _dot(yb, dsb_t, PREC)
     o_i = tl.arange(0, BT)
     causal = o_i[:, None] >= o_i[None, :]
     if HAS_G:
@@ -225,9 +257,9 @@ def _pass_dqk(q, x, y, g, do, hs, dhs, dq_prev, dx_prev, dq, dx, r_parts, table,
         d_scores *= tl.exp(tl.where(causal, gc[:, None] - gc[None, :], float("-inf")))
     d_scores = tl.where(causal, d_scores, 0.0)
     xb = tl.load(x + tok_k, mask=m_tk, other=0.0).to(tl.float32)
-    acc_q += tl.dot(d_scores, xb, input_precision=PREC)
+    acc_q += _dot(d_scores, xb, PREC)
     qh = tl.load(q + tok_k, mask=m_tk, other=0.0).to(tl.float32) * scale
-    acc_x += tl.dot(tl.trans(d_scores), qh, input_precision=PREC)
+    acc_x += _dot(tl.trans(d_scores), qh, PREC)
     if HAS_G:
         r = tl.sum(qh * acc_q - xb * acc_x, 1) * POWER
         tl.store(r_parts + i_k.to(tl.int64) * TT * H + o_t * H + i_h, r, mask=m_t)
