@@ -48,7 +48,7 @@ from triton.runtime.jit import JITFunction
 # the entry points import their Triton modules lazily: import them all now, before TRITON_INTERPRET is set below
 import kernels.delta_rule.triton_bwd
 import kernels.hla.triton_fused
-import kernels.linear_attn.triton_bwd  # noqa: F401
+import kernels.linear_attn.triton_bwd
 import kernels.short_conv.triton  # noqa: F401
 from kernels import delta_rule, linear_attn, loglinear_attn, loglinear_delta_rule
 from kernels.hla import ahla, hla2

@@ -46,7 +46,6 @@ from kernels.linear_attn.triton_fwd import BT, Layout, _chunk_bounds, _pow2, _se
 
 from .state import STATE_TYPES, decay_powers, split_normalized, with_ones
 
-
 # HILO_HLA="lowp=1": 16-bit inputs multiply bf16 operands (fp32 accumulation) instead of tf32 products of fp32 tiles:
 # K~, V~ and the chunk states are rounded to bf16 at each product (as linear_attn's bf16 chunk states are). Off until
 # its speed and its bf16 error ratios are measured on the H200.
