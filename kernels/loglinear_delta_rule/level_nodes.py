@@ -1,8 +1,9 @@
 """The chunk levels of the log-linear delta rule as a tree of aligned chunk blocks (batched matmuls, no chunk scan).
 
-A drop-in for the level scan's mode 0 (triton_fwd._delta_level_scan_fwd / triton_bwd._delta_level_scan_bwd): the same
-inputs (per chunk row, chunk-major: q_eff, W, Kd [C, K], decay, zcols [K, C], v [C, V], lambda [C, L]) and outputs
-(the reads o [H, rows, C, V] and the final chunk-level states [N, H, nj, K, V]).
+A drop-in for the level scan's modes 0 and 1 (triton_fwd._delta_level_scan_fwd / triton_bwd._delta_level_scan_bwd):
+the same inputs (per chunk row, chunk-major: q_eff, W, Kd [C, K], decay, zcols [K, C], v [C, V], lambda [C, L]; an
+initial state's levels and their per-token read weights) and outputs (the reads o [H, rows, C, V], the final
+chunk-level states [N, H, nj, K, V] and the prior levels moved to each sequence's end).
 
 Why: the scan walks a sequence's chunks in order, each program carrying all nj level states (K x V each) and moving
 them by the chunk's K x K Householder product. That is nj x 2 K^2 V FLOPs per chunk like any exact form, but on only
@@ -18,7 +19,8 @@ block from its two halves, N = T_hi N_lo + N_hi, T = T_hi T_lo. A chunk then rea
 its queries instead of the states:
     Q = q_eff;  for each set bit j of c, ascending:  o += w_j * (Q N_j);  Q <- Q T_j
 and the final chunk-level states of a sequence come the same way from its last chunk: X = M_last; F_j = X N_j;
-X <- X T_j. Every product is exact (the same sums in another order), so fp32 inputs give the scan's values.
+X <- X T_j. After the last level Q holds each chunk's queries moved to its sequence's first chunk and X the whole
+sequence's transition, so an initial state's levels are read as sum_l w_l (Q prior_l) and leave as X prior_l. Every product is exact (the same sums in another order), so fp32 inputs give the scan's values.
 
 Cost: ~2 x rows blocks of (2 K^3 + 2 K^2 V) and nj x rows / 2 reads of (2 C K V + 2 C K^2): the scan's FLOPs, in
 batched GEMMs. Memory: the forward keeps N and T of every block (fp32, ~2 x rows x (K V + K^2) per head); the
@@ -152,35 +154,72 @@ def _forward(tree: BlockTree, q_eff, lam, ns, ts, nseq, values: bool = True):
             final[seqs, :, j] = (xj @ ns[j][:, node]).transpose(0, 1)
         if len(seqs):
             x.index_copy_(1, seqs, xj @ ts[j][:, node])
-    return out, final, chain, xs
+    # q: every row's queries moved to its sequence's first chunk (through all its blocks); x: every sequence's
+    # transition from its first chunk to its end. The prior levels are read and moved with them.
+    return out, final, chain, xs, q, x
+
+
+def _prior_rows(lay: LevelLayout) -> list[tuple[int, int, int]]:
+    """(sequence, first row, row count) of every sequence that continues a prior state (p0 > 0) with chunks."""
+    return [(n, first, count) for n, (first, count, p0) in enumerate(zip(lay.first_rows, lay.chunk_counts, lay.starts))
+            if p0 > 0 and count > 0]
+
+
+def _prior_forward(q_full, x_full, wts, prior, lay):
+    """Reads of the prior levels, out [H, rows, C, V] += sum_l wts_l (q_full prior_l), and the prior moved to each
+    sequence's end, pfin [N, H, L, K, V] = x_full prior (the identity for sequences without chunks)."""
+    h, rows, c, k = q_full.shape
+    nl, dv = prior.shape[2], prior.shape[-1]
+    out = q_full.new_zeros(h, rows, c, dv)
+    pfin = prior.clone()
+    for n, first, count in _prior_rows(lay):
+        qn = q_full[:, first:first + count].reshape(h, count * c, k)
+        stacked = prior[n].permute(0, 2, 1, 3).reshape(h, k, nl * dv)  # [H, K, L * V]
+        reads = (qn @ stacked).reshape(h, count, c, nl, dv)
+        out[:, first:first + count] = (reads * wts[:, first:first + count, :, :, None]).sum(3)
+        pfin[n] = x_full[:, n][:, None] @ prior[n]
+    return out, pfin
 
 
 class DeltaLevelNodesFunction(torch.autograd.Function):
-    """(q_eff, W, Kd, decay, zcols, v, lambda) -> (reads [H, rows, C, V], final chunk-level states [N, H, nj, K, V]):
-    DeltaLevelScanFunction's mode 0 as a block tree (module docstring)."""
+    """(q_eff, W, Kd, decay, zcols, v, lambda, prior weights, prior levels) -> (reads [H, rows, C, V], final chunk-level
+    states [N, H, nj, K, V], the prior levels moved to each sequence's end [N, H, L, K, V]): DeltaLevelScanFunction's
+    modes 0 and 1 (the chunk levels, and the levels of an initial state) as a block tree (module docstring). Without
+    a prior (wts, prior None) the third output is an empty tensor."""
 
     @staticmethod
-    def forward(ctx, q_eff, w_wy, kd, decay, zcols, v, lam, lay, in_dtype):
+    def forward(ctx, q_eff, w_wy, kd, decay, zcols, v, lam, wts, prior, lay, in_dtype):
         tree = block_tree(lay, q_eff.device)
         with _matmul_precision(in_dtype):
             ns, ts = _build(tree, w_wy, kd, decay, zcols, v)
-            out, final, _, _ = _forward(tree, q_eff, lam, ns, ts, lay.n)
-        ctx.save_for_backward(q_eff, w_wy, kd, zcols, v, lam, *ns, *ts)
-        ctx.tree, ctx.nseq, ctx.in_dtype = tree, lay.n, in_dtype
-        return out, final
+            out, final, _, _, q_full, x_full = _forward(tree, q_eff, lam, ns, ts, lay.n)
+            pfin = q_eff.new_empty(0)
+            if prior is not None:
+                prior = prior.float()
+                reads, pfin = _prior_forward(q_full, x_full, wts, prior, lay)
+                out = out + reads
+        ctx.save_for_backward(q_eff, w_wy, kd, zcols, v, lam, wts, prior, *ns, *ts)
+        ctx.tree, ctx.lay, ctx.in_dtype, ctx.levels = tree, lay, in_dtype, len(ns)
+        ctx.prior_dtype = None if prior is None else prior.dtype
+        return out, final, pfin
 
     @staticmethod
-    def backward(ctx, dout, dfinal):
-        tree, nj = ctx.tree, ctx.tree.nj
-        q_eff, w_wy, kd, zcols, v, lam = ctx.saved_tensors[:6]
-        ns, ts = list(ctx.saved_tensors[6:6 + nj]), list(ctx.saved_tensors[6 + nj:])
+    def backward(ctx, dout, dfinal, dpfin):
+        tree, nj, lay = ctx.tree, ctx.tree.nj, ctx.lay
+        q_eff, w_wy, kd, zcols, v, lam, wts, prior = ctx.saved_tensors[:8]
+        ns, ts = list(ctx.saved_tensors[8:8 + ctx.levels]), list(ctx.saved_tensors[8 + ctx.levels:])
         with _matmul_precision(ctx.in_dtype):
-            _, _, chain, xs = _forward(tree, q_eff, lam, ns, ts, ctx.nseq, values=False)
+            _, _, chain, xs, q_full, x_full = _forward(tree, q_eff, lam, ns, ts, lay.n, values=False)
             dns = [torch.zeros_like(n) for n in ns]
             dts = [torch.zeros_like(t) for t in ts]
             dlam = torch.zeros_like(lam)
-            # the reads, last level first: o += w_j (Q_j N_j), Q_{j+1} = Q_j T_j
+            # the prior's reads and its move to the end: the gradients of q_full and x_full start the chains'
             dq = torch.zeros_like(q_eff)
+            dx = torch.zeros_like(ts[0][:, tree.last_rows])
+            dwts = dprior = None
+            if prior is not None:
+                dwts, dprior = _prior_backward(q_full, x_full, wts, prior, dout, dpfin, lay, dq, dx)
+            # the reads, last level first: o += w_j (Q_j N_j), Q_{j+1} = Q_j T_j
             if dout is not None:
                 for j in reversed(range(nj)):
                     rsel, node = tree.reads[j]
@@ -200,18 +239,19 @@ class DeltaLevelNodesFunction(torch.autograd.Function):
                     dts[j].index_add_(1, node, dt_part)
                     dq.index_copy_(1, rsel, dqj)
             # the final states: F_j = X_j N_j, X_{j+1} = X_j T_j, X_0 = M_last
-            if dfinal is not None:
-                dx = torch.zeros_like(ts[0][:, tree.last_rows])
+            if dfinal is not None or prior is not None:
                 for j in reversed(range(nj)):
                     seqs, node = tree.finals[j]
                     if not len(seqs):
                         continue
-                    xj, df = xs[j], dfinal[seqs, :, j].transpose(0, 1)
-                    dx_next = dx[:, seqs]
-                    dns[j].index_add_(1, node, xj.transpose(-1, -2) @ df)
+                    xj, dx_next = xs[j], dx[:, seqs]
                     dts[j].index_add_(1, node, xj.transpose(-1, -2) @ dx_next)
-                    dx.index_copy_(1, seqs, df @ ns[j][:, node].transpose(-1, -2)
-                                   + dx_next @ ts[j][:, node].transpose(-1, -2))
+                    dxj = dx_next @ ts[j][:, node].transpose(-1, -2)
+                    if dfinal is not None:
+                        df = dfinal[seqs, :, j].transpose(0, 1)
+                        dns[j].index_add_(1, node, xj.transpose(-1, -2) @ df)
+                        dxj = dxj + df @ ns[j][:, node].transpose(-1, -2)
+                    dx.index_copy_(1, seqs, dxj)
                 dts[0].index_add_(1, tree.last_rows[tree.has_last], dx[:, tree.has_last])
             # the tree, top down: N = T_hi N_lo + N_hi, T = T_hi T_lo
             for j in reversed(range(1, nj)):
@@ -235,4 +275,35 @@ class DeltaLevelNodesFunction(torch.autograd.Function):
             ddecay = dt0.diagonal(dim1=-2, dim2=-1).sum(-1)
             dkd = -(w_wy @ dt0.transpose(-1, -2))
             dw_wy = -(kd @ dt0)
-        return dq, dw_wy, dkd, ddecay, dzcols, dv, dlam, None, None
+        dprior = None if dprior is None else dprior.to(ctx.prior_dtype)
+        return dq, dw_wy, dkd, ddecay, dzcols, dv, dlam, dwts, dprior, None, None
+
+
+def _prior_backward(q_full, x_full, wts, prior, dout, dpfin, lay, dq, dx):
+    """Gradients of _prior_forward: returns (dwts, dprior) and adds the gradients of q_full and x_full into dq and
+    dx (in place)."""
+    h, _, c, k = q_full.shape
+    nl, dv = prior.shape[2], prior.shape[-1]
+    dwts = torch.zeros_like(wts)
+    dprior = torch.zeros_like(prior)
+    for n, first, count in _prior_rows(lay):
+        stacked = prior[n].permute(0, 2, 1, 3).reshape(h, k, nl * dv)  # [H, K, L * V]
+        qn = q_full[:, first:first + count].reshape(h, count * c, k)
+        if dout is not None:
+            do = dout[:, first:first + count]  # [H, count, C, V]
+            reads = (qn @ stacked).reshape(h, count, c, nl, dv)
+            dwts[:, first:first + count] = (reads * do[:, :, :, None, :]).sum(-1)
+            d_reads = (wts[:, first:first + count, :, :, None] * do[:, :, :, None, :]).reshape(h, count * c, nl * dv)
+            dq[:, first:first + count] += (d_reads @ stacked.transpose(-1, -2)).reshape(h, count, c, k)
+            dprior[n] += (qn.transpose(-1, -2) @ d_reads).reshape(h, k, nl, dv).permute(0, 2, 1, 3)
+        if dpfin is not None and dpfin.numel():
+            # pfin[n] = x_full[n] prior[n] (per level)
+            dx[:, n] += (dpfin[n] @ prior[n].transpose(-1, -2)).sum(1)
+            dprior[n] += x_full[:, n][:, None].transpose(-1, -2) @ dpfin[n]
+    if dpfin is not None and dpfin.numel():
+        # sequences without chunks (or without a prior: zero levels) pass their prior through unchanged
+        moved = {n for n, _, _ in _prior_rows(lay)}
+        for n in range(prior.shape[0]):
+            if n not in moved:
+                dprior[n] += dpfin[n]
+    return dwts, dprior

@@ -45,7 +45,8 @@ from .triton_fwd import _scan_masks, _scan_program, delta_level_scan_fwd, dot_pr
 
 # How the chunk levels run: "scan" (the Triton level scan above and in triton_fwd) or "nodes" (level_nodes: a tree of
 # aligned chunk blocks in batched matmuls, the same values). HILO_LOGLINEAR_DELTA="form=nodes" picks it; the scan
-# stays the default until the tree is timed on the H200. Priors (an initial state's levels) always take the scan.
+# stays the default until the tree is timed on the H200. The nodes form reads an initial state's levels through the
+# same tree (the queries moved to the sequence's first chunk), so it launches no Triton kernel.
 FORMS = ("scan", "nodes")
 OPTIONS = {"form": "scan"}
 
@@ -227,23 +228,27 @@ def loglinear_delta_rule_triton(q, k, v, beta, g, level_scales, scale, initial_s
     lc_int = torch.nn.functional.pad(lc, (0, nl_int - nl))
     lam_in = torch.gather(lc_int, -1, lev_in.expand(h, lay.rows, CHUNK, CHUNK))
     o = (e * lam_in) @ vc  # [H, rows, C, V]
-    rfin = None
-    if lay.nj:
-        if OPTIONS["form"] not in FORMS:
-            raise ValueError(f"loglinear_delta_rule OPTIONS['form'] = {OPTIONS['form']!r}; expected one of {FORMS}")
-        if OPTIONS["form"] == "nodes":
-            inter, rfin = DeltaLevelNodesFunction.apply(q_eff, w_wy, kd, decay, zcols, vc, lc, lay, q.dtype)
-        else:
+    if OPTIONS["form"] not in FORMS:
+        raise ValueError(f"loglinear_delta_rule OPTIONS['form'] = {OPTIONS['form']!r}; expected one of {FORMS}")
+    has_prior = initial_state is not None and any(p > 0 for p in starts)
+    wts = _to_chunks(_prior_weights(lam_tok, segs, starts, t), lay) if has_prior else None
+    rfin = pfin = None
+    if OPTIONS["form"] == "nodes" and (lay.nj or has_prior):
+        # the chunk levels and the prior's levels in one block tree
+        prior = initial_state.levels if has_prior else None
+        inter, rfin, pfin = DeltaLevelNodesFunction.apply(q_eff, w_wy, kd, decay, zcols, vc, lc, wts, prior, lay,
+                                                          q.dtype)
+        o = o + inter
+        pfin = pfin if has_prior else None
+    elif OPTIONS["form"] == "scan":
+        if lay.nj:
             inter, rfin = DeltaLevelScanFunction.apply(q_eff, w_wy, kd, decay, zcols, vc, lc, None, None, lay, 0,
                                                        q.dtype)
-        o = o + inter
-    has_prior = initial_state is not None and any(p > 0 for p in starts)
-    pfin = None
-    if has_prior:
-        wts = _to_chunks(_prior_weights(lam_tok, segs, starts, t), lay)
-        inter, pfin = DeltaLevelScanFunction.apply(q_eff, w_wy, kd, decay, zcols, vc, lc, wts,
-                                                   initial_state.levels.float(), lay, 1, q.dtype)
-        o = o + inter
+            o = o + inter
+        if has_prior:
+            inter, pfin = DeltaLevelScanFunction.apply(q_eff, w_wy, kd, decay, zcols, vc, lc, wts,
+                                                       initial_state.levels.float(), lay, 1, q.dtype)
+            o = o + inter
     o = o.permute(1, 2, 0, 3).reshape(lay.rows * CHUNK, h, dv)[lay.chunk_pos].reshape(b, t, h, dv)
     if not output_final_state:
         return o.to(v.dtype), None

@@ -277,14 +277,39 @@ def test_level_nodes_match_definition(nodes_form, t, decay, unit_k):
     assert_close(run("triton", x), ref, f"nodes T={t}")
 
 
-@pytest.mark.parametrize("with_prior", [False, pytest.param(True, marks=triton_only)])
+@pytest.mark.parametrize("with_prior", [False, True])
 def test_level_nodes_varlen_with_clipped_blocks(nodes_form, with_prior):
-    lengths = [1, 15, 0, 75, 1, 130, 900]
+    # the empty documents: one inside a prior's partial chunk (one chunk row), one at a chunk boundary (no rows:
+    # its prior passes through unchanged)
+    lengths = [1, 15, 0, 75, 0, 130, 900]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     x = make(1, int(cu[-1]), seed=7, nl=num_levels(900 + 300))
-    prior = prior_state([0, 5, 3, 64, 100, 130, 200], nl=x["lam"].shape[-1], seed=8) if with_prior else None
+    prior = prior_state([0, 5, 3, 64, 128, 130, 200], nl=x["lam"].shape[-1], seed=8) if with_prior else None
     ref = run("torch", x, cu=cu, init=prior, dtype=torch.float64)
     assert_close(run("triton", x, cu=cu, init=prior), ref, f"nodes varlen prior={with_prior}")
+
+
+def test_level_nodes_rows_at_different_positions(nodes_form):
+    """Rows that continue states of 0, 37 and 129 tokens (priors ending mid-chunk): the prior levels are read through
+    the tree (queries moved to the first chunk) and moved to the end with it."""
+    x = make(3, 70, seed=3, nl=9)
+    init = prior_state([0, 37, 129], nl=9, seed=4)
+    ref = run("quadratic", x, init=init, dtype=torch.float64)
+    assert_close(run("triton", x, init=init), ref, "nodes rows with their own start")
+
+
+@pytest.mark.parametrize("split", [45, 130])
+def test_level_nodes_continuation_from_final_state(nodes_form, split):
+    x = make(1, 300, seed=split + 1)
+    _, full = loglinear_delta_rule(*(x[n].float() for n in NAMES), output_final_state=True, backend="triton")
+    first = {n: val[:, :split] for n, val in x.items()}
+    second = {n: val[:, split:] for n, val in x.items()}
+    _, mid = loglinear_delta_rule(*(first[n].float() for n in NAMES), output_final_state=True, backend="triton")
+    o2, end = loglinear_delta_rule(*(second[n].float() for n in NAMES), initial_state=mid, output_final_state=True,
+                                   backend="triton")
+    o_full, _ = loglinear_delta_rule(*(x[n].float() for n in NAMES), backend="triton")
+    assert error_ratio(o2, o_full[:, split:]) <= TOL
+    assert error_ratio(end.levels, full.levels) <= TOL
 
 
 def test_level_nodes_form_option_errors(monkeypatch):
