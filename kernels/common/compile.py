@@ -7,7 +7,8 @@ break, not a trace of the kernel's host code. `opaque_to_compile` is torch.compi
 operators' Python never becomes part of a graph, whatever they take or return.
 
 `compile_safe_operators()` maps each public operator of kernels (kernels.__all__) to the callable a compiled model
-should hold instead: the recurrent families (linear_attn, delta_rule, loglinear_*, hla2/ahla/hla3) always opaque;
+should hold instead: the recurrent families (delta_rule, loglinear_*, hla2/ahla/hla3) always opaque; linear_attn
+traced when it takes its Triton custom op (fixed-length calls on CUDA), opaque otherwise;
 softmax_attn traced (SDPA is one node of the graph) unless it gets cu_seqlens, whose per-document loop reads the
 boundaries on the host (opaque then, so no graph specialises on them); short_conv always traced (its Triton path is a
 torch.library custom op). `make_opaque_in(namespace)` swaps those
@@ -26,6 +27,9 @@ import torch
 TRACED_WITHOUT_CU_SEQLENS = ("softmax_attn",)
 # Operators always traced: their Triton path is a torch.library custom op, one node of the graph (no break).
 ALWAYS_TRACED = ("short_conv",)
+# Operators whose Triton path without cu_seqlens is a custom op: traced there, opaque otherwise (their torch paths
+# and packed documents read boundaries on the host).
+TRACED_AS_CUSTOM_OP = ("linear_attn",)
 
 _SAFE: dict[int, Callable] = {}  # id(operator) -> its compile-safe callable (one per operator, stable identity)
 
@@ -54,6 +58,21 @@ def traced_without_cu_seqlens(fn: Callable) -> Callable:
     return wrapper
 
 
+def traced_as_custom_op(fn: Callable) -> Callable:
+    """fn traced when it will take its Triton custom op (no cu_seqlens; backend "triton", or None on CUDA tensors),
+    opaque_to_compile(fn) otherwise."""
+    opaque = opaque_to_compile(fn)
+
+    @functools.wraps(fn)
+    def wrapper(q, *args, cu_seqlens=None, backend=None, **kwargs):
+        if cu_seqlens is None and (backend == "triton" or (backend is None and q.is_cuda)):
+            return fn(q, *args, backend=backend, **kwargs)
+        return opaque(q, *args, cu_seqlens=cu_seqlens, backend=backend, **kwargs)
+
+    wrapper._opaque_to_compile = True  # already compile-safe: not wrapped again
+    return wrapper
+
+
 def compile_safe_operators() -> dict[int, Callable]:
     """id(operator) -> compile-safe callable, for every public operator in kernels.__all__."""
     import kernels
@@ -63,8 +82,12 @@ def compile_safe_operators() -> dict[int, Callable]:
             fn = getattr(kernels, name)
             if name in ALWAYS_TRACED:
                 continue
-            _SAFE[id(fn)] = traced_without_cu_seqlens(fn) if name in TRACED_WITHOUT_CU_SEQLENS else \
-                opaque_to_compile(fn)
+            if name in TRACED_AS_CUSTOM_OP:
+                _SAFE[id(fn)] = traced_as_custom_op(fn)
+            elif name in TRACED_WITHOUT_CU_SEQLENS:
+                _SAFE[id(fn)] = traced_without_cu_seqlens(fn)
+            else:
+                _SAFE[id(fn)] = opaque_to_compile(fn)
     return _SAFE
 
 

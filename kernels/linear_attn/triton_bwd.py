@@ -14,6 +14,8 @@ dL/dG_t = q_t . dq_t - k_t . dk_t (+ <S_T, dS_T> at a document's last token, fro
 dg_t = sum_{s >= t in its document} dL/dG_s. (Derived by hand; checked against autograd of the chunk path.)
 """
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -345,7 +347,90 @@ class LinearAttnFunction(torch.autograd.Function):
         return dq, dk_, dv_, dg, dh0, None, None, None
 
 
+# Fixed-length calls (no cu_seqlens) also exist as a torch.library custom op pair: a compiled graph holds the operator
+# as one node (no graph break around it), and its fake gives the outputs' shapes without running anything. Packed
+# documents keep the autograd.Function (their chunk count depends on cu_seqlens' values, which a fake cannot know).
+def _flat_inputs(q, k, v, g, h0):
+    b, t, groups, dk = q.shape
+    h, dv = v.shape[2], v.shape[3]
+    qg, kg = (x.reshape(b * t, groups, dk).contiguous() for x in (q, k))
+    vf = v.reshape(b * t, h, dv).contiguous()
+    gf = None if g is None else g.reshape(b * t, h).contiguous().float()
+    h0f = None if h0 is None else h0.contiguous().float()
+    return qg, kg, vf, gf, h0f, Layout(b, t, h, None, q.device), h // groups
+
+
+@torch.library.custom_op("hilo::linear_attn", mutates_args=())
+def _linear_attn_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],  # noqa: UP045
+                    h0: Optional[torch.Tensor], scale: float,  # noqa: UP045 (custom_op reads the annotations)
+                    output_final_state: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o [B, T, H, V] in v's dtype, final state [B, H, K, V] fp32 (empty unless output_final_state), chunk states
+    hs [B * ceil(T / 64), H, K, V] in k's dtype, kept for the backward)."""
+    qg, kg, vf, gf, h0f, lay, rep = _flat_inputs(q, k, v, g, h0)
+    o, ht, hs = chunk_fwd(_per_head(qg, rep), _per_head(kg, rep), vf, gf, scale, h0f, lay, output_final_state)
+    if ht is None:
+        ht = q.new_empty(0, dtype=torch.float32)
+    return o.reshape(v.shape), ht, hs
+
+
+@_linear_attn_op.register_fake
+def _(q, k, v, g, h0, scale, output_final_state):
+    b, t, _, dk = q.shape
+    h, dv = v.shape[2], v.shape[3]
+    ht = q.new_empty(b, h, dk, dv, dtype=torch.float32) if output_final_state else q.new_empty(0, dtype=torch.float32)
+    return v.new_empty(b, t, h, dv), ht, k.new_empty(b * triton.cdiv(t, BT), h, dk, dv)
+
+
+@torch.library.custom_op("hilo::linear_attn_backward", mutates_args=())
+def _linear_attn_backward_op(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tensor,  # noqa: UP045
+                             k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],  # noqa: UP045
+                             h0: Optional[torch.Tensor], ht: torch.Tensor, hs: torch.Tensor,  # noqa: UP045
+                             scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                    torch.Tensor]:
+    """(dq, dk, dv, dg (empty without g), dh0 (empty without h0)) in their inputs' dtypes."""
+    b, t, groups, dk = q.shape
+    h, dv = v.shape[2], v.shape[3]
+    qg, kg, vf, gf, h0f, lay, rep = _flat_inputs(q, k, v, g, h0)
+    do = do.reshape(b * t, h, dv).contiguous().to(vf.dtype)
+    dht = None if dht is None else dht.contiguous().float()
+    dq, dk_, dv_, dg, dh0 = chunk_bwd(_per_head(qg, rep), _per_head(kg, rep), vf, gf, do, dht,
+                                      ht if ht.numel() else None, hs, scale, h0f, lay, need_dh0=h0 is not None)
+    if rep > 1:  # a group's gradient is the sum of its heads' (in fp32)
+        dq, dk_ = (x.reshape(b * t, groups, rep, dk).float().sum(2) for x in (dq, dk_))
+    empty = q.new_empty(0, dtype=torch.float32)
+    return (dq.reshape(q.shape).to(q.dtype), dk_.reshape(k.shape).to(k.dtype), dv_.reshape(v.shape).to(v.dtype),
+            empty if g is None else dg.reshape(g.shape).to(g.dtype), empty if h0 is None else dh0.to(h0.dtype))
+
+
+@_linear_attn_backward_op.register_fake
+def _(do, dht, q, k, v, g, h0, ht, hs, scale):
+    empty = q.new_empty(0, dtype=torch.float32)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            empty if g is None else torch.empty_like(g), empty if h0 is None else torch.empty_like(h0))
+
+
+def _linear_attn_setup(ctx, inputs, output):
+    q, k, v, g, h0, scale, output_final_state = inputs
+    _, ht, hs = output
+    ctx.save_for_backward(q, k, v, g, h0, ht, hs)
+    ctx.scale, ctx.output_final_state = scale, output_final_state
+
+
+def _linear_attn_grads(ctx, do, dht, _dhs):
+    q, k, v, g, h0, ht, hs = ctx.saved_tensors
+    dht = dht if ctx.output_final_state else None
+    dq, dk, dv, dg, dh0 = _linear_attn_backward_op(do, dht, q, k, v, g, h0, ht, hs, ctx.scale)
+    return dq, dk, dv, (dg if g is not None else None), (dh0 if h0 is not None else None), None, None
+
+
+_linear_attn_op.register_autograd(_linear_attn_grads, setup_context=_linear_attn_setup)
+
+
 def linear_attn_triton(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens):
     """Triton backend of kernels.linear_attn (forward and backward kernels); returns (o, final_state)."""
+    if cu_seqlens is None:
+        o, ht, _ = _linear_attn_op(q.contiguous(), k.contiguous(), v.contiguous(),
+                                   None if g is None else g.contiguous(), initial_state, scale, output_final_state)
+        return o, (ht if output_final_state else None)
     o, ht = LinearAttnFunction.apply(q, k, v, g, initial_state, cu_seqlens, scale, output_final_state)
     return o, (ht if output_final_state else None)

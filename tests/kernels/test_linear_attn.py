@@ -255,3 +255,34 @@ def test_grouped_heads_must_divide():
     q, k, v, g, _ = make(1, 10, 6, 8, 8, "weak")
     with pytest.raises(ValueError, match="must divide"):
         linear_attn(q[:, :, :4], k[:, :, :4], v, g)
+
+
+@triton_only
+def test_triton_custom_op_compiles_into_one_graph():
+    """Fixed-length calls of the Triton backend are the torch.library op "hilo::linear_attn": torch.compile traces
+    them as one node (fullgraph), grouped q / k, an initial state and the final state included, with eager's values
+    and gradients."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    gen = torch.Generator().manual_seed(21)
+    q, k = (torch.randn(2, 70, 2, 16, generator=gen) for _ in range(2))
+    v = torch.randn(2, 70, 4, 8, generator=gen)
+    g = -torch.rand(2, 70, 4, generator=gen) * 0.3
+    h0 = torch.randn(2, 4, 16, 8, generator=gen)
+    leaves = [x.to(DEV).requires_grad_() for x in (q, k, v, g, h0)]
+
+    def f(q, k, v, g, h0):
+        o, ht = linear_attn(torch.nn.functional.silu(q), k * 2, v, g, initial_state=h0, output_final_state=True,
+                            backend="triton")
+        return o.float().square().sum() + ht.square().sum()
+
+    ref = f(*leaves)
+    ref_grads = torch.autograd.grad(ref, leaves)
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    out = torch.compile(f, backend=counter, fullgraph=True)(*leaves)
+    grads = torch.autograd.grad(out, leaves)
+    assert counter.frame_count == 1 and "hilo.linear_attn" in counter.graphs[0].code
+    assert torch.allclose(out, ref, rtol=1e-6)
+    for a, r in zip(grads, ref_grads, strict=True):
+        assert torch.allclose(a, r, rtol=1e-5, atol=1e-6)

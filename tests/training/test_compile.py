@@ -96,6 +96,26 @@ def test_compiled_blocks_match_eager_and_operators_stay_opaque(family):
     assert list(compiled.state_dict()) == list(eager.state_dict())  # no _orig_mod. prefixes
 
 
+def test_mamba2_triton_operator_is_one_node_of_the_block_graph():
+    """With its Triton backend (the interpreter here, CUDA on a GPU) and fixed-length rows, linear_attn is a
+    torch.library custom op that compile_blocks traces: a Mamba-2 block is one graph with no break, and the compiled
+    loss and gradients equal eager's."""
+    torch.manual_seed(0)
+    eager = models.build_model({**TINY, "mixer": "mamba2", "mixer_kwargs": {**SMALL_HEADS, "backend": "triton"}})
+    compiled = copy.deepcopy(eager)
+    backend = CompileCounterWithBackend("aot_eager")
+    counters.clear()
+    compile_blocks(compiled, backend=backend)
+    ids = torch.randint(0, TINY["vocab_size"], (2, SEQ), generator=torch.Generator().manual_seed(4))
+    ref_loss, ref_grads = _loss_and_grads(eager, ids)
+    loss, grads = _loss_and_grads(compiled, ids)
+    assert _rel(loss, ref_loss) < 1e-5
+    for name, g in grads.items():
+        assert _rel(g, ref_grads[name]) < 1e-5, name
+    assert _graph_breaks() == {} and backend.frame_count == 1
+    assert "hilo.linear_attn" in backend.graphs[0].code
+
+
 def test_packed_documents_compile_once():
     """varlen packing: cu_seqlens changes length from batch to batch; that length is dynamic, so the graphs are not
     recompiled for each document layout, and the packed losses equal eager's."""
