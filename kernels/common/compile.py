@@ -7,8 +7,8 @@ break, not a trace of the kernel's host code. `opaque_to_compile` is torch.compi
 operators' Python never becomes part of a graph, whatever they take or return.
 
 `compile_safe_operators()` maps each public operator of kernels (kernels.__all__) to the callable a compiled model
-should hold instead: the recurrent families (delta_rule, loglinear_*, hla2/ahla/hla3) always opaque; linear_attn
-traced when it takes its Triton custom op (fixed-length calls on CUDA), opaque otherwise;
+should hold instead: the recurrent families (loglinear_*, hla2/ahla/hla3) always opaque; linear_attn and delta_rule
+traced when they take their Triton custom ops (fixed-length calls on CUDA), opaque otherwise;
 softmax_attn traced (SDPA is one node of the graph) unless it gets cu_seqlens, whose per-document loop reads the
 boundaries on the host (opaque then, so no graph specialises on them); short_conv always traced (its Triton path is a
 torch.library custom op). `make_opaque_in(namespace)` swaps those
@@ -29,7 +29,7 @@ TRACED_WITHOUT_CU_SEQLENS = ("softmax_attn",)
 ALWAYS_TRACED = ("short_conv",)
 # Operators whose Triton path without cu_seqlens is a custom op: traced there, opaque otherwise (their torch paths
 # and packed documents read boundaries on the host).
-TRACED_AS_CUSTOM_OP = ("linear_attn",)
+TRACED_AS_CUSTOM_OP = ("delta_rule", "linear_attn")
 
 _SAFE: dict[int, Callable] = {}  # id(operator) -> its compile-safe callable (one per operator, stable identity)
 

@@ -1,4 +1,4 @@
-"""Triton backward of the gated delta rule, and the autograd.Function that ties it to triton_fwd.
+"""Triton backward of the gated delta rule, and the torch.library custom op pair that ties it to triton_fwd.
 
 With the forward's per-chunk quantities (chunk.py's notation; S the chunk-start state, S' the chunk-end state):
   O = scale (diag(e^gamma) Q S + P U),  P = Q K^T * Gamma * M,    S' = e^{gamma_C} S + Kbar^T U,
@@ -17,6 +17,8 @@ cumsum of dgamma inside the chunk. Launches (triton_fwd.OPTIONS selects between 
   3b. grads_wy (per (chunk, head)): through the UT transform: dv, dbeta, the rest of dk and dgamma, dg.
 The forward's chunk states, pseudo-values, U~, W and T are saved, not recomputed.
 """
+
+from typing import Optional
 
 import torch
 import triton
@@ -527,29 +529,71 @@ def delta_rule_bwd(q, k, v, beta, g, scale, want_dh0, bounds, table, choff, save
     return dq, dkk, dvv, dbeta, dg, dh0
 
 
-class DeltaRuleFunction(torch.autograd.Function):
-    """Triton forward and backward on the packed token axis; see triton_fwd and this module's docstring."""
+# The Triton path as a torch.library custom op pair: shapes never depend on values (the chunk table has a static
+# number of rows), so the fakes give every output's shape and a compiled graph holds the operator as one node.
+_Tensor = torch.Tensor
+_OptTensor = Optional[torch.Tensor]  # noqa: UP045 (custom_op reads the annotations)
 
-    @staticmethod
-    def forward(ctx, q, k, v, beta, g, initial_state, scale, output_final_state, bounds, table, choff):
-        o, final, saved = delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, bounds, table,
-                                         choff)
-        ctx.save_for_backward(q, k, v, beta, g, initial_state, bounds, table, choff, *saved)
-        ctx.scale = scale
-        if final is not None:
-            return o, final
-        return o, None
 
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, beta, g, initial_state, bounds, table, choff, *saved = ctx.saved_tensors
-        dq, dk, dv, dbeta, dg, dh0 = delta_rule_bwd(
-            q, k, v, beta, g, ctx.scale, initial_state is not None and ctx.needs_input_grad[5], bounds, table,
-            choff, saved, do.contiguous(),
-            None if dht is None else dht.contiguous().float(),
-        )
-        return (dq, dk, dv, dbeta.to(beta.dtype), None if dg is None else dg.to(g.dtype), dh0, None, None, None,
-                None, None)
+@torch.library.custom_op("hilo::delta_rule", mutates_args=())
+def _delta_rule_op(q: _Tensor, k: _Tensor, v: _Tensor, beta: _Tensor, g: _OptTensor, h0: _OptTensor, scale: float,
+                   output_final_state: bool, bounds: _Tensor, table: _Tensor, choff: _Tensor
+                   ) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
+    """(o [L, H, V], final [N, H, K, V] fp32 (empty unless output_final_state), then the intermediates the backward
+    reuses: gamma, tinv, w, ut, u, hs) on the packed [L, H, *] layout."""
+    o, final, saved = delta_rule_fwd(q, k, v, beta, g, scale, h0, output_final_state, bounds, table, choff)
+    return o, (final if final is not None else q.new_empty(0, dtype=torch.float32)), *saved
+
+
+@_delta_rule_op.register_fake
+def _(q, k, v, beta, g, h0, scale, output_final_state, bounds, table, choff):
+    total, h, dk = q.shape
+    dv, n, rows = v.shape[-1], bounds.shape[0] - 1, table.shape[0]
+    f32 = torch.float32
+    final = q.new_empty(n, h, dk, dv, dtype=f32) if output_final_state else q.new_empty(0, dtype=f32)
+    return (v.new_empty(total, h, dv), final, q.new_empty(total, h, dtype=f32), q.new_empty(total, h, CHUNK, dtype=f32),
+            q.new_empty(total, h, dk), q.new_empty(total, h, dv), q.new_empty(total, h, dv),
+            q.new_empty(rows, h, dk, dv))
+
+
+@torch.library.custom_op("hilo::delta_rule_backward", mutates_args=())
+def _delta_rule_backward_op(do: _Tensor, dht: _OptTensor, q: _Tensor, k: _Tensor, v: _Tensor, beta: _Tensor,
+                            g: _OptTensor, h0: _OptTensor, scale: float, want_dh0: bool, bounds: _Tensor,
+                            table: _Tensor, choff: _Tensor, gamma: _Tensor, tinv: _Tensor, w: _Tensor, ut: _Tensor,
+                            u: _Tensor, hs: _Tensor) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
+    """(dq, dk, dv, dbeta in beta's dtype, dg (empty without g), dh0 fp32 (empty unless want_dh0))."""
+    dq, dk, dv, dbeta, dg, dh0 = delta_rule_bwd(q, k, v, beta, g, scale, want_dh0, bounds, table, choff,
+                                                (gamma, tinv, w, ut, u, hs), do.contiguous(),
+                                                None if dht is None else dht.contiguous().float())
+    empty = q.new_empty(0, dtype=torch.float32)
+    return (dq, dk, dv, dbeta.to(beta.dtype), empty if dg is None else dg.to(g.dtype),
+            empty if dh0 is None else dh0)
+
+
+@_delta_rule_backward_op.register_fake
+def _(do, dht, q, k, v, beta, g, h0, scale, want_dh0, bounds, table, choff, gamma, tinv, w, ut, u, hs):
+    empty = q.new_empty(0, dtype=torch.float32)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta),
+            empty if g is None else torch.empty_like(g), torch.empty_like(h0) if want_dh0 else empty)
+
+
+def _delta_rule_setup(ctx, inputs, output):
+    q, k, v, beta, g, h0, scale, output_final_state, bounds, table, choff = inputs
+    ctx.save_for_backward(q, k, v, beta, g, h0, bounds, table, choff, *output[2:])
+    ctx.scale, ctx.output_final_state = scale, output_final_state
+
+
+def _delta_rule_grads(ctx, do, dht, *_):
+    q, k, v, beta, g, h0, bounds, table, choff, *saved = ctx.saved_tensors
+    want_dh0 = h0 is not None and ctx.needs_input_grad[5]
+    dq, dk, dv, dbeta, dg, dh0 = _delta_rule_backward_op(
+        do, dht if ctx.output_final_state else None, q, k, v, beta, g, h0, ctx.scale, want_dh0, bounds, table,
+        choff, *saved)
+    return (dq, dk, dv, dbeta, (dg if g is not None else None), (dh0 if want_dh0 else None), None, None, None, None,
+            None)
+
+
+_delta_rule_op.register_autograd(_delta_rule_grads, setup_context=_delta_rule_setup)
 
 
 def delta_rule_triton(q, k, v, beta, g, scale, initial_state, output_final_state, cu_seqlens):
@@ -563,5 +607,5 @@ def delta_rule_triton(q, k, v, beta, g, scale, initial_state, output_final_state
     beta_f = beta.reshape(b * t, h).contiguous()
     g_f = None if g is None else g.reshape(b * t, h).float().contiguous()
     h0 = None if initial_state is None else initial_state.float().contiguous()
-    o, final = DeltaRuleFunction.apply(*flat, beta_f, g_f, h0, scale, output_final_state, bounds, table, choff)
-    return o.reshape(b, t, h, dv), final
+    o, final, *_ = _delta_rule_op(*flat, beta_f, g_f, h0, scale, output_final_state, bounds, table, choff)
+    return o.reshape(b, t, h, dv), (final if output_final_state else None)

@@ -289,3 +289,35 @@ def test_padded_small_heads_equal_unpadded():
     assert outs["padded"][0].shape == (b, t, h, dv) and outs["padded"][1].shape == (b, h, dk, dv)
     for a, r in zip(outs["padded"], outs["torch"]):
         assert error_ratio(a, r) < 1e-5
+
+
+@needs_triton
+def test_triton_custom_op_compiles_into_one_graph():
+    """The Triton path is the torch.library op "hilo::delta_rule": torch.compile traces it as one node (fullgraph),
+    an initial state and the final state included, with eager's values and gradients."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    gen = torch.Generator().manual_seed(22)
+    q = torch.randn(2, 70, 2, 16, generator=gen)
+    k = torch.nn.functional.normalize(torch.randn(2, 70, 2, 16, generator=gen), dim=-1)
+    v = torch.randn(2, 70, 2, 8, generator=gen)
+    beta = torch.rand(2, 70, 2, generator=gen)
+    g = -torch.rand(2, 70, 2, generator=gen) * 0.3
+    h0 = torch.randn(2, 2, 16, 8, generator=gen)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    leaves = [x.to(dev).requires_grad_() for x in (q, k, v, beta, g, h0)]
+
+    def f(q, k, v, beta, g, h0):
+        o, ht = delta_rule(q * 2, k, v, beta, g, initial_state=h0, output_final_state=True, backend="triton")
+        return o.float().square().sum() + ht.square().sum()
+
+    ref = f(*leaves)
+    ref_grads = torch.autograd.grad(ref, leaves)
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    out = torch.compile(f, backend=counter, fullgraph=True)(*leaves)
+    grads = torch.autograd.grad(out, leaves)
+    assert counter.frame_count == 1 and "hilo.delta_rule" in counter.graphs[0].code
+    assert torch.allclose(out, ref, rtol=1e-6)
+    for a, r in zip(grads, ref_grads, strict=True):
+        assert torch.allclose(a, r, rtol=1e-5, atol=1e-6)

@@ -80,8 +80,9 @@ def test_compiled_blocks_match_eager_and_operators_stay_opaque(family):
     if family == "transformer":  # softmax_attn without cu_seqlens is traced: a block is one graph, SDPA one node
         assert breaks == {} and graphs == 1, breaks
         assert "scaled_dot_product_attention" in backend.graphs[0].code
-    else:  # one graph break per block kind, at the operator (wrapped in torch.compiler.disable), nothing else
-        assert breaks == {f"Skip calling `torch.compiler.disable()`d function [{OPERATOR[family]}]": 1}, breaks
+    else:  # graph breaks only at the operator (wrapped in torch.compiler.disable), nothing else; dynamo may count
+        # that one break twice (GDN: the call sits in a loop over value blocks, below the compile-safe wrapper's frame)
+        assert list(breaks) == [f"Skip calling `torch.compiler.disable()`d function [{OPERATOR[family]}]"], breaks
         if hasattr(torch._dynamo.config, "nested_graph_breaks"):
             assert graphs == 2  # before and after the operator call
     # evaluation (no_grad) and decoding (a cache) run the eager forward: no new graphs
@@ -96,12 +97,14 @@ def test_compiled_blocks_match_eager_and_operators_stay_opaque(family):
     assert list(compiled.state_dict()) == list(eager.state_dict())  # no _orig_mod. prefixes
 
 
-def test_mamba2_triton_operator_is_one_node_of_the_block_graph():
-    """With its Triton backend (the interpreter here, CUDA on a GPU) and fixed-length rows, linear_attn is a
-    torch.library custom op that compile_blocks traces: a Mamba-2 block is one graph with no break, and the compiled
-    loss and gradients equal eager's."""
+@pytest.mark.parametrize("family", ["mamba2", "gated_deltanet"])
+def test_triton_operator_is_one_node_of_the_block_graph(family):
+    """With their Triton backends (the interpreter here, CUDA on a GPU) and fixed-length rows, linear_attn and
+    delta_rule are torch.library custom ops that compile_blocks traces: a block is one graph with no break, and the
+    compiled loss and gradients equal eager's."""
     torch.manual_seed(0)
-    eager = models.build_model({**TINY, "mixer": "mamba2", "mixer_kwargs": {**SMALL_HEADS, "backend": "triton"}})
+    mixer = MIXERS[family]
+    eager = models.build_model({**TINY, **mixer, "mixer_kwargs": {**mixer["mixer_kwargs"], "backend": "triton"}})
     compiled = copy.deepcopy(eager)
     backend = CompileCounterWithBackend("aot_eager")
     counters.clear()
@@ -113,7 +116,7 @@ def test_mamba2_triton_operator_is_one_node_of_the_block_graph():
     for name, g in grads.items():
         assert _rel(g, ref_grads[name]) < 1e-5, name
     assert _graph_breaks() == {} and backend.frame_count == 1
-    assert "hilo.linear_attn" in backend.graphs[0].code
+    assert f"hilo.{OPERATOR[family]}" in backend.graphs[0].code
 
 
 def test_packed_documents_compile_once():
