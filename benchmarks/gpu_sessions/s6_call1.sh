@@ -11,6 +11,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONPATH=/tmp/site HILO_CACHE=$PWD/.hilo_cache WANDB_MODE=disabled
 T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
 mkdir -p $OUT/n; L=$OUT/n/log.txt
+el "0. session 5's custom ops (linear_attn, delta_rule, short_conv) on the GPU: bf16 checks, compiled one-graph tests" | tee -a $L
+timeout 150 python -m pytest -q -x tests/kernels/test_gpu_bf16.py tests/kernels/test_short_conv.py \
+  tests/kernels/test_linear_attn.py tests/kernels/test_delta_rule.py -k "gpu or custom_op or bf16" 2>&1 | tail -3 >> $L
 el "1a. nodes: bf16 checks" | tee -a $L
 HILO_LOGLINEAR_DELTA=form=nodes timeout 150 python -m pytest -q tests/kernels/test_gpu_bf16.py -k loglinear_delta_rule \
   2>&1 | tail -2 >> $L
