@@ -1,4 +1,5 @@
-"""Triton backward of chunked linear attention, and the autograd.Function tying forward and backward.
+"""Triton backward of chunked linear attention, and what ties forward and backward: a torch.library custom op pair
+for fixed-length calls, an autograd.Function for packed documents.
 
 With gc/gl as in triton_fwd, S_in the state entering a chunk (saved by the forward, in the inputs' dtype) and
 dS_out the gradient of the state leaving it:
