@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+from compile_checks import assert_one_graph_with_eager_values
 
 from kernels import delta_rule
 from kernels.delta_rule import delta_rule_step
@@ -295,8 +296,6 @@ def test_padded_small_heads_equal_unpadded():
 def test_triton_custom_op_compiles_into_one_graph():
     """The Triton path is the torch.library op "hilo::delta_rule": torch.compile traces it as one node (fullgraph),
     an initial state and the final state included, with eager's values and gradients."""
-    from torch._dynamo.testing import CompileCounterWithBackend
-
     gen = torch.Generator().manual_seed(22)
     q = torch.randn(2, 70, 2, 16, generator=gen)
     k = torch.nn.functional.normalize(torch.randn(2, 70, 2, 16, generator=gen), dim=-1)
@@ -311,13 +310,4 @@ def test_triton_custom_op_compiles_into_one_graph():
         o, ht = delta_rule(q * 2, k, v, beta, g, initial_state=h0, output_final_state=True, backend="triton")
         return o.float().square().sum() + ht.square().sum()
 
-    ref = f(*leaves)
-    ref_grads = torch.autograd.grad(ref, leaves)
-    torch._dynamo.reset()
-    counter = CompileCounterWithBackend("aot_eager")
-    out = torch.compile(f, backend=counter, fullgraph=True)(*leaves)
-    grads = torch.autograd.grad(out, leaves)
-    assert counter.frame_count == 1 and "hilo.delta_rule" in counter.graphs[0].code
-    assert torch.allclose(out, ref, rtol=1e-6)
-    for a, r in zip(grads, ref_grads, strict=True):
-        assert torch.allclose(a, r, rtol=1e-5, atol=1e-6)
+    assert_one_graph_with_eager_values(f, leaves, "delta_rule")

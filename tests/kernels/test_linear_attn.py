@@ -5,6 +5,7 @@ import os
 
 import pytest
 import torch
+from compile_checks import assert_one_graph_with_eager_values
 
 from kernels import linear_attn
 from kernels.common import error_ratio
@@ -262,8 +263,6 @@ def test_triton_custom_op_compiles_into_one_graph():
     """Fixed-length calls of the Triton backend are the torch.library op "hilo::linear_attn": torch.compile traces
     them as one node (fullgraph), grouped q / k, an initial state and the final state included, with eager's values
     and gradients."""
-    from torch._dynamo.testing import CompileCounterWithBackend
-
     gen = torch.Generator().manual_seed(21)
     q, k = (torch.randn(2, 70, 2, 16, generator=gen) for _ in range(2))
     v = torch.randn(2, 70, 4, 8, generator=gen)
@@ -276,13 +275,4 @@ def test_triton_custom_op_compiles_into_one_graph():
                             backend="triton")
         return o.float().square().sum() + ht.square().sum()
 
-    ref = f(*leaves)
-    ref_grads = torch.autograd.grad(ref, leaves)
-    torch._dynamo.reset()
-    counter = CompileCounterWithBackend("aot_eager")
-    out = torch.compile(f, backend=counter, fullgraph=True)(*leaves)
-    grads = torch.autograd.grad(out, leaves)
-    assert counter.frame_count == 1 and "hilo.linear_attn" in counter.graphs[0].code
-    assert torch.allclose(out, ref, rtol=1e-6)
-    for a, r in zip(grads, ref_grads, strict=True):
-        assert torch.allclose(a, r, rtol=1e-5, atol=1e-6)
+    assert_one_graph_with_eager_values(f, leaves, "linear_attn")

@@ -6,7 +6,7 @@ inside a compiled graph (one graph, same numbers); input errors."""
 import pytest
 import torch
 import torch.nn.functional as F
-from torch._dynamo.testing import CompileCounterWithBackend
+from compile_checks import assert_one_graph_with_eager_values
 
 from kernels.common import error_ratio
 from kernels.short_conv import short_conv
@@ -103,16 +103,7 @@ def test_triton_op_compiles_into_one_graph():
         return (y * y.sigmoid()).sum()
 
     leaves = [z.clone().requires_grad_() for z in (x, w, bb)]
-    ref = f(*leaves)
-    ref_grads = torch.autograd.grad(ref, leaves)
-    torch._dynamo.reset()
-    counter = CompileCounterWithBackend("aot_eager")
-    out = torch.compile(f, backend=counter, fullgraph=True)(*leaves)
-    grads = torch.autograd.grad(out, leaves)
-    assert counter.frame_count == 1
-    assert torch.equal(out, ref)
-    for a, r in zip(grads, ref_grads, strict=True):
-        assert torch.equal(a, r)
+    assert_one_graph_with_eager_values(f, leaves, "short_conv")
 
 
 def test_bad_inputs_raise_clear_errors():
