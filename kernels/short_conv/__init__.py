@@ -9,9 +9,12 @@ zero: every document starts from zeros, as if it ran alone. Returns y [B, T, C] 
 weight, bias and initial_state.
 
 Backends: "triton" (token-major kernels, no transposes, fp32 accumulation with the weights as given; a torch.library
-custom op, so a compiled graph holds it as one node instead of breaking; the default on CUDA), "torch" (ATen's conv1d
-on the channel-major transpose, in x's dtype; the default elsewhere) and "naive" (tap by tap in fp32: the oracle).
+custom op, so a compiled graph holds it as one node instead of breaking; the default on CUDA unless
+HILO_SHORT_CONV=torch), "torch" (ATen's conv1d on the channel-major transpose, in x's dtype; the default elsewhere)
+and "naive" (tap by tap in fp32: the oracle).
 """
+
+import os
 
 import torch
 
@@ -22,6 +25,10 @@ from .conv1d import short_conv_conv1d
 from .naive import short_conv_naive
 
 ACTIVATIONS = ("silu", None)
+# The backend CUDA tensors take when none is given: HILO_SHORT_CONV=torch goes back to ATen's conv1d (read at import).
+CUDA_DEFAULT = os.environ.get("HILO_SHORT_CONV", "triton").strip() or "triton"
+if CUDA_DEFAULT not in ("triton", "torch"):
+    raise ValueError(f"HILO_SHORT_CONV={CUDA_DEFAULT!r}: expected 'triton' (the default) or 'torch'")
 
 __all__ = ["short_conv"]
 
@@ -65,8 +72,8 @@ def short_conv(
 ) -> torch.Tensor:
     """The causal depthwise conv of the module docstring; returns y [B, T, C] in x's dtype."""
     _check_inputs(x, weight, bias, initial_state, cu_seqlens, activation)
-    # CUDA picks Triton without reading the environment (this runs inside compiled graphs)
-    backend = "triton" if backend is None and x.is_cuda else resolve_backend("short_conv", backend, x.device)
+    # CUDA_DEFAULT was read at import: nothing here reads the environment (this runs inside compiled graphs)
+    backend = CUDA_DEFAULT if backend is None and x.is_cuda else resolve_backend("short_conv", backend, x.device)
     silu = activation == "silu"
     if backend == "naive":
         return short_conv_naive(x, weight, bias, initial_state, cu_seqlens, silu)

@@ -126,6 +126,21 @@ def test_bad_inputs_raise_clear_errors():
         short_conv(x, w, backend="cudnn")
 
 
+def test_cuda_default_backend_from_the_environment():
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, HILO_SHORT_CONV="cudnn")
+    bad = subprocess.run([sys.executable, "-c", "import kernels.short_conv"], env=env, capture_output=True, text=True,
+                         check=False)
+    assert bad.returncode != 0 and "HILO_SHORT_CONV='cudnn': expected 'triton' (the default) or 'torch'" in bad.stderr
+    env["HILO_SHORT_CONV"] = "torch"
+    ok = subprocess.run([sys.executable, "-c", "import sys, kernels; print(sys.modules['kernels.short_conv'].CUDA_DEFAULT)"], env=env,
+                        capture_output=True, text=True, check=False)
+    assert ok.returncode == 0 and ok.stdout.strip() == "torch", ok.stderr
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 Triton checks need a CUDA GPU")
 @pytest.mark.parametrize("docs", [None, [0, 1, 16, 300]])
