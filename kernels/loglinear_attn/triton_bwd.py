@@ -21,6 +21,8 @@ cumsum of g), so dL/dG_t = q_t . dq_t - k_t . dk_t (+ sum_j <R_j, dR_j> of the f
 document's last token), and dg_t = sum_{s >= t in its document} dL/dG_s (as kernels.linear_attn.triton_bwd).
 """
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -185,77 +187,148 @@ def _segment_reverse_cumsum(x: torch.Tensor, lay: LevelLayout) -> torch.Tensor:
     return (csum[:, last] - csum + xt).t().to(torch.float32)
 
 
+def _loglinear_forward(q, k, v, g, lam, lay, scale, want_final, keep_nodes=True):
+    """The kernels' forward: (o fp32 [B, T, H, V], final chunk-level states or None, what the backward needs: the
+    flat inputs and, with OPTIONS["node_save"] and keep_nodes, the forward's nodes)."""
+    b, t, h, _ = q.shape
+    dv = v.shape[-1]
+    qf, kf, vf = (x.reshape(b * t, h, x.shape[-1]).contiguous() for x in (q, k, v))
+    gf = None if g is None else g.reshape(b * t, h).float().contiguous()
+    lf = lam.reshape(b * t, h, lam.shape[-1]).float().contiguous()
+    o = torch.empty(b * t, h, dv, device=q.device, dtype=torch.float32)
+    intra_fwd(qf, kf, vf, gf, lf, scale, lay, o)
+    rfin, nodes = None, None
+    if lay.nj and _form() == "nodes":
+        rfin, nodes = node_scan_fwd(qf, kf, vf, gf, lf, scale, lay, o, want_final)
+        if not (OPTIONS["node_save"] and keep_nodes):
+            nodes = None  # the backward recomputes them
+    elif lay.nj:
+        rfin = level_scan_fwd(qf, kf, vf, gf, lf, scale, lay, o, want_final)
+    return o.reshape(b, t, h, dv), rfin, (qf, kf, vf, gf, lf, nodes)
+
+
+def _loglinear_backward(saved, rfin, lay, scale, shape, do, drfin):
+    """(dq, dk, dv fp32 or in the inputs' dtype, dg or None, dlam fp32) flat, from the forward's saved tensors."""
+    qf, kf, vf, gf, lf, nodes = saved
+    b, t, h, dk_, dv_ = shape
+    do = do.reshape(b * t, h, dv_).to(vf.dtype).contiguous()
+    # the intra kernel stores every real token's dq, dk, dv (each token is in one chunk row)
+    alloc = torch.empty if lay.rows else torch.zeros
+    dq = alloc(b * t, h, dk_, device=qf.device, dtype=torch.float32)
+    dk = alloc(b * t, h, dk_, device=qf.device, dtype=torch.float32)
+    dv = alloc(b * t, h, dv_, device=qf.device, dtype=torch.float32)
+    dlam = torch.zeros_like(lf)
+    nl = lf.shape[-1]
+    prec = dot_precision(qf.dtype)
+    gate = gf if gf is not None else qf
+    if lay.rows:
+        _intra_bwd[(lay.rows, h)](qf, kf, vf, gate, lf, do, dq, dk, dv, dlam, lay.chunks, scale, nl, H=h, K=dk_,
+                                  V=dv_, C=CHUNK, BK=pow2(dk_), BV=min(64, pow2(dv_)), HAS_G=gf is not None,
+                                  PREC=prec, num_warps=8, num_stages=1)
+    has_drfin = drfin is not None and rfin is not None
+    d_big_g = None
+    if lay.nj and _form() == "nodes":
+        # the node form's gradient kernel finishes dq, dk, dv (in the input dtype) and dL/dG_t itself
+        dq, dk, dv, d_big_g = node_scan_bwd(qf, kf, vf, gf, lf, do, drfin if has_drfin else None, scale, lay, dq,
+                                            dk, dv, dlam, nodes)
+    # both directions in one launch (they run side by side), or one launch each (fewer registers per program)
+    directions = ((0, 1), (1, 1)) if OPTIONS["scan_bwd_split"] else ((2, 2),)
+    shrink = tile_shrink(pow2(dk_), 1)
+    for j0, nj, groups in (lay.level_groups(shrink=shrink) if _form() == "scan" else []):
+        bv = lay.scan_block_v(dv_, nj, shrink)
+        for direction, per_group in directions:
+            _level_scan_bwd[(triton.cdiv(dv_, bv), lay.n * h, per_group * groups)](
+                qf, kf, vf, gate, lf, do, drfin.contiguous() if has_drfin else qf, dq, dk, dv, dlam, lay.seqs,
+                scale, nl, j0, lay.nj, H=h, K=dk_, V=dv_, C=CHUNK, BK=pow2(dk_), BV=bv, NJ=nj,
+                HAS_G=gf is not None, HAS_DRFIN=has_drfin, DIRECTION=direction, LOWP=lowp(qf.dtype), PREC=prec,
+                num_warps=scan_warps(pow2(dk_), nj * bv), num_stages=1)
+    dg = None
+    if gf is not None:
+        if d_big_g is None:
+            d_big_g = (qf.float() * dq).sum(-1) - (kf.float() * dk).sum(-1)
+        if has_drfin:
+            term = (rfin * drfin).sum((2, 3, 4)) * lay.nonempty_mask[:, None]
+            d_big_g = d_big_g.index_add(0, lay.last_of_seq, term)
+        dg = _segment_reverse_cumsum(d_big_g, lay).reshape(b, t, h)
+    return (dq.reshape(b, t, h, dk_).to(qf.dtype), dk.reshape(b, t, h, dk_).to(kf.dtype),
+            dv.reshape(b, t, h, dv_).to(vf.dtype), dg, dlam.reshape(b, t, h, nl))
+
+
 class LogLinearAttnFunction(torch.autograd.Function):
     """(q, k, v, g, lam) -> (o fp32 [B, T, H, V] without the prior levels' reads, final chunk-level states
     [N, H, nj, K, V] fp32 or None)."""
 
     @staticmethod
     def forward(ctx, q, k, v, g, lam, lay, scale, want_final):
-        b, t, h, dk = q.shape
-        dv = v.shape[-1]
-        qf, kf, vf = (x.reshape(b * t, h, x.shape[-1]).contiguous() for x in (q, k, v))
-        gf = None if g is None else g.reshape(b * t, h).float().contiguous()
-        lf = lam.reshape(b * t, h, lam.shape[-1]).float().contiguous()
-        o = torch.empty(b * t, h, dv, device=q.device, dtype=torch.float32)
-        intra_fwd(qf, kf, vf, gf, lf, scale, lay, o)
-        rfin, nodes = None, None
-        if lay.nj and _form() == "nodes":
-            rfin, nodes = node_scan_fwd(qf, kf, vf, gf, lf, scale, lay, o, want_final)
-            if not OPTIONS["node_save"]:
-                nodes = None  # the backward recomputes them
-        elif lay.nj:
-            rfin = level_scan_fwd(qf, kf, vf, gf, lf, scale, lay, o, want_final)
-        ctx.save_for_backward(qf, kf, vf, gf, lf, rfin, nodes)
-        ctx.lay, ctx.scale, ctx.shape, ctx.lam_dtype = lay, scale, (b, t, h, dk, dv), lam.dtype
-        return o.reshape(b, t, h, dv), rfin
+        o, rfin, saved = _loglinear_forward(q, k, v, g, lam, lay, scale, want_final)
+        ctx.save_for_backward(*saved, rfin)
+        ctx.lay, ctx.scale, ctx.shape, ctx.lam_dtype = lay, scale, (*q.shape, v.shape[-1]), lam.dtype
+        return o, rfin
 
     @staticmethod
     def backward(ctx, do, drfin):
-        qf, kf, vf, gf, lf, rfin, nodes = ctx.saved_tensors
-        lay, scale = ctx.lay, ctx.scale
-        b, t, h, dk_, dv_ = ctx.shape
-        do = do.reshape(b * t, h, dv_).to(vf.dtype).contiguous()
-        # the intra kernel stores every real token's dq, dk, dv (each token is in one chunk row)
-        alloc = torch.empty if lay.rows else torch.zeros
-        dq = alloc(b * t, h, dk_, device=qf.device, dtype=torch.float32)
-        dk = alloc(b * t, h, dk_, device=qf.device, dtype=torch.float32)
-        dv = alloc(b * t, h, dv_, device=qf.device, dtype=torch.float32)
-        dlam = torch.zeros_like(lf)
-        nl = lf.shape[-1]
-        prec = dot_precision(qf.dtype)
-        gate = gf if gf is not None else qf
-        if lay.rows:
-            _intra_bwd[(lay.rows, h)](qf, kf, vf, gate, lf, do, dq, dk, dv, dlam, lay.chunks, scale, nl, H=h, K=dk_,
-                                      V=dv_, C=CHUNK, BK=pow2(dk_), BV=min(64, pow2(dv_)), HAS_G=gf is not None,
-                                      PREC=prec, num_warps=8, num_stages=1)
-        has_drfin = drfin is not None and rfin is not None
-        d_big_g = None
-        if lay.nj and _form() == "nodes":
-            # the node form's gradient kernel finishes dq, dk, dv (in the input dtype) and dL/dG_t itself
-            dq, dk, dv, d_big_g = node_scan_bwd(qf, kf, vf, gf, lf, do, drfin if has_drfin else None, scale, lay, dq,
-                                                dk, dv, dlam, nodes)
-        # both directions in one launch (they run side by side), or one launch each (fewer registers per program)
-        directions = ((0, 1), (1, 1)) if OPTIONS["scan_bwd_split"] else ((2, 2),)
-        shrink = tile_shrink(pow2(dk_), 1)
-        for j0, nj, groups in (lay.level_groups(shrink=shrink) if _form() == "scan" else []):
-            bv = lay.scan_block_v(dv_, nj, shrink)
-            for direction, per_group in directions:
-                _level_scan_bwd[(triton.cdiv(dv_, bv), lay.n * h, per_group * groups)](
-                    qf, kf, vf, gate, lf, do, drfin.contiguous() if has_drfin else qf, dq, dk, dv, dlam, lay.seqs,
-                    scale, nl, j0, lay.nj, H=h, K=dk_, V=dv_, C=CHUNK, BK=pow2(dk_), BV=bv, NJ=nj,
-                    HAS_G=gf is not None, HAS_DRFIN=has_drfin, DIRECTION=direction, LOWP=lowp(qf.dtype), PREC=prec,
-                    num_warps=scan_warps(pow2(dk_), nj * bv), num_stages=1)
-        dg = None
-        if gf is not None:
-            if d_big_g is None:
-                d_big_g = (qf.float() * dq).sum(-1) - (kf.float() * dk).sum(-1)
-            if drfin is not None and rfin is not None:
-                term = (rfin * drfin).sum((2, 3, 4)) * lay.nonempty_mask[:, None]
-                d_big_g = d_big_g.index_add(0, lay.last_of_seq, term)
-            dg = _segment_reverse_cumsum(d_big_g, lay).reshape(b, t, h)
-        return (dq.reshape(b, t, h, dk_).to(qf.dtype), dk.reshape(b, t, h, dk_).to(kf.dtype),
-                dv.reshape(b, t, h, dv_).to(vf.dtype), dg, dlam.reshape(b, t, h, nl).to(ctx.lam_dtype),
-                None, None, None)
+        *saved, rfin = ctx.saved_tensors
+        dq, dk, dv, dg, dlam = _loglinear_backward(saved, rfin, ctx.lay, ctx.scale, ctx.shape, do, drfin)
+        return dq, dk, dv, dg, dlam.to(ctx.lam_dtype), None, None, None
+
+
+# Fixed-length calls without an initial or final state (what training makes) are also a torch.library custom op pair:
+# a compiled graph holds the operator as one node instead of breaking around it. The layout (host tables) is built
+# inside the op from the shapes alone, and the backward recomputes the nodes (node_save does not apply here: a fake
+# must know every output's shape). Calls with priors, final states or packed documents keep the Function (they read
+# tokens / boundaries on the host and return the levels through torch code).
+def _fixed_layout(q):
+    b, t = q.shape[:2]
+    return level_layout(tuple(segments(b, t, None)), (0,) * b, t, q.device)
+
+
+@torch.library.custom_op("hilo::loglinear_attn", mutates_args=())
+def _loglinear_attn_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],  # noqa: UP045
+                       lam: torch.Tensor, scale: float) -> torch.Tensor:
+    """o fp32 [B, T, H, V]."""
+    return _loglinear_forward(q, k, v, g, lam, _fixed_layout(q), scale, False, keep_nodes=False)[0]
+
+
+@_loglinear_attn_op.register_fake
+def _(q, k, v, g, lam, scale):
+    return v.new_empty(v.shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("hilo::loglinear_attn_backward", mutates_args=())
+def _loglinear_attn_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                g: Optional[torch.Tensor], lam: torch.Tensor,  # noqa: UP045
+                                scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                       torch.Tensor]:
+    """(dq, dk, dv in their inputs' dtypes, dg (empty without g), dlam in lam's dtype)."""
+    b, t, h, _ = q.shape
+    flat = [x.reshape(b * t, h, x.shape[-1]).contiguous() for x in (q, k, v)]
+    gf = None if g is None else g.reshape(b * t, h).float().contiguous()
+    lf = lam.reshape(b * t, h, lam.shape[-1]).float().contiguous()
+    saved = (*flat, gf, lf, None)
+    dq, dk, dv, dg, dlam = _loglinear_backward(saved, None, _fixed_layout(q), scale, (*q.shape, v.shape[-1]), do,
+                                               None)
+    return dq, dk, dv, (q.new_empty(0, dtype=torch.float32) if dg is None else dg.to(g.dtype)), dlam.to(lam.dtype)
+
+
+@_loglinear_attn_backward_op.register_fake
+def _(do, q, k, v, g, lam, scale):
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            q.new_empty(0, dtype=torch.float32) if g is None else torch.empty_like(g), torch.empty_like(lam))
+
+
+def _loglinear_attn_setup(ctx, inputs, output):
+    q, k, v, g, lam, scale = inputs
+    ctx.save_for_backward(q, k, v, g, lam)
+    ctx.scale = scale
+
+
+def _loglinear_attn_grads(ctx, do):
+    q, k, v, g, lam = ctx.saved_tensors
+    dq, dk, dv, dg, dlam = _loglinear_attn_backward_op(do, q, k, v, g, lam, ctx.scale)
+    return dq, dk, dv, (dg if g is not None else None), dlam, None
+
+
+_loglinear_attn_op.register_autograd(_loglinear_attn_grads, setup_context=_loglinear_attn_setup)
 
 
 def _prior_reads(q, g, lam, prior, segs, starts, scale):
@@ -313,6 +386,9 @@ def loglinear_attn_triton(q, k, v, g, level_scales, scale, initial_state, output
     [N, H, L, K, V] fp32 or None). The kernels compute everything a call's own tokens contribute; an initial
     state's reads and the final levels 0..6 are torch code around them (exact, differentiable)."""
     b, t = q.shape[:2]
+    if cu_seqlens is None and not output_final_state and not any(starts):
+        o = _loglinear_attn_op(q.contiguous(), k.contiguous(), v.contiguous(), g, level_scales.contiguous(), scale)
+        return o.to(q.dtype), None
     nl = level_scales.shape[-1]
     segs = segments(b, t, cu_seqlens)
     lay = level_layout(tuple(segs), tuple(starts), t, q.device)

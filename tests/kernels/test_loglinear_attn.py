@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+from compile_checks import assert_one_graph_with_eager_values
 
 from kernels import linear_attn, loglinear_attn
 from kernels.common import error_ratio
@@ -327,3 +328,28 @@ def test_node_form_final_states_when_no_sequence_ends_on_a_chunk_level():
     for listed in (True, False):
         out = final_from_nodes(empty, lay, tab, None, listed=listed)
         assert out.shape == (1, H, 2, DK, DV) and not out.any()
+
+
+@triton_only
+@pytest.mark.parametrize("t", [70, 300])
+def test_triton_custom_op_without_states(t):
+    """Fixed-length calls with neither an initial nor a final state (training's) are the torch.library op
+    "hilo::loglinear_attn": its values and gradients against the definition, and one node of a fullgraph compile."""
+    x = make(2, t, seed=t + 5)
+    names = ("q", "k", "v", "g", "lam")
+    leaves = [x[n].float().to(DEV).requires_grad_() for n in names]
+    o = loglinear_attn(*leaves, scale=0.3, backend="triton")[0]
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(2)).to(o)
+    grads = torch.autograd.grad((o * do).sum(), leaves)
+    ref_leaves = [x[n].double().requires_grad_() for n in names]
+    starts = [0, 0]
+    ref = loglinear_attn_quadratic(*ref_leaves, 0.3, None, False, None, starts)[0]
+    ref_grads = torch.autograd.grad((ref * do.cpu().double()).sum(), ref_leaves)
+    assert error_ratio(o.cpu(), ref) <= TOL
+    for name, a, r in zip(names, grads, ref_grads, strict=True):
+        assert error_ratio(a.cpu(), r) <= TOL, name
+
+    def f(q, k, v, g, lam):
+        return loglinear_attn(q * 2, k, v, g, lam, scale=0.3, backend="triton")[0].square().sum()
+
+    assert_one_graph_with_eager_values(f, leaves, "loglinear_attn", rtol=1e-4, atol=1e-5)

@@ -27,7 +27,7 @@ SMALL_HEADS = {"head_dim": 32, "state_size": 16}
 MIXERS = {"transformer": {"mixer": "attention"}, "mamba2": {"mixer": "mamba2", "mixer_kwargs": SMALL_HEADS},
           "gated_deltanet": {"mixer": "gated_deltanet", "mixer_kwargs": {"head_dim": 32}}}
 MAMBA2_OVERRIDES = ["model=mamba2", *(f"model.mixer_kwargs.{k}={v}" for k, v in SMALL_HEADS.items())]
-OPERATOR = {"mamba2": "linear_attn", "gated_deltanet": "delta_rule"}
+OPERATOR = {"mamba2": "linear_attn", "gated_deltanet": "delta_rule", "loglinear_mamba2": "loglinear_attn"}
 BATCH, SEQ = 4, 64  # tests.training.helpers.SMALL's rows
 
 
@@ -97,13 +97,13 @@ def test_compiled_blocks_match_eager_and_operators_stay_opaque(family):
     assert list(compiled.state_dict()) == list(eager.state_dict())  # no _orig_mod. prefixes
 
 
-@pytest.mark.parametrize("family", ["mamba2", "gated_deltanet"])
+@pytest.mark.parametrize("family", ["mamba2", "gated_deltanet", "loglinear_mamba2"])
 def test_triton_operator_is_one_node_of_the_block_graph(family):
-    """With their Triton backends (the interpreter here, CUDA on a GPU) and fixed-length rows, linear_attn and
-    delta_rule are torch.library custom ops that compile_blocks traces: a block is one graph with no break, and the
-    compiled loss and gradients equal eager's."""
+    """With their Triton backends (the interpreter here, CUDA on a GPU) and fixed-length rows, linear_attn,
+    delta_rule and loglinear_attn are torch.library custom ops that compile_blocks traces: a block is one graph with no
+    break, and the compiled loss and gradients equal eager's."""
     torch.manual_seed(0)
-    mixer = MIXERS[family]
+    mixer = MIXERS.get(family) or {"mixer": "loglinear_mamba2", "mixer_kwargs": SMALL_HEADS}
     eager = models.build_model({**TINY, **mixer, "mixer_kwargs": {**mixer["mixer_kwargs"], "backend": "triton"}})
     compiled = copy.deepcopy(eager)
     backend = CompileCounterWithBackend("aot_eager")
