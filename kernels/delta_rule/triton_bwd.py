@@ -541,6 +541,10 @@ def _delta_rule_op(q: _Tensor, k: _Tensor, v: _Tensor, beta: _Tensor, g: _OptTen
                    ) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
     """(o [L, H, V], final [N, H, K, V] fp32 (empty unless output_final_state), then the intermediates the backward
     reuses: gamma, tinv, w, ut, u, hs) on the packed [L, H, *] layout."""
+    # the kernels index dense rows: a compiled graph may hand the op other strides than eager code does
+    q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
+    g = None if g is None else g.contiguous()
+    h0 = None if h0 is None else h0.contiguous()
     o, final, saved = delta_rule_fwd(q, k, v, beta, g, scale, h0, output_final_state, bounds, table, choff)
     return o, (final if final is not None else q.new_empty(0, dtype=torch.float32)), *saved
 
@@ -562,6 +566,8 @@ def _delta_rule_backward_op(do: _Tensor, dht: _OptTensor, q: _Tensor, k: _Tensor
                             table: _Tensor, choff: _Tensor, gamma: _Tensor, tinv: _Tensor, w: _Tensor, ut: _Tensor,
                             u: _Tensor, hs: _Tensor) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
     """(dq, dk, dv, dbeta in beta's dtype, dg (empty without g), dh0 fp32 (empty unless want_dh0))."""
+    q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
+    g = None if g is None else g.contiguous()
     dq, dk, dv, dbeta, dg, dh0 = delta_rule_bwd(q, k, v, beta, g, scale, want_dh0, bounds, table, choff,
                                                 (gamma, tinv, w, ut, u, hs), do.contiguous(),
                                                 None if dht is None else dht.contiguous().float())
@@ -573,8 +579,8 @@ def _delta_rule_backward_op(do: _Tensor, dht: _OptTensor, q: _Tensor, k: _Tensor
 @_delta_rule_backward_op.register_fake
 def _(do, dht, q, k, v, beta, g, h0, scale, want_dh0, bounds, table, choff, gamma, tinv, w, ut, u, hs):
     empty = q.new_empty(0, dtype=torch.float32)
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta),
-            empty if g is None else torch.empty_like(g), torch.empty_like(h0) if want_dh0 else empty)
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), beta.new_empty(beta.shape),
+            empty if g is None else g.new_empty(g.shape), h0.new_empty(h0.shape) if want_dh0 else empty)
 
 
 def _delta_rule_setup(ctx, inputs, output):

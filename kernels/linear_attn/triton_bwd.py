@@ -406,8 +406,8 @@ def _linear_attn_backward_op(do: torch.Tensor, dht: Optional[torch.Tensor], q: t
 @_linear_attn_backward_op.register_fake
 def _(do, dht, q, k, v, g, h0, ht, hs, scale):
     empty = q.new_empty(0, dtype=torch.float32)
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
-            empty if g is None else torch.empty_like(g), empty if h0 is None else torch.empty_like(h0))
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            empty if g is None else g.new_empty(g.shape), empty if h0 is None else h0.new_empty(h0.shape))
 
 
 def _linear_attn_setup(ctx, inputs, output):

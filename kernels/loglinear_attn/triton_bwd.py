@@ -312,8 +312,8 @@ def _loglinear_attn_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tens
 
 @_loglinear_attn_backward_op.register_fake
 def _(do, q, k, v, g, lam, scale):
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
-            q.new_empty(0, dtype=torch.float32) if g is None else torch.empty_like(g), torch.empty_like(lam))
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            q.new_empty(0, dtype=torch.float32) if g is None else g.new_empty(g.shape), lam.new_empty(lam.shape))
 
 
 def _loglinear_attn_setup(ctx, inputs, output):

@@ -128,6 +128,10 @@ def _flags(weight, bias, state, pos):
 def _short_conv_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],  # noqa: UP045 (schema)
                    state: Optional[torch.Tensor], pos: Optional[torch.Tensor], silu: bool) -> torch.Tensor:  # noqa: UP045
     b, t, c = x.shape
+    # the kernels index dense rows: a compiled graph may hand the op other strides than eager code does
+    x, weight = x.contiguous(), weight.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    state = None if state is None else state.contiguous()
     y = torch.empty_like(x)
     if t:
         _short_conv_fwd[(triton.cdiv(t, BT), triton.cdiv(c, BC), b)](
@@ -139,7 +143,7 @@ def _short_conv_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
 
 @_short_conv_op.register_fake
 def _(x, weight, bias, state, pos, silu):
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)
 
 
 @torch.library.custom_op("hilo::short_conv_backward", mutates_args=())
@@ -150,6 +154,9 @@ def _short_conv_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Ten
     """(dx, dweight, dbias, dstate); dbias is zeros [C] without a bias, dstate empty without a state."""
     b, t, c = x.shape
     k = weight.shape[1]
+    x, weight = x.contiguous(), weight.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    state = None if state is None else state.contiguous()
     grid = (triton.cdiv(t, BT), triton.cdiv(c, BC), b)
     flags = _flags(weight, bias, state, pos)
     state_arg, pos_arg = (state if state is not None else x), (pos if pos is not None else x)
@@ -185,8 +192,8 @@ def _short_conv_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Ten
 @_short_conv_backward_op.register_fake
 def _(dy, x, weight, bias, state, pos, silu):
     c = x.shape[2]
-    dstate = x.new_empty(0) if state is None else torch.empty_like(state)
-    return torch.empty_like(x), torch.empty_like(weight), x.new_empty(c, dtype=bias.dtype if bias is not None
+    dstate = x.new_empty(0) if state is None else state.new_empty(state.shape)
+    return x.new_empty(x.shape), weight.new_empty(weight.shape), x.new_empty(c, dtype=bias.dtype if bias is not None
                                                                       else torch.float32), dstate
 
 
