@@ -2,13 +2,18 @@
 
 import torch
 
+# The device types autocast exists for, read once at import: torch.amp.is_autocast_available is a builtin that
+# dynamo (torch 2.11) cannot trace, so calling it in a compiled block broke its graph at every projection.
+_AUTOCAST_DEVICES = frozenset(d for d in ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "xla", "ipu", "maia")
+                              if torch.amp.is_autocast_available(d))
+
 
 def autocast_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype an op on autocast's lower-precision list (linear, conv1d) computes in for x: autocast's dtype where
     autocast is on for x's device (float64 is left alone), else x's dtype. For autograd.Functions that make
     autocast's casts themselves."""
     device = x.device.type
-    if (torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device) and x.is_floating_point()
+    if (device in _AUTOCAST_DEVICES and torch.is_autocast_enabled(device) and x.is_floating_point()
             and x.dtype != torch.float64):
         return torch.get_autocast_dtype(device)
     return x.dtype

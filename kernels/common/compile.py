@@ -61,6 +61,22 @@ def traced_without_cu_seqlens(fn: Callable) -> Callable:
     return wrapper
 
 
+def dense_outputs(fn: Callable) -> Callable:
+    """A custom op's real implementation with every tensor it returns made contiguous. Its fake reports dense
+    outputs, and an inductor graph asserts at run time that the strides it planned with are the real ones (a
+    gradient computed through a transpose failed that assertion on the GPU). custom_op reads fn's signature through
+    functools.wraps."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        if isinstance(out, torch.Tensor):
+            return out.contiguous()
+        return tuple(x.contiguous() for x in out)
+
+    return wrapper
+
+
 def traced_as_custom_op(fn: Callable, stateless: bool = False) -> Callable:
     """fn traced when it will take its Triton custom op (no cu_seqlens; backend "triton", or None on CUDA tensors;
     stateless: also no initial_state and no output_final_state), opaque_to_compile(fn) otherwise."""

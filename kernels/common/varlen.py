@@ -26,11 +26,12 @@ def chunk_table(bounds: torch.Tensor, total_tokens: int, chunk: int) -> tuple[to
     n = bounds.numel() - 1
     lens = bounds[1:] - bounds[:-1]
     nchunks = (lens + chunk - 1) // chunk
-    offsets = torch.zeros(n + 1, dtype=torch.int64, device=bounds.device)
-    offsets[1:] = torch.cumsum(nchunks, 0)
+    offsets = torch.cat((nchunks.new_zeros(1), torch.cumsum(nchunks, 0)))
     rows = (total_tokens + chunk - 1) // chunk + n
     c = torch.arange(rows, device=bounds.device, dtype=torch.int64)
-    seq = torch.searchsorted(offsets[1:], c, right=True).clamp_(max=max(n - 1, 0))
+    # offsets[0] = 0 <= c: searching all of offsets counts one more than searching offsets[1:] would (inductor's
+    # searchsorted cannot take a sliced boundary tensor: NotImplementedError SliceView in a compiled GDN block)
+    seq = (torch.searchsorted(offsets, c, right=True) - 1).clamp_(max=max(n - 1, 0))
     start = bounds[seq] + (c - offsets[seq]) * chunk
     end = torch.minimum(start + chunk, bounds[seq + 1])
     valid = c < offsets[n]

@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.common.compile import dense_outputs
 from kernels.common.varlen import chunk_table, sequence_bounds
 
 from .triton_fwd import (
@@ -536,6 +537,7 @@ _OptTensor = Optional[torch.Tensor]  # noqa: UP045 (custom_op reads the annotati
 
 
 @torch.library.custom_op("hilo::delta_rule", mutates_args=())
+@dense_outputs
 def _delta_rule_op(q: _Tensor, k: _Tensor, v: _Tensor, beta: _Tensor, g: _OptTensor, h0: _OptTensor, scale: float,
                    output_final_state: bool, bounds: _Tensor, table: _Tensor, choff: _Tensor
                    ) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
@@ -561,6 +563,7 @@ def _(q, k, v, beta, g, h0, scale, output_final_state, bounds, table, choff):
 
 
 @torch.library.custom_op("hilo::delta_rule_backward", mutates_args=())
+@dense_outputs
 def _delta_rule_backward_op(do: _Tensor, dht: _OptTensor, q: _Tensor, k: _Tensor, v: _Tensor, beta: _Tensor,
                             g: _OptTensor, h0: _OptTensor, scale: float, want_dh0: bool, bounds: _Tensor,
                             table: _Tensor, choff: _Tensor, gamma: _Tensor, tinv: _Tensor, w: _Tensor, ut: _Tensor,

@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.common.compile import dense_outputs
+
 from .triton_fwd import (
     BT,
     Layout,
@@ -242,8 +244,8 @@ def _segment_reverse_cumsum(x: torch.Tensor, lay: Layout) -> torch.Tensor:
     csum = torch.cumsum(xt, 1)
     tokens = torch.arange(lay.total, device=x.device)
     if lay.varlen:
-        seq = torch.searchsorted(lay.bounds[1:], tokens, right=True).clamp_(max=lay.n - 1)
-        last = lay.bounds[1:][seq] - 1
+        seq = (torch.searchsorted(lay.bounds, tokens, right=True) - 1).clamp_(max=lay.n - 1)  # bounds[0] = 0
+        last = lay.bounds[seq + 1] - 1
     else:
         last = (tokens // lay.seqlen + 1) * lay.seqlen - 1
     return (csum[:, last] - csum + xt).t().to(torch.float32)
@@ -362,6 +364,7 @@ def _flat_inputs(q, k, v, g, h0):
 
 
 @torch.library.custom_op("hilo::linear_attn", mutates_args=())
+@dense_outputs
 def _linear_attn_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],  # noqa: UP045
                     h0: Optional[torch.Tensor], scale: float,  # noqa: UP045 (custom_op reads the annotations)
                     output_final_state: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -383,6 +386,7 @@ def _(q, k, v, g, h0, scale, output_final_state):
 
 
 @torch.library.custom_op("hilo::linear_attn_backward", mutates_args=())
+@dense_outputs
 def _linear_attn_backward_op(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tensor,  # noqa: UP045
                              k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],  # noqa: UP045
                              h0: Optional[torch.Tensor], ht: torch.Tensor, hs: torch.Tensor,  # noqa: UP045

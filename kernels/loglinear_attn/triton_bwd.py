@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.common.compile import dense_outputs
+
 from .state import CHUNK_LEVELS, prior_level, segments
 from .triton_fwd import (
     CHUNK,
@@ -283,6 +285,7 @@ def _fixed_layout(q):
 
 
 @torch.library.custom_op("hilo::loglinear_attn", mutates_args=())
+@dense_outputs
 def _loglinear_attn_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],  # noqa: UP045
                        lam: torch.Tensor, scale: float) -> torch.Tensor:
     """o fp32 [B, T, H, V]."""
@@ -295,6 +298,7 @@ def _(q, k, v, g, lam, scale):
 
 
 @torch.library.custom_op("hilo::loglinear_attn_backward", mutates_args=())
+@dense_outputs
 def _loglinear_attn_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                 g: Optional[torch.Tensor], lam: torch.Tensor,  # noqa: UP045
                                 scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.common.compile import dense_outputs
+
 from .naive import positions_in_documents
 
 # [32, 64] tiles: 64-208 registers and no spills on sm_90 (Triton 3.6, benchmarks/triton_resources.py); [32, 128]
@@ -125,6 +127,7 @@ def _flags(weight, bias, state, pos):
 
 
 @torch.library.custom_op("hilo::short_conv", mutates_args=())
+@dense_outputs
 def _short_conv_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],  # noqa: UP045 (schema)
                    state: Optional[torch.Tensor], pos: Optional[torch.Tensor], silu: bool) -> torch.Tensor:  # noqa: UP045
     b, t, c = x.shape
@@ -147,6 +150,7 @@ def _(x, weight, bias, state, pos, silu):
 
 
 @torch.library.custom_op("hilo::short_conv_backward", mutates_args=())
+@dense_outputs
 def _short_conv_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                             bias: Optional[torch.Tensor], state: Optional[torch.Tensor],  # noqa: UP045
                             pos: Optional[torch.Tensor], silu: bool  # noqa: UP045
