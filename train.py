@@ -13,6 +13,7 @@ state and RNG, step, tokens, W&B id) is written atomically; `trainer.resume=auto
 from __future__ import annotations
 
 import json
+import os
 import math
 import signal
 import sys
@@ -112,6 +113,24 @@ class _StopRequested:
             signal.signal(sig, old)
 
 
+def fsdp_plugin(tr, mixed_precision: str, use_cpu: bool):
+    """Under `accelerate launch` with an FSDP config, its plugin with hilo's precision policy; None otherwise.
+
+    accelerate's own policy for mixed_precision=bf16 keeps every parameter in bf16 and reduces gradients in bf16: the
+    norms' and gates' elementwise math and the gradient sums then round to bf16, and a two-H200 run drifted from
+    the one-GPU loss (5.34 against 5.05 at step 50, where DDP gave 5.10). Here gradients reduce in fp32, and
+    trainer.fsdp_param_dtype=fp32 (the default) gathers fp32 parameters so autocast computes exactly as on one GPU;
+    bf16 halves the all-gather traffic."""
+    if use_cpu or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true":
+        return None
+    from accelerate import FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    param_dtype = torch.bfloat16 if tr.get("fsdp_param_dtype", "fp32") == "bf16" and mixed_precision == "bf16" else None
+    return FullyShardedDataParallelPlugin(
+        mixed_precision_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32))
+
+
 def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = None,
         run_name: str | None = None) -> dict:
     """Train as cfg says; return a summary (final step, losses, checkpoint path)."""
@@ -133,7 +152,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
     mp = tr.mixed_precision
     if mp == "auto":
         mp = "no" if use_cpu else "bf16"
-    accelerator = Accelerator(cpu=use_cpu, mixed_precision=mp)
+    accelerator = Accelerator(cpu=use_cpu, mixed_precision=mp, fsdp_plugin=fsdp_plugin(tr, mp, use_cpu))
     rank, world = accelerator.process_index, accelerator.num_processes
     is_main = accelerator.is_main_process
     set_seed(int(cfg.seed), device_specific=False)
@@ -176,7 +195,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
 
     state = {"step": 0, "tokens": 0, "skipped_steps": 0, "wandb_id": None}
     if resume_from is not None:
-        state.update(ckpt.load(resume_from, optimizer=optimizer, scheduler=scheduler, loader=loader))
+        state.update(ckpt.load(resume_from, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader))
         accelerator.print(f"resumed from {resume_from} at step {state['step']}")
 
     if is_main:

@@ -46,7 +46,17 @@ class RowShardedLoader:
         return self.inner.stats
 
     def state_dict(self) -> dict:
-        return {"row_shard": [self.rank, self.world_size], "inner": self.inner.state_dict()}
+        return {"row_shard": [self.rank, self.world_size], "global_rows": self.batch_size * self.world_size,
+                "inner": self.inner.state_dict()}
+
+    def load_global_state(self, sd: Mapping) -> None:
+        """Continue the global stream from any rank's state of a run with another number of processes: the
+        stream is the same whatever the world size, so only the global batch (rows per step) must match."""
+        rows = self.batch_size * self.world_size
+        if sd.get("global_rows") != rows:
+            raise ValueError(f"the checkpoint's global batch is {sd.get('global_rows')} rows per step, this run's "
+                             f"{rows} (batch_size {self.batch_size} x {self.world_size} processes)")
+        self.inner.load_state_dict(sd["inner"])
 
     def load_state_dict(self, sd: Mapping) -> None:
         if list(sd.get("row_shard", [])) != [self.rank, self.world_size]:
@@ -117,6 +127,15 @@ class PrefetchingLoader:
         if self._thread is not None:
             raise RuntimeError("load_state_dict must be called before the first batch is taken")
         self.inner.load_state_dict(sd)
+        self._snapshot()
+
+    def load_global_state(self, sd: Mapping) -> None:
+        """RowShardedLoader.load_global_state through the prefetcher (before the first batch)."""
+        if not hasattr(self.inner, "load_global_state"):
+            raise ValueError("only data.shard=rows reads one stream whatever the number of processes")
+        if self._thread is not None:
+            raise RuntimeError("load_global_state must be called before the first batch is taken")
+        self.inner.load_global_state(sd)
         self._snapshot()
 
     def close(self) -> None:

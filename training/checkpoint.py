@@ -143,20 +143,128 @@ class CheckpointManager:
         return final
 
     # -- reading -------------------------------------------------------------------------------------------
-    def load(self, path: Path, *, optimizer, scheduler, loader) -> dict:
+    def load(self, path: Path, *, model, optimizer, scheduler, loader) -> dict:
         acc = self.acc
         meta = json.loads((path / STATE_FILE).read_text())
-        acc.load_state(str(path / "accelerate"))
+        saved, here = saved_layout(path / "accelerate"), run_layout(acc)
+        if saved == here:
+            acc.load_state(str(path / "accelerate"))
+        else:
+            load_across_layouts(path, saved, model, optimizer)
+            warnings.warn(
+                f"checkpoint {path} holds {LAYOUTS[saved]} and this run uses {LAYOUTS[here]}: the model weights and "
+                f"the optimizer state are restored through full (unsharded) state dicts; the RNG states are not",
+                stacklevel=2)
         scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
         loader_file = path / "loader" / f"rank{acc.process_index:05d}.pt"
         if meta.get("world_size") == acc.num_processes and loader_file.is_file():
             loader.load_state_dict(torch.load(loader_file, weights_only=False))
-        else:
+            return {k: meta[k] for k in ("step", "tokens", "skipped_steps", "wandb_id") if k in meta}
+        why = "the data stream restarts from its beginning with a new shard assignment"
+        first = path / "loader" / "rank00000.pt"
+        if hasattr(loader, "load_global_state") and first.is_file():  # data.shard=rows: one stream for every size
+            try:
+                loader.load_global_state(torch.load(first, weights_only=False))
+                why = None
+            except (ValueError, KeyError) as e:
+                why = f"{why} ({e})"
+        if why:
             warnings.warn(
                 f"checkpoint {path} was written by {meta.get('world_size')} process(es), this run has "
-                f"{acc.num_processes}: model, optimizer and schedule are restored, the data stream restarts "
-                f"from its beginning with a new shard assignment", stacklevel=2)
+                f"{acc.num_processes}: model, optimizer and schedule are restored, {why}", stacklevel=2)
         return {k: meta[k] for k in ("step", "tokens", "skipped_steps", "wandb_id") if k in meta}
+
+
+# How accelerate.save_state wrote a checkpoint's model and optimizer, and how this run's load_state reads them.
+LAYOUTS = {"plain": "whole model and optimizer states (one process, or DDP)",
+           "fsdp-sharded": "FSDP-sharded states (torch.distributed.checkpoint directories)",
+           "fsdp-full": "FSDP full states (fsdp_state_dict_type FULL_STATE_DICT)"}
+FSDP_MODEL_DIR, FSDP_OPTIMIZER_DIR = "pytorch_model_fsdp_0", "optimizer_0"
+
+
+def saved_layout(acc_dir: Path) -> str:
+    """Which of LAYOUTS accelerate.save_state wrote in acc_dir."""
+    if (acc_dir / FSDP_MODEL_DIR).is_dir():
+        return "fsdp-sharded"
+    if (acc_dir / "pytorch_model_fsdp.bin").is_file():
+        return "fsdp-full"
+    if any((acc_dir / name).is_file() for name in ("model.safetensors", "pytorch_model.bin")):
+        return "plain"
+    raise FileNotFoundError(f"{acc_dir} holds no model state written by accelerate.save_state (the checkpoint is "
+                            f"incomplete or not hilo's); resume from another checkpoint")
+
+
+def run_layout(acc) -> str:
+    """Which of LAYOUTS this run's accelerate.load_state reads."""
+    from accelerate.utils import DistributedType
+
+    if acc.distributed_type != DistributedType.FSDP:
+        return "plain"
+    sharded = str(acc.state.fsdp_plugin.state_dict_type).endswith("SHARDED_STATE_DICT")
+    return "fsdp-sharded" if sharded else "fsdp-full"
+
+
+def _full_weights(path: Path) -> dict:
+    """The checkpoint's whole model state dict: the save_pretrained export (model/*.safetensors), which every
+    layout writes from the gathered weights."""
+    from safetensors.torch import load_file
+
+    files = sorted((path / "model").glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path / 'model'} holds no .safetensors weights; the checkpoint cannot be resumed "
+                                f"under another layout (resume it with the accelerate config that wrote it)")
+    weights = {}
+    for f in files:
+        weights.update(load_file(f))
+    return weights
+
+
+def _full_optimizer_state(acc_dir: Path, layout: str, model, optimizer) -> dict:
+    """The saved optimizer state as get_optimizer_state_dict gives it: parameters named by their fully qualified
+    names, every tensor whole."""
+    if layout == "fsdp-sharded":
+        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+        # every process reads the whole state from the shards, with no collective (no_dist), as
+        # torch.distributed.checkpoint.format_utils.dcp_to_torch_save does, without the file it writes
+        state: dict = {}
+        _load_state_dict(state, storage_reader=FileSystemReader(str(acc_dir / FSDP_OPTIMIZER_DIR)),
+                         planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+        return state["optimizer"]
+    # plain: optimizer.state_dict(), parameters numbered in param-group order; this run's optimizer has the same
+    # groups in the same order (training.optim.build_optimizer), so number i is the same parameter
+    saved = torch.load(acc_dir / "optimizer.bin", map_location="cpu", weights_only=False)
+    names = {id(p): n for n, p in model.named_parameters()}
+    if [len(g["params"]) for g in saved["param_groups"]] != [len(g["params"]) for g in optimizer.param_groups]:
+        raise ValueError(f"{acc_dir / 'optimizer.bin'} has param groups of sizes "
+                         f"{[len(g['params']) for g in saved['param_groups']]}, this run's optimizer "
+                         f"{[len(g['params']) for g in optimizer.param_groups]}: it was written for another model")
+    number_to_name = {}
+    for sg, g in zip(saved["param_groups"], optimizer.param_groups, strict=True):
+        number_to_name.update({i: names[id(p)] for i, p in zip(sg["params"], g["params"], strict=True)})
+    return {"state": {number_to_name[i]: v for i, v in saved["state"].items()},
+            "param_groups": [{**sg, "params": [number_to_name[i] for i in sg["params"]]}
+                             for sg in saved["param_groups"]]}
+
+
+def load_across_layouts(path: Path, layout: str, model, optimizer) -> None:
+    """Restore a checkpoint written under another layout (FSDP-sharded into a plain run, or the reverse): whole
+    weights and optimizer state, which torch.distributed.checkpoint.state_dict shards as this run's model is."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    if layout == "fsdp-full":
+        raise ValueError(f"checkpoint {path} holds FSDP full states (FULL_STATE_DICT), which only an FSDP run with "
+                         f"that setting resumes; hilo's conf/accelerate/fsdp.yaml writes SHARDED_STATE_DICT")
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, _full_weights(path), options=options)
+    set_optimizer_state_dict(model, optimizer, _full_optimizer_state(path / "accelerate", layout, model, optimizer),
+                             options=options)
 
 
 TOKENIZER_FILE = "hilo_tokenizer.json"

@@ -29,6 +29,7 @@ _CHECKS = {
     "trainer.keep_last": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
     "trainer.device": (lambda v: v in ("auto", "cpu", "cuda"), "one of auto, cpu, cuda"),
     "trainer.mixed_precision": (lambda v: v in ("auto", "no", "bf16", "fp16"), "one of auto, no, bf16, fp16"),
+    "trainer.fsdp_param_dtype": (lambda v: v in ("fp32", "bf16"), "fp32 or bf16"),
     "trainer.num_threads": (lambda v: v is None or (_is_int(v) and v >= 1), "null or an integer >= 1"),
     "trainer.peak_tflops": (lambda v: v == "auto" or v is None or (_is_num(v) and v > 0),
                             "auto, null or a positive number (TFLOP/s per device)"),

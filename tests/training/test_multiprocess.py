@@ -46,6 +46,16 @@ def test_two_processes_match_one_process_at_the_same_global_batch(tmp_path):
     one_rows = [h for r in read_hashes(tmp_path / "one")[0] for h in r["rows"]]
     two_rows = [h for recs in read_hashes(tmp_path / "two").values() for r in recs for h in r["rows"]]
     assert sorted(one_rows) == sorted(two_rows)
+    # the two-process step-2 checkpoint resumed by one process at the same global batch: model, optimizer and the
+    # row stream continue, so steps 3 and 4 are the one-process run's
+    resumed = subprocess.run([sys.executable, "train.py", *common, "trainer.batch_size=4",
+                              f"trainer.resume={tmp_path / 'two' / 'checkpoints' / 'step_00000002'}",
+                              f"hydra.run.dir={tmp_path / 'resumed'}"], cwd=REPO, env=ENV, capture_output=True,
+                             text=True, timeout=300, check=False)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "restarts from its beginning" not in resumed.stderr
+    c = _losses(tmp_path / "resumed")
+    assert len(c) == 2 and all(abs(x - y) < 1e-4 for x, y in zip(c, a[2:])), (c, a)
 
 
 def test_document_sharding_gives_each_rank_distinct_data(tmp_path):
