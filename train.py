@@ -13,8 +13,8 @@ state and RNG, step, tokens, W&B id) is written atomically; `trainer.resume=auto
 from __future__ import annotations
 
 import json
-import os
 import math
+import os
 import signal
 import sys
 import time
