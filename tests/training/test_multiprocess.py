@@ -56,6 +56,14 @@ def test_two_processes_match_one_process_at_the_same_global_batch(tmp_path):
     assert "restarts from its beginning" not in resumed.stderr
     c = _losses(tmp_path / "resumed")
     assert len(c) == 2 and all(abs(x - y) < 1e-4 for x, y in zip(c, a[2:])), (c, a)
+    # the same global batch by accumulation (2 rows x 2 micro steps): the row stream does not depend on batch size
+    accum = subprocess.run([sys.executable, "train.py", *common, "trainer.batch_size=2", "trainer.grad_accum=2",
+                            f"trainer.resume={tmp_path / 'two' / 'checkpoints' / 'step_00000002'}",
+                            f"hydra.run.dir={tmp_path / 'accum'}"], cwd=REPO, env=ENV, capture_output=True,
+                           text=True, timeout=300, check=False)
+    assert accum.returncode == 0, accum.stderr[-3000:]
+    d = _losses(tmp_path / "accum")
+    assert len(d) == 2 and all(abs(x - y) < 1e-4 for x, y in zip(d, a[2:])), (d, a)
 
 
 def test_document_sharding_gives_each_rank_distinct_data(tmp_path):
