@@ -9,9 +9,14 @@ import importlib.util
 import torch
 
 
+# Looked up once at import: importlib is in dynamo's skip list, so a lookup per call broke every compiled
+# Transformer block on CUDA (bf16 inputs reach this check; CPU calls stop before it).
+_FLASH_ATTN_FOUND = importlib.util.find_spec("flash_attn") is not None
+
+
 def flash_available() -> bool:
-    """True when the flash_attn package can be imported (checked without importing it)."""
-    return importlib.util.find_spec("flash_attn") is not None
+    """True when the flash_attn package can be imported (checked without importing it, when hilo is imported)."""
+    return _FLASH_ATTN_FOUND
 
 
 def softmax_attn_flash(
