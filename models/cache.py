@@ -32,6 +32,8 @@ class HiloCache:
         self._kv_buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> (key, value) storage
         self.step_prepared = False  # prepare_step ran for the coming forward (cleared by advance)
         self.step_index = None  # [1] long on the KV buffers' device: the prepared step's position
+        # layer -> {name: tensor}: the recurrent states (all but "key"/"value") a compiled step updates in place
+        self._static_states: dict[int, dict[str, torch.Tensor]] = {}
 
     @classmethod
     def from_config(cls, config) -> "HiloCache":
@@ -100,7 +102,34 @@ class HiloCache:
                 if self.step_index is None:  # made on the device by a kernel: no host-to-device copy, no sync
                     self.step_index = torch.full((1,), total_tokens - 1, dtype=torch.long, device=key_buf.device)
         grow_cached_levels(self, total_tokens)
+        self._make_states_static()
         self.step_prepared = True
+
+    def _make_states_static(self) -> None:
+        """Every recurrent state becomes a buffer with a fixed address that compiled steps update in place
+        (commit_step), as the KV buffers are. Under CUDA graphs ("reduce-overhead") a state returned by one replay
+        and read by the next is an output the next replay overwrites ("accessing tensor output of CUDAGraphs that
+        has been overwritten by a subsequent run"). A state is copied once, when it first meets a prepared step
+        (or after it changed shape: a new log-linear level, a beam reshape)."""
+        for layer_idx, slot in enumerate(self.layers):
+            static = self._static_states.setdefault(layer_idx, {})
+            for name, t in slot.items():
+                if name in ("key", "value") or static.get(name) is t:
+                    continue
+                buf = t.clone(memory_format=torch.contiguous_format)
+                torch._dynamo.mark_static_address(buf, guard=False)
+                slot[name] = static[name] = buf
+
+    def commit_step(self) -> None:
+        """The end of a prepared step, inside the compiled code: copy each state the step computed into its static
+        buffer and put the buffer back in the slot, so nothing the next step reads is an output of this one."""
+        for layer_idx, static in self._static_states.items():
+            slot = self.layers[layer_idx]
+            for name, buf in static.items():
+                new = slot.get(name)
+                if new is not None and new is not buf and new.shape == buf.shape and new.dtype == buf.dtype:
+                    buf.copy_(new)
+                    slot[name] = buf
 
     def write_kv_step(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor):
         """In a prepared step (prepare_step): write key/value [B, 1, Hkv, D] at the step's position of layer
@@ -129,8 +158,12 @@ class HiloCache:
             in_place = (buffers is not None and buffers[0].shape[0] == len(beam_idx)
                         and _is_prefix_view(slot.get("key"), buffers[0])
                         and _is_prefix_view(slot.get("value"), buffers[1]))
+            static = self._static_states.get(layer_idx, {})
             for name, t in slot.items():
                 if in_place and name in ("key", "value"):
+                    continue
+                if static.get(name) is t and t.shape[0] == len(beam_idx):  # a compiled step's static state
+                    t.copy_(t.index_select(0, beam_idx.to(t.device)))
                     continue
                 slot[name] = t.index_select(0, beam_idx.to(t.device))
             if in_place:

@@ -90,6 +90,8 @@ class HiloModel(HiloPreTrainedModel):
         """The blocks of a cached decoding step and the final norm (compile_decoding compiles this)."""
         for block in self.layers:
             hidden = block(hidden, position_ids, None, cache)
+        if cache is not None and cache.step_prepared:
+            cache.commit_step()
         return self.norm(hidden)
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -159,6 +161,8 @@ class HiloModel(HiloPreTrainedModel):
         if (self._decode_step is not None and cache is not None and past > 0 and t == 1 and cu_seqlens is None
                 and all_hidden is None and not torch.is_grad_enabled()):
             cache.prepare_step(past + t)
+            # CUDA graphs ("reduce-overhead"): a new step; the last one's outputs (consumed by then) may be reused
+            torch.compiler.cudagraph_mark_step_begin()
             try:
                 hidden = self._decode_step(hidden, position_ids, cache)
             finally:

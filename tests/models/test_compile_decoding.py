@@ -93,3 +93,32 @@ def test_beam_search_of_two_rows(family):
     model.compile_decoding(backend="aot_eager")
     assert torch.equal(model.generate(prompt, **kw), eager)
     model.compile_decoding(enabled=False)
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gated_deltanet", "hla_transformer", "loglinear_mamba2"])
+def test_compiled_steps_update_states_in_place(family):
+    """Under CUDA graphs a state returned by one step and read by the next is overwritten by that next replay, so
+    compiled steps keep every recurrent state in one buffer (fixed address, marked static) and update it in
+    place: after the first compiled step the slots hold the same tensors, at the same addresses, to the end."""
+    model, _ = build(family, "tiny", 1024, [], 97, torch.device("cpu"), torch.float32)
+    eager, _ = _greedy(model, steps=6)
+    torch._dynamo.reset()
+    model.compile_decoding(backend="aot_eager")
+    prompt = torch.randint(0, 97, (1, PROMPT), generator=torch.Generator().manual_seed(0))
+    seen, out = [], []
+    with torch.no_grad():
+        cache, tok = prefill(model, prompt)
+        for _ in range(6):
+            tok = model(input_ids=tok, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1].argmax(-1, True)
+            out.append(int(tok))
+            seen.append({(i, n): (t, t.data_ptr()) for i, slot in enumerate(cache.layers) for n, t in slot.items()})
+    model.compile_decoding(enabled=False)
+    assert out == eager
+    assert seen[0], "no recurrent state"
+    for later in seen[1:]:
+        if family == "loglinear_mamba2" and later.keys() != seen[0].keys():
+            continue
+        for key, (t, ptr) in later.items():
+            if family == "loglinear_mamba2" and t.shape != seen[0][key][0].shape:
+                continue  # a new level: a new buffer, once
+            assert t is seen[0][key][0] and ptr == seen[0][key][1], key
