@@ -8,7 +8,6 @@ import importlib.util
 
 import torch
 
-
 # Looked up once at import: importlib is in dynamo's skip list, so a lookup per call broke every compiled
 # Transformer block on CUDA (bf16 inputs reach this check; CPU calls stop before it).
 _FLASH_ATTN_FOUND = importlib.util.find_spec("flash_attn") is not None
