@@ -236,7 +236,8 @@ def _full_optimizer_state(acc_dir: Path, layout: str, model, optimizer) -> dict:
     # plain: optimizer.state_dict(), parameters numbered in param-group order; this run's optimizer has the same
     # groups in the same order (training.optim.build_optimizer), so number i is the same parameter
     saved = torch.load(acc_dir / "optimizer.bin", map_location="cpu", weights_only=False)
-    names = {id(p): n for n, p in model.named_parameters()}
+    # fully qualified names as get_optimizer_state_dict gives them: no DDP wrapper prefix
+    names = {id(p): n.removeprefix("module.") for n, p in model.named_parameters()}
     if [len(g["params"]) for g in saved["param_groups"]] != [len(g["params"]) for g in optimizer.param_groups]:
         raise ValueError(f"{acc_dir / 'optimizer.bin'} has param groups of sizes "
                          f"{[len(g['params']) for g in saved['param_groups']]}, this run's optimizer "
