@@ -199,3 +199,22 @@ def test_cuda_blocks_compile_to_one_graph_under_autocast(family):
     assert _rel(loss.float(), ref_loss.float()) < 1e-2
     for name, g in grads.items():
         assert _rel(g.float(), ref_grads[name].float()) < 5e-2, name
+
+
+def test_compiled_blocks_under_cpu_autocast_give_eager_gradients():
+    """Under autocast the projections of a compiled block take plain per-projection casts (models.casts
+    .ProjectionInput skips its shared alias cast while compiling: torch 2.11 compiled that alias into a gradient
+    that missed the projections). The bf16 loss and every gradient are eager's, up to bf16 rounding."""
+    eager = _model("mamba2")
+    compiled = copy.deepcopy(eager)
+    backend = CompileCounterWithBackend("aot_eager")
+    counters.clear()
+    compile_blocks(compiled, backend=backend)
+    ids = torch.randint(0, TINY["vocab_size"], (BATCH, SEQ), generator=torch.Generator().manual_seed(6))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref_loss, ref_grads = _loss_and_grads(eager, ids)
+        loss, grads = _loss_and_grads(compiled, ids)
+    assert backend.frame_count >= 1
+    assert _rel(loss.float(), ref_loss.float()) < 1e-2
+    for name, g in grads.items():
+        assert _rel(g.float(), ref_grads[name].float()) < 5e-2, name
