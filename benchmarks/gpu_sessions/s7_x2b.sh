@@ -12,17 +12,7 @@ mkdir -p $OUT/n; L=$OUT/n/log.txt
 C="model=gated_deltanet model/size=340m trainer.seq_len=8192 trainer.log_every=5 trainer.val_every=0 \
 trainer.progress_bar=false trainer.save_final=false logger=none data.shard=rows optim.lr=1e-3"
 FS="python -m accelerate.commands.launch --config_file conf/accelerate/fsdp.yaml train.py"
-summ() { python3 - "$1" "$2" <<'PY' | tee -a $L
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
-tr = [r for r in rows if "train/loss" in r]
-print(sys.argv[2], "from step", [r.get("step") for r in tr][:1], "losses", [round(r["train/loss"], 4) for r in tr])
-perf = [r for r in rows if "perf/tokens_per_s" in r][1:]
-if perf:
-    print(sys.argv[2], "tokens/s %.0f" % (sum(r["perf/tokens_per_s"] for r in perf) / len(perf)),
-          "peak GiB %.2f" % max(r.get("perf/mem_peak_gib", 0) for r in perf))
-PY
-}
+summ() { python benchmarks/run_summary.py "$1" "$2" | tee -a $L; }
 el "1. FSDP (fp32 gathers), 2 x 2 rows, 50 steps, checkpoint at 20" | tee -a $L
 timeout 120 $FS $C trainer.max_steps=50 trainer.batch_size=2 trainer.save_every=20 hydra.run.dir=/tmp/fsdp \
   > $OUT/n/fsdp.log 2>&1; echo "rc=$?" >> $L; summ /tmp/fsdp fsdp_fp32

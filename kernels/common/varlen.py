@@ -30,7 +30,7 @@ def chunk_table(bounds: torch.Tensor, total_tokens: int, chunk: int) -> tuple[to
     rows = (total_tokens + chunk - 1) // chunk + n
     c = torch.arange(rows, device=bounds.device, dtype=torch.int64)
     # offsets[0] = 0 <= c: searching all of offsets counts one more than searching offsets[1:] would (inductor's
-    # searchsorted cannot take a sliced boundary tensor: NotImplementedError SliceView in a compiled GDN block)
+    # searchsorted failed to lower a sliced boundary tensor ("SliceView") in a compiled GDN block on torch 2.11)
     seq = (torch.searchsorted(offsets, c, right=True) - 1).clamp_(max=max(n - 1, 0))
     start = bounds[seq] + (c - offsets[seq]) * chunk
     end = torch.minimum(start + chunk, bounds[seq + 1])
