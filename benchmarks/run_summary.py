@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.logging import read_metrics  # noqa: E402
+from training.logging import read_metrics
 
 
 def summarize(run_dir: Path, name: str) -> str:
