@@ -146,6 +146,7 @@ class CheckpointManager:
     def load(self, path: Path, *, model, optimizer, scheduler, loader) -> dict:
         acc = self.acc
         meta = json.loads((path / STATE_FILE).read_text())
+        restored = {k: meta[k] for k in ("step", "tokens", "skipped_steps", "wandb_id") if k in meta}
         saved, here = saved_layout(path / "accelerate"), run_layout(acc)
         if saved == here:
             acc.load_state(str(path / "accelerate"))
@@ -159,7 +160,7 @@ class CheckpointManager:
         loader_file = path / "loader" / f"rank{acc.process_index:05d}.pt"
         if meta.get("world_size") == acc.num_processes and loader_file.is_file():
             loader.load_state_dict(torch.load(loader_file, weights_only=False))
-            return {k: meta[k] for k in ("step", "tokens", "skipped_steps", "wandb_id") if k in meta}
+            return restored
         why = "the data stream restarts from its beginning with a new shard assignment"
         first = path / "loader" / "rank00000.pt"
         if hasattr(loader, "load_global_state") and first.is_file():  # data.shard=rows: one stream for every size
@@ -172,7 +173,7 @@ class CheckpointManager:
             warnings.warn(
                 f"checkpoint {path} was written by {meta.get('world_size')} process(es), this run has "
                 f"{acc.num_processes}: model, optimizer and schedule are restored, {why}", stacklevel=2)
-        return {k: meta[k] for k in ("step", "tokens", "skipped_steps", "wandb_id") if k in meta}
+        return restored
 
 
 # How accelerate.save_state wrote a checkpoint's model and optimizer, and how this run's load_state reads them.
