@@ -129,3 +129,23 @@ def test_a_checkpoint_without_model_state_is_named(tmp_path):
     (tmp_path / "accelerate").mkdir()
     with pytest.raises(FileNotFoundError, match="no model state"):
         saved_layout(tmp_path / "accelerate")
+
+
+def test_sharded_into_a_ddp_model(gloo_group, tmp_path):
+    """FSDP -> DDP: the DDP wrapper's "module." prefix is not part of the saved names."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    model, optimizer = _model_and_optimizer()
+    _step(model, optimizer)
+    reference = _full_state(model, optimizer)
+    sharded = _fully_shard(models.build_model(TINY))
+    sharded_opt = build_optimizer(sharded, OPTIM, on_cuda=False)
+    _save_plain(tmp_path / "plain", model, optimizer)
+    load_across_layouts(tmp_path / "plain", "plain", sharded, sharded_opt)
+    _save_sharded(tmp_path / "sharded", sharded, sharded_opt, reference[0])
+
+    torch.manual_seed(5)
+    ddp = DistributedDataParallel(models.build_model(TINY))
+    ddp_opt = build_optimizer(ddp.module, OPTIM, on_cuda=False)
+    load_across_layouts(tmp_path / "sharded", "fsdp-sharded", ddp, ddp_opt)
+    _assert_same(_full_state(ddp.module, ddp_opt), reference)
