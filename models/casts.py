@@ -47,10 +47,7 @@ class ProjectionInput:
         self.x = x
         self.cast = None
         dtype = autocast_dtype(x)
-        # In a compiled graph the compiler decides what the backward keeps (and casts once), and the alias trick
-        # is what it gets wrong: on an H200 (torch 2.11, inductor) a compiled Mamba-2 block under autocast gave
-        # the embedding a gradient 40x too small. So compiled code takes the plain per-projection casts.
-        if dtype != x.dtype and not torch.compiler.is_compiling():
+        if dtype != x.dtype:
             with torch.no_grad():
                 self.cast = x.to(dtype)
 

@@ -197,15 +197,16 @@ def test_cuda_blocks_compile_to_one_graph_under_autocast(family):
     assert _graph_breaks() == {}, _graph_breaks()
     assert graphs == 1, graphs  # every block is the same graph
     assert _rel(loss.float(), ref_loss.float()) < 1e-2
-    for name, g in grads.items():
-        assert _rel(g.float(), ref_grads[name].float()) < 5e-2, name
+    wrong = {name: round(_rel(g.float(), ref_grads[name].float()), 4) for name, g in grads.items()
+             if _rel(g.float(), ref_grads[name].float()) >= 5e-2}
+    assert not wrong, wrong  # every wrong gradient at once: where in the block the fault is
 
 
 def test_compiled_blocks_under_cpu_autocast_give_eager_gradients():
-    """Under autocast the projections of a compiled block take plain per-projection casts (models.casts
-    .ProjectionInput skips its shared alias cast while compiling: torch 2.11 compiled that alias into a gradient
-    that missed the projections). The bf16 loss and every gradient are eager's, up to bf16 rounding."""
-    eager = _model("mamba2")
+    """Under autocast a compiled Gated DeltaNet block (its projections share one autocast copy of their input
+    through models.casts.ProjectionInput's alias cast) gives eager's bf16 loss and every gradient, up to bf16
+    rounding. The CUDA test above checks the same on the GPU, where a compiled Mamba-2 once gave a wrong gradient."""
+    eager = _model("gated_deltanet")
     compiled = copy.deepcopy(eager)
     backend = CompileCounterWithBackend("aot_eager")
     counters.clear()
