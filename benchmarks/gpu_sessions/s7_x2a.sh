@@ -1,9 +1,10 @@
 #!/bin/bash
 # Planned first call of session 7 on nvidia-h200-x2 (<= 10 min; carry .whl, .hilo_cache). What session 6 fixed
 # without a GPU left to check it:
-#  GPU 0: the CUDA compile test (its Transformer graph break, flash_attn's importlib lookup, and Mamba-2's wrong
-#         embedding gradient under autocast; fixed in 2173e54, unverified), then compiled mamba2 / gated_deltanet /
-#         transformer throughput at 8K (the gradients now right), then compiled decoding with static recurrent states,
+#  GPU 0: the CUDA compile test (the Transformer's importlib graph break, fixed in 2173e54, unverified; Mamba-2's
+#         wrong embedding gradient under autocast, cause unknown), then the Mamba-2 case again with the short conv on
+#         ATen (HILO_SHORT_CONV=torch) to bisect it, then compiled mamba2 / gated_deltanet / transformer throughput at
+#         8K, then compiled decoding with static recurrent states,
 #         default and reduce-overhead (fixed after call 3's CUDA-graph failure, unverified).
 #  GPU 1: every CUDA-only test, one process per file (one process for all ran out of 230 s twice).
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | tail -1
@@ -24,6 +25,9 @@ export CUDA_VISIBLE_DEVICES=0
 el "CUDA compile test" | tee -a $L
 timeout 150 python -m pytest -q -rf tests/training/test_compile.py -k cuda > $OUT/n/ct.log 2>&1; echo "rc=$?" >> $L
 grep -E "passed|failed|^FAILED|^E  .{0,200}" $OUT/n/ct.log | tail -12 | cut -c1-250 >> $L
+el "CUDA compile test, mamba2, short conv on ATen" | tee -a $L
+HILO_SHORT_CONV=torch timeout 60 python -m pytest -q -rf tests/training/test_compile.py -k "cuda and mamba2" \
+  > $OUT/n/ct_sc.log 2>&1; echo "rc=$?" >> $L; grep -E "passed|failed|^E  .{0,200}" $OUT/n/ct_sc.log | tail -4 | cut -c1-250 >> $L
 for m in mamba2 gated_deltanet transformer; do
   el "compiled $m" | tee -a $L
   timeout 80 python benchmarks/train_throughput.py --steps 10 --compile --append --models $m --seq-lens 8192 \
