@@ -7,16 +7,38 @@ from torch import nn
 from models import fused_norms
 
 
+def _rms_norm(x, weight, eps):
+    """RMSNorm's math: (y in x's dtype, fp32 per-row rstd)."""
+    xf = x.float()
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * rstd * weight.float()).to(x.dtype), rstd
+
+
+def _gated_rms_norm(x, gate, weight, eps, norm_before_gate, group_size):
+    """GatedRMSNorm's math: (y in x's dtype, per-(row, group) rstd in the compute dtype)."""
+    acc = torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 for double-precision checks
+    xf, gf = x.to(acc), gate.to(acc)
+    u = xf if norm_before_gate else xf * F.silu(gf)
+    grouped = u.unflatten(-1, (-1, group_size))
+    rstd = torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + eps)
+    y = (grouped * rstd).flatten(-2) * weight.to(acc)
+    if norm_before_gate:
+        y = y * F.silu(gf)
+    return y.to(x.dtype), rstd
+
+
 class _RMSNormFn(torch.autograd.Function):
     """RMSNorm's math (fp32) with a hand-written backward that keeps only x (in its dtype) and the per-row rstd:
-    autograd through the formula would also keep the fp32 normalized x, one more fp32 copy of the layer input."""
+    autograd through the formula would also keep the fp32 normalized x, one more fp32 copy of the layer input.
+    Eager only: torch 2.11's dynamo traced this Function's backward into wrong gradients on CUDA (x and weight,
+    relative error 1.0, with aot_eager too), so a compiled block runs the formula through autograd and inductor
+    plans what it keeps."""
 
     @staticmethod
     def forward(ctx, x, weight, eps):
-        xf = x.float()
-        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        y, rstd = _rms_norm(x, weight, eps)
         ctx.save_for_backward(x, weight, rstd)
-        return (xf * rstd * weight.float()).to(x.dtype)
+        return y
 
     @staticmethod
     def backward(ctx, dy):
@@ -45,6 +67,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused and fused_norms.use_triton(x.shape[-1], x, self.weight):
             return fused_norms.rms_norm(x, self.weight, self.eps)
+        if torch.compiler.is_compiling():  # see _RMSNormFn
+            return _rms_norm(x, self.weight, self.eps)[0]
         return _RMSNormFn.apply(x, self.weight, self.eps)
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,17 +87,10 @@ class _GatedRMSNormFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, gate, weight, eps, norm_before_gate, group_size):
-        acc = torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 for double-precision checks
-        xf, gf = x.to(acc), gate.to(acc)
-        u = xf if norm_before_gate else xf * F.silu(gf)
-        grouped = u.unflatten(-1, (-1, group_size))
-        rstd = torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + eps)
-        y = (grouped * rstd).flatten(-2) * weight.to(acc)
-        if norm_before_gate:
-            y = y * F.silu(gf)
+        y, rstd = _gated_rms_norm(x, gate, weight, eps, norm_before_gate, group_size)
         ctx.save_for_backward(x, gate, weight, rstd)
         ctx.norm_before_gate, ctx.group_size = norm_before_gate, group_size
-        return y.to(x.dtype)
+        return y
 
     @staticmethod
     def backward(ctx, dy):
@@ -127,4 +144,6 @@ class GatedRMSNorm(RMSNorm):
             raise ValueError(f"GatedRMSNorm: gate must have x's shape {tuple(x.shape)}, got {tuple(gate.shape)}")
         if self.fused and fused_norms.use_triton(self.group_size, x, gate, self.weight):
             return fused_norms.gated_rms_norm(x, gate, self.weight, self.eps, self.norm_before_gate, self.group_size)
+        if torch.compiler.is_compiling():  # see _RMSNormFn
+            return _gated_rms_norm(x, gate, self.weight, self.eps, self.norm_before_gate, self.group_size)[0]
         return _GatedRMSNormFn.apply(x, gate, self.weight, self.eps, self.norm_before_gate, self.group_size)

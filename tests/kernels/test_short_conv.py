@@ -12,6 +12,7 @@ from kernels.common import error_ratio
 from kernels.short_conv import short_conv
 
 TOL = 1e-5
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # Triton runs on the GPU, or on CPU under TRITON_INTERPRET=1
 
 
 def loop_definition(x, weight, bias, state, starts, silu):
@@ -43,13 +44,14 @@ def make(b, t, c, k, bias, state, seed):
 
 def run(backend, x, w, bb, st, cu, silu, dtype=torch.float32):
     """Output and gradients of sum(y * dy); every input cast to dtype (None: as given)."""
-    leaves = [None if z is None else (z if dtype is None else z.to(dtype)).detach().requires_grad_()
+    dev = DEV if backend == "triton" else "cpu"
+    leaves = [None if z is None else (z if dtype is None else z.to(dtype)).to(dev).detach().requires_grad_()
               for z in (x, w, bb, st)]
-    y = short_conv(leaves[0], leaves[1], leaves[2], initial_state=leaves[3], cu_seqlens=cu,
-                   activation="silu" if silu else None, backend=backend)
+    y = short_conv(leaves[0], leaves[1], leaves[2], initial_state=leaves[3],
+                   cu_seqlens=None if cu is None else cu.to(dev), activation="silu" if silu else None, backend=backend)
     dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(99)).to(y.device)
     grads = torch.autograd.grad((y.float() * dy).sum(), [z for z in leaves if z is not None])
-    return [y.detach(), *grads]
+    return [y.detach().cpu(), *(g.cpu() for g in grads)]
 
 
 CASES = [  # b, t, c, k, bias, state, documents, silu
@@ -88,8 +90,9 @@ def test_backends_match_naive(backend, case):
 
 def test_triton_bf16_inputs_keep_their_dtype():
     x, w, bb, st = make(2, 50, 24, 4, True, True, seed=3)
-    y = short_conv(x.bfloat16(), w, bb, initial_state=st.bfloat16(), backend="triton")
+    y = short_conv(x.bfloat16().to(DEV), w.to(DEV), bb.to(DEV), initial_state=st.bfloat16().to(DEV), backend="triton")
     assert y.dtype == torch.bfloat16
+    y = y.cpu()
     ref = short_conv(x.bfloat16().double(), w.double(), bb.double(), initial_state=st.bfloat16().double(),
                      backend="naive")
     assert error_ratio(y, ref) <= 8e-3  # one bf16 rounding of the output
@@ -102,7 +105,7 @@ def test_triton_op_compiles_into_one_graph():
         y = short_conv(F.gelu(x) * 2, w, bb, backend="triton")
         return (y * y.sigmoid()).sum()
 
-    leaves = [z.clone().requires_grad_() for z in (x, w, bb)]
+    leaves = [z.to(DEV).requires_grad_() for z in (x, w, bb)]
     assert_one_graph_with_eager_values(f, leaves, "short_conv")
 
 
