@@ -25,7 +25,7 @@ mkdir -p $OUT/n; L=$OUT/n/log.txt; L1=/tmp/gpu1.txt
 BG=$!
 export CUDA_VISIBLE_DEVICES=0
 el "CUDA compile test" | tee -a $L
-timeout 150 python -m pytest -q -p no:logging -rf tests/training/test_compile.py -k cuda > /tmp/ct.log 2>&1
+timeout 150 python -m pytest -p no:logging -rf tests/training/test_compile.py -k cuda > /tmp/ct.log 2>&1
 echo "rc=$?" >> $L; grep -E "passed|failed|^FAILED|^E  " /tmp/ct.log | tail -10 | cut -c1-300 >> $L
 for ms in "mamba2 8192" "gated_deltanet 8192" "transformer 2048" "transformer 8192" "mamba2 16384" "gated_deltanet 16384" "transformer 16384"; do
   set -- $ms; el "compiled $1 $2" | tee -a $L
