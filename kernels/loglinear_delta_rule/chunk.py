@@ -17,6 +17,8 @@ import torch
 
 from kernels.loglinear_attn.chunk import _decay_matrices, loglinear_chunk
 
+from .tril_inverse import unit_lower_inverse
+
 __all__ = ["delta_wy_pieces", "loglinear_delta_rule_chunk", "prepare_delta"]
 
 
@@ -28,15 +30,15 @@ def prepare_delta(q, k, v, gamma, beta):
     return e, q_eff, trans, zcols @ v, zcols
 
 
-def delta_wy_pieces(q, k, gamma, beta):
-    """(E, q_eff, W, Kd, zcols) of the docstring: the transition is M = exp(gamma_C) I - Kd^T W."""
+def delta_wy_pieces(q, k, gamma, beta, inverse="torch"):
+    """(E, q_eff, W, Kd, zcols) of the docstring: the transition is M = exp(gamma_C) I - Kd^T W. inverse: the
+    backend of (I + A)^{-1} (tril_inverse.unit_lower_inverse: "torch" solves, "triton" runs its kernel)."""
     decay, causal = _decay_matrices(gamma)
     c = gamma.shape[-1]
     kk = k @ k.transpose(-1, -2)
     strict = causal & ~torch.eye(c, dtype=torch.bool, device=q.device)
     a = beta[..., :, None] * kk * decay * strict
-    eye = torch.eye(c, dtype=q.dtype, device=q.device)
-    x = torch.linalg.solve_triangular(eye + a, torch.diag_embed(beta), upper=False, unitriangular=True)
+    x = unit_lower_inverse(a, inverse) * beta[..., None, :]  # (I + A)^{-1} diag(beta)
     qk = (q @ k.transpose(-1, -2)) * decay
     e = qk @ x
     w = x @ (k * gamma.exp()[..., None])

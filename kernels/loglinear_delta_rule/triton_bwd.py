@@ -12,7 +12,7 @@ Every piece's gradient sums over V-blocks and groups with fp32 atomics. In mode 
 chunk is the initial levels' gradient.
 
 The "triton" backend (`loglinear_delta_rule_triton`): the per-chunk pieces (E, q_eff, W, Kd, zcols: the WY/UT form
-of chunk.delta_wy_pieces) and the levels 0..6 block (E * Lambda) V are batched torch ops over all chunks at once,
+of chunk.delta_wy_pieces, whose (I + A)^{-1} is tril_inverse's Triton kernel) and the levels 0..6 block (E * Lambda) V are batched torch ops over all chunks at once,
 differentiated by autograd (a first version: only the level scan, the sequential part, is a custom Triton forward
 and backward); the prior levels of an initial state run through the same scan kernel in mode 1; the final levels
 0..6 come from the last chunk's zcols. Memory: the forward keeps the state entering every chunk, nj K x V
@@ -47,17 +47,22 @@ from .triton_fwd import _scan_masks, _scan_program, delta_level_scan_fwd, dot_pr
 # aligned chunk blocks in batched matmuls, the same values). HILO_LOGLINEAR_DELTA="form=nodes" picks it; the scan
 # stays the default until the tree is timed on the H200. The nodes form reads an initial state's levels through the
 # same tree (the queries moved to the sequence's first chunk), so it launches no Triton kernel.
+# The chunks' (I + A)^{-1}: "triton" (tril_inverse's kernel; backward by two products with the inverse) or "solve"
+# (torch.linalg.solve_triangular, batched cuBLAS trsm, and autograd's solves in the backward: the first build).
+# HILO_LOGLINEAR_DELTA="inverse=solve" picks the solve, for comparison.
 FORMS = ("scan", "nodes")
-OPTIONS = {"form": "scan"}
+INVERSES = ("triton", "solve")
+OPTIONS = {"form": "scan", "inverse": "triton"}
+_CHOICES = {"form": FORMS, "inverse": INVERSES}
 
 
 def _read_options() -> None:
     spec = os.environ.get("HILO_LOGLINEAR_DELTA", "").strip()
     for item in filter(None, (part.strip() for part in spec.split(","))):
-        key, _, val = item.partition("=")
-        if key.strip() != "form" or val.strip() not in FORMS:
-            raise ValueError(f"HILO_LOGLINEAR_DELTA: expected form=scan or form=nodes, got {item!r}")
-        OPTIONS["form"] = val.strip()
+        key, _, val = (x.strip() for x in item.partition("="))
+        if val not in _CHOICES.get(key, ()):
+            raise ValueError(f"HILO_LOGLINEAR_DELTA: expected form=scan|nodes or inverse=triton|solve, got {item!r}")
+        OPTIONS[key] = val
 
 
 _read_options()
@@ -220,7 +225,10 @@ def loglinear_delta_rule_triton(q, k, v, beta, g, level_scales, scale, initial_s
     lam_tok = flat(level_scales)
     lc = _to_chunks(lam_tok, lay)
     gamma = gc.cumsum(-1)
-    e, q_eff, w_wy, kd, zcols = delta_wy_pieces(qc, kc, gamma, bc)
+    if OPTIONS["inverse"] not in INVERSES:
+        raise ValueError(f"loglinear_delta_rule OPTIONS['inverse'] = {OPTIONS['inverse']!r}; expected one of {INVERSES}")
+    e, q_eff, w_wy, kd, zcols = delta_wy_pieces(qc, kc, gamma, bc,
+                                                "triton" if OPTIONS["inverse"] == "triton" else "torch")
     decay = gamma[..., -1].exp()  # [H, rows]
     nl_int = max(nl, CHUNK_LEVELS + 1)
     offs = torch.arange(CHUNK, device=q.device)

@@ -315,6 +315,68 @@ def test_level_nodes_continuation_from_final_state(nodes_form, split):
 def test_level_nodes_form_option_errors(monkeypatch):
     from kernels.loglinear_delta_rule import triton_bwd
 
-    monkeypatch.setenv("HILO_LOGLINEAR_DELTA", "form=tree")
-    with pytest.raises(ValueError, match="expected form=scan or form=nodes"):
-        triton_bwd._read_options()
+    for bad in ("form=tree", "inverse=lu", "solver=triton"):
+        monkeypatch.setenv("HILO_LOGLINEAR_DELTA", bad)
+        with pytest.raises(ValueError, match=r"expected form=scan\|nodes or inverse=triton\|solve"):
+            triton_bwd._read_options()
+    monkeypatch.setenv("HILO_LOGLINEAR_DELTA", "form=nodes, inverse=solve")
+    monkeypatch.setattr(triton_bwd, "OPTIONS", dict(triton_bwd.OPTIONS))
+    triton_bwd._read_options()
+    assert triton_bwd.OPTIONS == {"form": "nodes", "inverse": "solve"}
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_unit_lower_inverse_values_and_gradients(backend):
+    """(I + A)^{-1} of the WY form, Triton (interpreter on CPU) and torch, against float64 solves: the inverse and
+    the gradient of A through the backward's two products with the inverse. One matrix has every strictly lower
+    entry 1 (identical keys, beta = 1): the inverse is bidiagonal while A's powers reach C(63, 32) ~ 1e18, which a
+    power-series inverse could not survive in fp32."""
+    from kernels.loglinear_delta_rule.tril_inverse import unit_lower_inverse
+
+    gen = torch.Generator().manual_seed(0)
+    k = F.normalize(torch.randn(2, 3, 64, 16, generator=gen), dim=-1)
+    beta = torch.rand(2, 3, 64, generator=gen)
+    decay = torch.exp(-torch.rand(2, 3, 64, 64, generator=gen).tril(-1).cumsum(-2) * 0.1)
+    a = beta[..., :, None] * (k @ k.transpose(-1, -2)) * decay
+    a[0, 0] = 1.0
+    a = a + torch.triu(torch.randn(2, 3, 64, 64, generator=gen))  # ignored: on and above the diagonal
+    dt = torch.randn(2, 3, 64, 64, generator=gen)
+    leaf = a.clone().to(DEV).requires_grad_()
+    t = unit_lower_inverse(leaf, backend)
+    (t * dt.to(DEV)).sum().backward()
+    ref_leaf = a.detach().double().requires_grad_()
+    eye = torch.eye(64, dtype=torch.float64)
+    ref = torch.linalg.solve_triangular(eye + torch.tril(ref_leaf, -1), eye.expand(2, 3, 64, 64), upper=False)
+    (ref * dt.double()).sum().backward()
+    assert error_ratio(t.cpu(), ref) <= 1e-5
+    assert error_ratio(t[0, 0].cpu(), eye - torch.diag(torch.ones(63, dtype=torch.float64), -1)) <= 1e-6
+    assert error_ratio(leaf.grad.cpu(), ref_leaf.grad) <= 1e-5
+    assert not leaf.grad.triu().any()
+
+
+def test_unit_lower_inverse_bad_inputs():
+    from kernels.loglinear_delta_rule.tril_inverse import unit_lower_inverse
+
+    with pytest.raises(ValueError, match=r"must be \[..., C, C\]"):
+        unit_lower_inverse(torch.zeros(2, 64, 32))
+    with pytest.raises(ValueError, match="takes C = 64"):
+        unit_lower_inverse(torch.zeros(2, 32, 32), "triton")
+    with pytest.raises(ValueError, match="backend must be"):
+        unit_lower_inverse(torch.zeros(2, 64, 64), "cublas")
+
+
+def test_triton_backend_same_with_either_inverse(monkeypatch):
+    """HILO_LOGLINEAR_DELTA=inverse=solve (batched trsm) and the default Triton inverse give the same output and
+    gradients (they differ only in fp32 rounding)."""
+    from kernels.loglinear_delta_rule import triton_bwd
+
+    x = make(2, 150, seed=21)
+    results = {}
+    for inverse in ("solve", "triton"):
+        monkeypatch.setitem(triton_bwd.OPTIONS, "inverse", inverse)
+        leaves = [x[n].float().to(DEV).requires_grad_() for n in NAMES]
+        o, _ = loglinear_delta_rule(*leaves, backend="triton")
+        o.square().sum().backward()
+        results[inverse] = [o.detach().cpu()] + [z.grad.cpu() for z in leaves]
+    for got, ref in zip(results["triton"], results["solve"], strict=True):
+        assert error_ratio(got, ref) <= 1e-5
