@@ -117,11 +117,12 @@ class LevelLayout:
     seqs int32 [N, 3] (bos, eos, p0); chunks int32 [rows, 3] (base, lo, hi); nj the chunk levels reached
     (max over sequences of bit_length(last chunk index)); seq_of_token int64 [B*T] (on device). For chunk-major
     tensors ([rows, C, ...], the delta rule's per-chunk pieces): seq_chunks int32 [N, 3] (first row, chunk count,
-    absolute index of the first chunk) and chunk_pos int64 [B*T], each token's flat index row * C + offset."""
+    absolute index of the first chunk), row_chunk int32 [rows] (each row's absolute chunk index) and chunk_pos int64
+    [B*T], each token's flat index row * C + offset."""
 
     def __init__(self, segs, starts, t: int, device):
         self.n = len(segs)
-        seq_rows, chunk_rows, seq_chunks, positions, nj = [], [], [], [], 0
+        seq_rows, chunk_rows, seq_chunks, positions, row_chunk, nj = [], [], [], [], [], 0
         self.last_tokens, self.nonempty, self.first_rows, self.chunk_counts = [], [], [], []
         for (row, s, e), p0 in zip(segs, starts):
             bos, eos = row * t + s, row * t + e
@@ -135,6 +136,7 @@ class LevelLayout:
             for i in range(nchunks):
                 base = bos - front + i * CHUNK
                 chunk_rows.append((base, max(base, bos), min(base + CHUNK, eos)))
+                row_chunk.append(p0 // CHUNK + i)
             if eos > bos:
                 nj = max(nj, ((p0 + eos - bos - 1) // CHUNK).bit_length())
             self.last_tokens.append(max(eos - 1, 0))
@@ -143,6 +145,7 @@ class LevelLayout:
         self.chunks = torch.tensor(chunk_rows, dtype=torch.int32).reshape(-1, 3).to(device)
         self.seq_chunks = torch.tensor(seq_chunks, dtype=torch.int32).reshape(-1, 3).to(device)
         self.chunk_pos = torch.cat(positions).to(device)
+        self.row_chunk = torch.tensor(row_chunk, dtype=torch.int32).to(device)  # each row's chunk index c
         self.rows = len(chunk_rows)
         self.nj = nj
         lengths = torch.tensor([e - s for _, s, e in segs], dtype=torch.int64)

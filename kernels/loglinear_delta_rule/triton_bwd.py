@@ -50,10 +50,15 @@ from .triton_fwd import _scan_masks, _scan_program, delta_level_scan_fwd, dot_pr
 # The chunks' (I + A)^{-1}: "triton" (tril_inverse's kernel; backward by two products with the inverse) or "solve"
 # (torch.linalg.solve_triangular, batched cuBLAS trsm, and autograd's solves in the backward: the first build).
 # HILO_LOGLINEAR_DELTA="inverse=solve" picks the solve, for comparison.
+# The level scan's backward: "atomic" (one sequential kernel that also forms every piece's gradient, summed over
+# V-blocks with fp32 atomics: the first build) or "split" (the sequential kernel only carries dR and stores it per
+# chunk, as the forward stores R; _delta_level_grads then forms the gradients chunk-parallel, without atomics, at the
+# cost of one more [H, rows, levels, K, V] buffer). HILO_LOGLINEAR_DELTA="bwd=split" until it is timed on the H200.
 FORMS = ("scan", "nodes")
 INVERSES = ("triton", "solve")
-OPTIONS = {"form": "scan", "inverse": "triton"}
-_CHOICES = {"form": FORMS, "inverse": INVERSES}
+BWDS = ("atomic", "split")
+OPTIONS = {"form": "scan", "inverse": "triton", "bwd": "atomic"}
+_CHOICES = {"form": FORMS, "inverse": INVERSES, "bwd": BWDS}
 
 
 def _read_options() -> None:
@@ -61,7 +66,8 @@ def _read_options() -> None:
     for item in filter(None, (part.strip() for part in spec.split(","))):
         key, _, val = (x.strip() for x in item.partition("="))
         if val not in _CHOICES.get(key, ()):
-            raise ValueError(f"HILO_LOGLINEAR_DELTA: expected form=scan|nodes or inverse=triton|solve, got {item!r}")
+            raise ValueError(f"HILO_LOGLINEAR_DELTA: expected form=scan|nodes, inverse=triton|solve or "
+                             f"bwd=atomic|split, got {item!r}")
         OPTIONS[key] = val
 
 
@@ -70,10 +76,12 @@ _read_options()
 
 @triton.jit(do_not_specialize=["NL", "NW", "ROWS", "NS", "J0"])
 def _delta_level_scan_bwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs, dout, drfin, dq_eff, dw_wy, dkd, ddecay,
-                          dzcols, dv, dlam, dwts, dr0, seq_chunks, NL, NW, ROWS, NS, J0,
+                          dzcols, dv, dlam, dwts, dr0, drs, seq_chunks, NL, NW, ROWS, NS, J0,
                           K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                           S: tl.constexpr, H: tl.constexpr, MODE: tl.constexpr,
-                          HAS_DRFIN: tl.constexpr, STORE_DR0: tl.constexpr, PREC: tl.constexpr):
+                          HAS_DRFIN: tl.constexpr, STORE_DR0: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr):
+    """SPLIT: only the dR recurrence; dR' of every chunk is stored in drs (the layout of rs) and _delta_level_grads
+    forms every piece's gradient from rs and drs afterwards, chunk-parallel and without atomics."""
     (_i_v, i_nh, _i_n, i_h, j0, row0, nchunks, c0, o_k, m_k, o_c, col_j, col_v, m_col,
      o_v) = _scan_program(seq_chunks, J0, K, V, C, BK, BV, S, H)
     o_j = j0 + tl.arange(0, S)
@@ -93,48 +101,53 @@ def _delta_level_scan_bwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs, dout, 
         c = c0 + i
         hr = i_h * ROWS + row0 + i
         keep, read, w = _scan_masks(lam, wts, hr, c, o_c, col_j, j0, NL, NW, C, S, BV, MODE)
-        state = tl.load(rs + hr * NS * K * V + st_off, mask=m_st, other=0.0).to(tl.float32)
-        if MODE == 0:
-            # the write added zcols v to every level not read at c: its gradient is the sum of their dR'
-            d_local = _sum_levels(tl.where(read[None, :], 0.0, d_state), BK, S, BV)
-            zc = tl.load(zcols + (hr * K + o_k[:, None]) * C + o_c[None, :], mask=m_k[:, None], other=0.0)
-            vb = tl.load(v + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=(o_v < V)[None, :], other=0.0)
-            _accumulate(dzcols + (hr * K + o_k[:, None]) * C + o_c[None, :],
-                        tl.dot(d_local, tl.trans(vb), input_precision=PREC), m_k[:, None])
-            _accumulate(dv + (hr * C + o_c[:, None]) * V + o_v[None, :],
-                        tl.dot(tl.trans(zc), d_local, input_precision=PREC), (o_v < V)[None, :])
-        # Shared memory (sm_90: 227 KB; Triton 3.6): every dot operand is staged in shared memory where its value is
-        # defined, so a tile used both as is and transposed keeps two copies alive. At K = 128 and 128 stacked columns
-        # R and dR' are 64 KB each, and staging both twice for the whole iteration asked for 288 KB (the H200's
-        # OutOfResources). So R^T is loaded again, transposed, just before its two dots, and the [C, K] pieces W and
-        # q_eff likewise (their loads as [K, C] for the dR update): 200 KB at K = 128, 208 KB at K = 256 (2 levels).
-        # R: U = W R, and the read weights' gradient dw_tj = do_t . (q_eff_t R_j)
-        wb = tl.load(w_wy + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
-        u = tl.dot(wb, state, input_precision=PREC)
-        qe = tl.load(q_eff + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
         do_cols = _tile_levels(tl.load(dout + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=(o_v < V)[None, :],
                                        other=0.0), C, S, BV)
         do_w = do_cols * w
-        d_w = tl.sum(tl.reshape(tl.dot(qe, state, input_precision=PREC) * do_cols, [C, S, BV]), 2)
-        if MODE == 0:
-            lev = CHUNK_LEVELS_C + 1 + o_j
-            bits = ((c >> o_j) & 1) == 1
-            _accumulate(dlam + (hr * C + o_c[:, None]) * NL + lev[None, :], d_w,
-                        mask=((lev < NL) & bits)[None, :])
-        else:
-            _accumulate(dwts + (hr * C + o_c[:, None]) * NW + o_j[None, :], d_w, (o_j < NW)[None, :])
-        # dR': dU = -Kd dR', dKd = -U dR'^T (the transition R' = exp(gl) R - Kd^T U)
         kdb = tl.load(kd + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+        # dR': dU = -Kd dR' (the transition R' = exp(gl) R - Kd^T U)
         d_u = -tl.dot(kdb, d_state, input_precision=PREC)
-        _accumulate(dkd + (hr * C + o_c[:, None]) * K + o_k[None, :],
-                    -tl.dot(u, tl.trans(d_state), input_precision=PREC), m_k[None, :])
-        # R^T (loaded again, transposed): dW = dU R^T, dq_eff = (w do) R^T
-        state_t = tl.load(rs + hr * NS * K * V + st_off_t, mask=m_st_t, other=0.0).to(tl.float32)
-        _accumulate(dw_wy + (hr * C + o_c[:, None]) * K + o_k[None, :],
-                    tl.dot(d_u, state_t, input_precision=PREC), m_k[None, :])
-        _accumulate(dq_eff + (hr * C + o_c[:, None]) * K + o_k[None, :],
-                    tl.dot(do_w, state_t, input_precision=PREC), m_k[None, :])
-        tl.atomic_add(ddecay + hr, tl.sum(tl.sum(state * d_state, 1), 0), sem="relaxed")
+        if SPLIT:
+            tl.store(drs + hr * NS * K * V + st_off, d_state.to(drs.dtype.element_ty), mask=m_st)
+        else:
+            state = tl.load(rs + hr * NS * K * V + st_off, mask=m_st, other=0.0).to(tl.float32)
+            if MODE == 0:
+                # the write added zcols v to every level not read at c: its gradient is the sum of their dR'
+                d_local = _sum_levels(tl.where(read[None, :], 0.0, d_state), BK, S, BV)
+                zc = tl.load(zcols + (hr * K + o_k[:, None]) * C + o_c[None, :], mask=m_k[:, None], other=0.0)
+                vb = tl.load(v + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=(o_v < V)[None, :], other=0.0)
+                _accumulate(dzcols + (hr * K + o_k[:, None]) * C + o_c[None, :],
+                            tl.dot(d_local, tl.trans(vb), input_precision=PREC), m_k[:, None])
+                _accumulate(dv + (hr * C + o_c[:, None]) * V + o_v[None, :],
+                            tl.dot(tl.trans(zc), d_local, input_precision=PREC), (o_v < V)[None, :])
+            # Shared memory (sm_90: 227 KB; Triton 3.6): every dot operand is staged in shared memory where its
+            # value is defined, so a tile used both as is and transposed keeps two copies alive. At K = 128 and 128
+            # stacked columns R and dR' are 64 KB each, and staging both twice for the whole iteration asked for
+            # 288 KB (the H200's OutOfResources). So R^T is loaded again, transposed, just before its two dots, and
+            # the [C, K] pieces W and q_eff likewise (their loads as [K, C] for the dR update): 200 KB at K = 128,
+            # 208 KB at K = 256 (2 levels).
+            # R: U = W R, and the read weights' gradient dw_tj = do_t . (q_eff_t R_j)
+            wb = tl.load(w_wy + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+            u = tl.dot(wb, state, input_precision=PREC)
+            qe = tl.load(q_eff + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+            d_w = tl.sum(tl.reshape(tl.dot(qe, state, input_precision=PREC) * do_cols, [C, S, BV]), 2)
+            if MODE == 0:
+                lev = CHUNK_LEVELS_C + 1 + o_j
+                bits = ((c >> o_j) & 1) == 1
+                _accumulate(dlam + (hr * C + o_c[:, None]) * NL + lev[None, :], d_w,
+                            mask=((lev < NL) & bits)[None, :])
+            else:
+                _accumulate(dwts + (hr * C + o_c[:, None]) * NW + o_j[None, :], d_w, (o_j < NW)[None, :])
+            # dKd = -U dR'^T
+            _accumulate(dkd + (hr * C + o_c[:, None]) * K + o_k[None, :],
+                        -tl.dot(u, tl.trans(d_state), input_precision=PREC), m_k[None, :])
+            # R^T (loaded again, transposed): dW = dU R^T, dq_eff = (w do) R^T
+            state_t = tl.load(rs + hr * NS * K * V + st_off_t, mask=m_st_t, other=0.0).to(tl.float32)
+            _accumulate(dw_wy + (hr * C + o_c[:, None]) * K + o_k[None, :],
+                        tl.dot(d_u, state_t, input_precision=PREC), m_k[None, :])
+            _accumulate(dq_eff + (hr * C + o_c[:, None]) * K + o_k[None, :],
+                        tl.dot(do_w, state_t, input_precision=PREC), m_k[None, :])
+            tl.atomic_add(ddecay + hr, tl.sum(tl.sum(state * d_state, 1), 0), sem="relaxed")
         # dR = exp(gl) dR' + W^T dU + q_eff^T (w do)
         wt = tl.load(w_wy + (hr * C + o_c[None, :]) * K + o_k[:, None], mask=m_k[:, None], other=0.0)
         d_state = d_state * tl.load(decay + hr) + tl.dot(wt, d_u, input_precision=PREC)
@@ -143,6 +156,98 @@ def _delta_level_scan_bwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs, dout, 
         d_state = tl.where(keep[None, :], d_state, 0.0)
     if STORE_DR0:
         tl.store(dr0 + i_nh.to(tl.int64) * NS * K * V + st_off, d_state, mask=m_st)
+
+
+@triton.jit(do_not_specialize=["NL", "NW", "ROWS", "NS"])
+def _delta_level_grads(q_eff, w_wy, kd, zcols, v, lam, wts, rs, drs, dout, row_chunk, dq_eff, dw_wy, dkd, ddecay,
+                       dzcols, dv, dlam, dwts, NL, NW, ROWS, NS,
+                       K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BKB: tl.constexpr,
+                       BV: tl.constexpr, H: tl.constexpr, MODE: tl.constexpr, PREC: tl.constexpr):
+    """One program per (chunk row, head, K-block of BKB): every gradient the level scan's chunk step gives, from the
+    state entering the chunk R_j (rs) and the gradient of the state leaving it dR'_j (drs), summed over the states
+    j and the V-blocks inside the program (stores, no atomics). With U_j = W R_j, dU_j = -Kd dR'_j:
+        dKd = -sum_j U_j dR'_j^T,  dW = sum_j dU_j R_j^T,  dq_eff = sum_j (w_j do) R_j^T        (this K-block)
+        d exp(gl) = sum_j <R_j, dR'_j>,  dw_tj = do_t . (q_eff_t R_j)                          (K-block 0)
+        mode 0: d_local = sum_{j not read} dR'_j,  dzcols = d_local v^T (this K-block),  dv = zcols^T d_local."""
+    r, i_h, kb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    hr = (i_h * ROWS + r).to(tl.int64)
+    c = tl.load(row_chunk + r)
+    o_c = tl.arange(0, C)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_kb = kb * BKB + tl.arange(0, BKB)
+    m_kb = o_kb < K
+    # the chunk's [C, K] pieces, whole K (the inner products over K)
+    wb = tl.load(w_wy + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+    kdb = tl.load(kd + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+    acc_kd = tl.zeros([C, BKB], dtype=tl.float32)
+    acc_w = tl.zeros([C, BKB], dtype=tl.float32)
+    acc_q = tl.zeros([C, BKB], dtype=tl.float32)
+    acc_decay = tl.zeros([BK, BV], dtype=tl.float32)
+    base = hr * NS * K * V
+    for j in range(NS):
+        if MODE == 0:
+            lev = CHUNK_LEVELS_C + 1 + j
+            # read at c (bit j of c) and a level the scales have: [C] (vector operands: the interpreter's masks)
+            m_j = ((o_c * 0 + lev) < NL) & ((((o_c * 0 + c) >> j) & 1) == 1)
+            w_j = tl.load(lam + (hr * C + o_c) * NL + lev, mask=m_j, other=0.0)
+        else:
+            w_j = tl.load(wts + (hr * C + o_c) * NW + j)
+        d_wj = tl.zeros([C], dtype=tl.float32)
+        for v0 in tl.static_range(0, V, BV):
+            o_v = v0 + tl.arange(0, BV)
+            m_v = o_v < V
+            off = base + (j * K + o_k[:, None]) * V + o_v[None, :]
+            m2 = m_k[:, None] & m_v[None, :]
+            state = tl.load(rs + off, mask=m2, other=0.0).to(tl.float32)
+            d_state = tl.load(drs + off, mask=m2, other=0.0).to(tl.float32)
+            off_t = base + (j * K + o_kb[None, :]) * V + o_v[:, None]
+            m2_t = m_kb[None, :] & m_v[:, None]
+            state_t = tl.load(rs + off_t, mask=m2_t, other=0.0).to(tl.float32)  # [BV, BKB]
+            d_state_t = tl.load(drs + off_t, mask=m2_t, other=0.0).to(tl.float32)
+            dob = tl.load(dout + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+            u = tl.dot(wb, state, input_precision=PREC)
+            d_u = -tl.dot(kdb, d_state, input_precision=PREC)
+            acc_kd -= tl.dot(u, d_state_t, input_precision=PREC)
+            acc_w += tl.dot(d_u, state_t, input_precision=PREC)
+            acc_q += tl.dot(dob * w_j[:, None], state_t, input_precision=PREC)
+            if kb == 0:
+                qe = tl.load(q_eff + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+                d_wj += tl.sum(tl.dot(qe, state, input_precision=PREC) * dob, 1)
+                acc_decay += state * d_state
+        if kb == 0:
+            if MODE == 0:
+                tl.store(dlam + (hr * C + o_c) * NL + lev, d_wj, mask=m_j)
+            else:
+                tl.store(dwts + (hr * C + o_c) * NW + j, d_wj)
+    out = (hr * C + o_c[:, None]) * K + o_kb[None, :]
+    tl.store(dkd + out, acc_kd, mask=m_kb[None, :])
+    tl.store(dw_wy + out, acc_w, mask=m_kb[None, :])
+    tl.store(dq_eff + out, acc_q, mask=m_kb[None, :])
+    if kb == 0:
+        tl.store(ddecay + hr, tl.sum(tl.sum(acc_decay, 1), 0))
+    if MODE == 0:
+        # the write: zcols v added to every level not read at c
+        dzc_t = tl.zeros([C, BKB], dtype=tl.float32)  # dzcols^T, this K-block, summed over the V-blocks
+        for v0 in tl.static_range(0, V, BV):
+            o_v = v0 + tl.arange(0, BV)
+            m_v = o_v < V
+            d_local = tl.zeros([BK, BV], dtype=tl.float32)
+            d_local_t = tl.zeros([BV, BKB], dtype=tl.float32)
+            for j in range(NS):
+                if ((c >> j) & 1) == 0:
+                    off = base + (j * K + o_k[:, None]) * V + o_v[None, :]
+                    d_local += tl.load(drs + off, mask=m_k[:, None] & m_v[None, :], other=0.0).to(tl.float32)
+                    off_t = base + (j * K + o_kb[None, :]) * V + o_v[:, None]
+                    d_local_t += tl.load(drs + off_t, mask=m_kb[None, :] & m_v[:, None], other=0.0).to(tl.float32)
+            vb = tl.load(v + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+            # dzcols^T [C, BKB] += v d_local^T for this K-block; dv = zcols^T d_local (K-block 0)
+            dzc_t += tl.dot(vb, d_local_t, input_precision=PREC)
+            if kb == 0:
+                zc_t = tl.load(zcols + (hr * K + o_k[None, :]) * C + o_c[:, None], mask=m_k[None, :], other=0.0)
+                tl.store(dv + (hr * C + o_c[:, None]) * V + o_v[None, :],
+                         tl.dot(zc_t, d_local, input_precision=PREC), mask=m_v[None, :])
+        tl.store(dzcols + (hr * K + o_kb[None, :]) * C + o_c[:, None], dzc_t, mask=m_kb[None, :])
 
 
 class DeltaLevelScanFunction(torch.autograd.Function):
@@ -173,14 +278,25 @@ class DeltaLevelScanFunction(torch.autograd.Function):
         dlam = torch.zeros_like(lam)
         dwts = None if wts is None else torch.zeros_like(wts)
         dr0 = torch.zeros(lay.n, h, ns, dk, dv_, device=v.device, dtype=torch.float32) if ctx.has_r0 else None
+        split = OPTIONS["bwd"] == "split"
+        drs = torch.zeros_like(rs) if split else rs
+        dout = dout.contiguous()
+        prec = dot_precision(ctx.in_dtype)
         for j0, s, groups, bv in scan_launches(lay, mode, ns, dk, dv_):
             _delta_level_scan_bwd[(triton.cdiv(dv_, bv), lay.n * h, groups)](
-                q_eff, w_wy, kd, decay, zcols, v, lam, wts if wts is not None else lam, rs, dout.contiguous(),
+                q_eff, w_wy, kd, decay, zcols, v, lam, wts if wts is not None else lam, rs, dout,
                 drfin.contiguous() if drfin is not None else rs, dq_eff, dw_wy, dkd, ddecay, dzcols, dv, dlam,
-                dwts if dwts is not None else dlam, dr0 if dr0 is not None else dlam, lay.seq_chunks, nl, nw, rows,
-                ns, j0, K=dk, V=dv_, C=CHUNK, BK=pow2(dk), BV=bv, S=s, H=h, MODE=mode,
-                HAS_DRFIN=drfin is not None, STORE_DR0=dr0 is not None, PREC=dot_precision(ctx.in_dtype),
+                dwts if dwts is not None else dlam, dr0 if dr0 is not None else dlam, drs, lay.seq_chunks, nl, nw,
+                rows, ns, j0, K=dk, V=dv_, C=CHUNK, BK=pow2(dk), BV=bv, S=s, H=h, MODE=mode,
+                HAS_DRFIN=drfin is not None, STORE_DR0=dr0 is not None, SPLIT=split, PREC=prec,
                 num_warps=scan_warps(pow2(dk), s * bv), num_stages=1)
+        if split and rows:
+            bkb = min(pow2(dk), 64)
+            _delta_level_grads[(rows, h, triton.cdiv(dk, bkb))](
+                q_eff, w_wy, kd, zcols, v, lam, wts if wts is not None else lam, rs, drs, dout, lay.row_chunk,
+                dq_eff, dw_wy, dkd, ddecay, dzcols, dv, dlam, dwts if dwts is not None else dlam, nl, nw, rows, ns,
+                K=dk, V=dv_, C=CHUNK, BK=pow2(dk), BKB=bkb, BV=min(pow2(dv_), 32), H=h, MODE=mode, PREC=prec,
+                num_warps=8)
         return (dq_eff, dw_wy, dkd, ddecay, (dzcols if mode == 0 else None), (dv if mode == 0 else None),
                 (dlam if mode == 0 else None), dwts, dr0, None, None, None)
 

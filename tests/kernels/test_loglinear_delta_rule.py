@@ -315,14 +315,14 @@ def test_level_nodes_continuation_from_final_state(nodes_form, split):
 def test_level_nodes_form_option_errors(monkeypatch):
     from kernels.loglinear_delta_rule import triton_bwd
 
-    for bad in ("form=tree", "inverse=lu", "solver=triton"):
+    for bad in ("form=tree", "inverse=lu", "solver=triton", "bwd=fused"):
         monkeypatch.setenv("HILO_LOGLINEAR_DELTA", bad)
-        with pytest.raises(ValueError, match=r"expected form=scan\|nodes or inverse=triton\|solve"):
+        with pytest.raises(ValueError, match=r"expected form=scan\|nodes, inverse=triton\|solve or bwd=atomic\|split"):
             triton_bwd._read_options()
-    monkeypatch.setenv("HILO_LOGLINEAR_DELTA", "form=nodes, inverse=solve")
+    monkeypatch.setenv("HILO_LOGLINEAR_DELTA", "form=nodes, inverse=solve,bwd=split")
     monkeypatch.setattr(triton_bwd, "OPTIONS", dict(triton_bwd.OPTIONS))
     triton_bwd._read_options()
-    assert triton_bwd.OPTIONS == {"form": "nodes", "inverse": "solve"}
+    assert triton_bwd.OPTIONS == {"form": "nodes", "inverse": "solve", "bwd": "split"}
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -380,3 +380,23 @@ def test_triton_backend_same_with_either_inverse(monkeypatch):
         results[inverse] = [o.detach().cpu()] + [z.grad.cpu() for z in leaves]
     for got, ref in zip(results["triton"], results["solve"], strict=True):
         assert error_ratio(got, ref) <= 1e-5
+
+
+@pytest.mark.parametrize("case", ["batch", "varlen_prior"])
+def test_split_level_scan_backward(monkeypatch, case):
+    """HILO_LOGLINEAR_DELTA=bwd=split (the scan stores dR per chunk; a chunk-parallel kernel forms the gradients
+    without atomics) against the quadratic definition in float64, like the default backward: T = 300 (chunk level
+    3) in a batch, and packed documents with priors (the prior levels' scan, mode 1, and its initial-level
+    gradients)."""
+    from kernels.loglinear_delta_rule import triton_bwd
+
+    monkeypatch.setitem(triton_bwd.OPTIONS, "bwd", "split")
+    if case == "batch":
+        x, cu, init = make(2, 300, seed=31, decay="weak"), None, None
+    else:
+        lengths = [1, 140, 0, 75, 200]
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+        x = make(1, int(cu[-1]), seed=32, decay="weak", nl=num_levels(200 + 130))
+        init = prior_state([0, 5, 3, 64, 130], nl=x["lam"].shape[-1], seed=33)
+    ref = run("quadratic", x, cu=cu, init=init, dtype=torch.float64)
+    assert_close(run("triton", x, cu=cu, init=init), ref, f"split backward {case}")
