@@ -400,3 +400,24 @@ def test_split_level_scan_backward(monkeypatch, case):
         init = prior_state([0, 5, 3, 64, 130], nl=x["lam"].shape[-1], seed=33)
     ref = run("quadratic", x, cu=cu, init=init, dtype=torch.float64)
     assert_close(run("triton", x, cu=cu, init=init), ref, f"split backward {case}")
+
+
+def test_split_level_scan_backward_wide_heads(monkeypatch):
+    """K = 100, V = 40: the split backward's gradient kernel in two K-blocks and two V-blocks (the quadratic test
+    above has one of each) gives the atomic backward's gradients."""
+    from kernels.loglinear_delta_rule import triton_bwd
+
+    gen = torch.Generator().manual_seed(41)
+    b, t, h, dk, dv = 1, 200, 1, 100, 40
+    x = [torch.randn(b, t, h, dk, generator=gen), F.normalize(torch.randn(b, t, h, dk, generator=gen), dim=-1),
+         torch.randn(b, t, h, dv, generator=gen), torch.rand(b, t, h, generator=gen),
+         -torch.rand(b, t, h, generator=gen) * 0.02, torch.rand(b, t, h, num_levels(t), generator=gen) + 0.25]
+    do = torch.randn(b, t, h, dv, generator=gen)
+    results = {}
+    for bwd in ("atomic", "split"):
+        monkeypatch.setitem(triton_bwd.OPTIONS, "bwd", bwd)
+        leaves = [z.to(DEV).requires_grad_() for z in x]
+        o, _ = loglinear_delta_rule(*leaves, backend="triton")
+        results[bwd] = torch.autograd.grad((o * do.to(DEV)).sum(), leaves)
+    for name, got, ref in zip(NAMES, results["split"], results["atomic"], strict=True):
+        assert error_ratio(got.cpu(), ref.cpu()) <= 1e-5, name
