@@ -12,7 +12,8 @@ Every piece's gradient sums over V-blocks and groups with fp32 atomics. In mode 
 chunk is the initial levels' gradient.
 
 The "triton" backend (`loglinear_delta_rule_triton`): the per-chunk pieces (E, q_eff, W, Kd, zcols: the WY/UT form
-of chunk.delta_wy_pieces, whose (I + A)^{-1} is tril_inverse's Triton kernel) and the levels 0..6 block (E * Lambda) V are batched torch ops over all chunks at once,
+of chunk.delta_wy_pieces; OPTIONS["inverse"] = "triton" takes its (I + A)^{-1} from tril_inverse's kernel) and the
+levels 0..6 block (E * Lambda) V are batched torch ops over all chunks at once,
 differentiated by autograd (a first version: only the level scan, the sequential part, is a custom Triton forward
 and backward); the prior levels of an initial state run through the same scan kernel in mode 1; the final levels
 0..6 come from the last chunk's zcols. Memory: the forward keeps the state entering every chunk, nj K x V
@@ -47,9 +48,9 @@ from .triton_fwd import _scan_masks, _scan_program, delta_level_scan_fwd, dot_pr
 # aligned chunk blocks in batched matmuls, the same values). HILO_LOGLINEAR_DELTA="form=nodes" picks it; the scan
 # stays the default until the tree is timed on the H200. The nodes form reads an initial state's levels through the
 # same tree (the queries moved to the sequence's first chunk), so it launches no Triton kernel.
-# The chunks' (I + A)^{-1}: "triton" (tril_inverse's kernel; backward by two products with the inverse) or "solve"
-# (torch.linalg.solve_triangular, batched cuBLAS trsm, and autograd's solves in the backward: the first build).
-# HILO_LOGLINEAR_DELTA="inverse=solve" picks the solve, for comparison.
+# The chunks' (I + A)^{-1} (tril_inverse.unit_lower_inverse; backward by two products with the inverse either way):
+# "solve" (torch.linalg.solve_triangular, a batched cuBLAS trsm) or "triton" (its Triton kernel).
+# HILO_LOGLINEAR_DELTA="inverse=triton" until the kernel is checked and timed on the H200.
 # The level scan's backward: "atomic" (one sequential kernel that also forms every piece's gradient, summed over
 # V-blocks with fp32 atomics: the first build) or "split" (the sequential kernel only carries dR and stores it per
 # chunk, as the forward stores R; _delta_level_grads then forms the gradients chunk-parallel, without atomics, at the
@@ -57,7 +58,7 @@ from .triton_fwd import _scan_masks, _scan_program, delta_level_scan_fwd, dot_pr
 FORMS = ("scan", "nodes")
 INVERSES = ("triton", "solve")
 BWDS = ("atomic", "split")
-OPTIONS = {"form": "scan", "inverse": "triton", "bwd": "atomic"}
+OPTIONS = {"form": "scan", "inverse": "solve", "bwd": "atomic"}
 _CHOICES = {"form": FORMS, "inverse": INVERSES, "bwd": BWDS}
 
 
