@@ -319,10 +319,10 @@ def test_level_nodes_form_option_errors(monkeypatch):
         monkeypatch.setenv("HILO_LOGLINEAR_DELTA", bad)
         with pytest.raises(ValueError, match=r"expected form=scan\|nodes, inverse=triton\|solve or bwd=atomic\|split"):
             triton_bwd._read_options()
-    monkeypatch.setenv("HILO_LOGLINEAR_DELTA", "form=nodes, inverse=solve,bwd=split")
+    monkeypatch.setenv("HILO_LOGLINEAR_DELTA", "form=nodes, inverse=triton,bwd=split")
     monkeypatch.setattr(triton_bwd, "OPTIONS", dict(triton_bwd.OPTIONS))
     triton_bwd._read_options()
-    assert triton_bwd.OPTIONS == {"form": "nodes", "inverse": "solve", "bwd": "split"}
+    assert triton_bwd.OPTIONS == {"form": "nodes", "inverse": "triton", "bwd": "split"}
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -366,7 +366,7 @@ def test_unit_lower_inverse_bad_inputs():
 
 
 def test_triton_backend_same_with_either_inverse(monkeypatch):
-    """HILO_LOGLINEAR_DELTA=inverse=solve (batched trsm) and the default Triton inverse give the same output and
+    """HILO_LOGLINEAR_DELTA=inverse=solve (batched trsm, the default) and inverse=triton give the same output and
     gradients (they differ only in fp32 rounding)."""
     from kernels.loglinear_delta_rule import triton_bwd
 
