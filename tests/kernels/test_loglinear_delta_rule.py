@@ -384,13 +384,14 @@ def test_triton_backend_same_with_either_inverse(monkeypatch):
 
 @pytest.mark.parametrize("case", ["batch", "varlen_prior"])
 def test_split_level_scan_backward(monkeypatch, case):
-    """HILO_LOGLINEAR_DELTA=bwd=split (the scan stores dR per chunk; a chunk-parallel kernel forms the gradients
-    without atomics) against the quadratic definition in float64, like the default backward: T = 300 (chunk level
+    """HILO_LOGLINEAR_DELTA=inverse=triton,bwd=split (the scan stores dR per chunk; a chunk-parallel kernel forms
+    the gradients without atomics) against the quadratic definition in float64, like the default backward: T = 300 (chunk level
     3) in a batch, and packed documents with priors (the prior levels' scan, mode 1, and its initial-level
     gradients)."""
     from kernels.loglinear_delta_rule import triton_bwd
 
     monkeypatch.setitem(triton_bwd.OPTIONS, "bwd", "split")
+    monkeypatch.setitem(triton_bwd.OPTIONS, "inverse", "triton")  # the configuration s8_x2c.sh times
     if case == "batch":
         x, cu, init = make(2, 300, seed=31, decay="weak"), None, None
     else:
