@@ -2,8 +2,8 @@
 # Planned first call of session 8 (nvidia-h200-x2; carry .whl, .hilo_cache; <= 10 min). Only log.txt and
 # RESULTS.md come back (more than 8 files under $OUT are not returned).
 #  GPU 0: the CUDA compile test after session 7's norm fix, every family (log-linear Mamba-2's A_log / dt_bias
-#         now judged against fp32); then compiled training throughput with the fixed norms (mamba2, gated_deltanet at
-#         8K and 16K; transformer at 2K, 8K, 16K: issue 7's comparisons), then where a compiled Mamba-2 step's time
+#         now judged against fp32); then compiled training throughput with the fixed norms (mamba2 at 8K and 16K,
+#         gated_deltanet at 8K, transformer at 2K, 8K, 16K: issue 7's comparisons), then where a compiled Mamba-2 step's time
 #         goes (step_profile --compile, 8K).
 #  GPU 1: issue 7's 760m at 16K with a 0.5M-token batch (32 x 1 row accumulated), transformer and mamba2, then
 #         compiled decoding of mamba2 at 1K and 32K (its compile took ~3 min in session 7; python -u: that session's
