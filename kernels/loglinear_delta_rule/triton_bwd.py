@@ -305,10 +305,11 @@ class DeltaLevelScanFunction(torch.autograd.Function):
 
 
 def _to_chunks(x, lay: LevelLayout):
-    """[TT, H, D] token-major -> [H, rows, C, D] chunk-major with zeros in the padding (differentiable)."""
+    """[TT, H, D] token-major -> [H, rows, C, D] chunk-major, contiguous, with zeros in the padding (differentiable).
+    Contiguous in one pass: a permuted view would be copied again by every batched matmul that reads it."""
     h, d = x.shape[1:]
-    flat = x.new_zeros(lay.rows * CHUNK, h, d).index_copy(0, lay.chunk_pos, x)
-    return flat.reshape(lay.rows, CHUNK, h, d).permute(2, 0, 1, 3)
+    flat = x.new_zeros(h, lay.rows * CHUNK, d).index_copy(1, lay.chunk_pos, x.transpose(0, 1))
+    return flat.reshape(h, lay.rows, CHUNK, d)
 
 
 def _prior_weights(lam, segs, starts, t):
