@@ -299,7 +299,7 @@ class DeltaLevelScanFunction(torch.autograd.Function):
                 q_eff, w_wy, kd, zcols, v, lam, wts if wts is not None else lam, rs, drs, dout, lay.row_chunk,
                 dq_eff, dw_wy, dkd, ddecay, dzcols, dv, dlam, dwts if dwts is not None else dlam, nl, nw, rows, ns,
                 K=dk, V=dv_, C=CHUNK, BK=pow2(dk), BKB=bkb, BV=min(pow2(dv_), 32), H=h, MODE=mode, PREC=prec,
-                num_warps=8)
+                num_warps=8, num_stages=1)  # one stage: pipelined loads would double its ~170 KB of staged tiles
         return (dq_eff, dw_wy, dkd, ddecay, (dzcols if mode == 0 else None), (dv if mode == 0 else None),
                 (dlam if mode == 0 else None), dwts, dr0, None, None, None)
 
