@@ -184,7 +184,7 @@ def _delta_level_grads(q_eff, w_wy, kd, zcols, v, lam, wts, rs, drs, dout, row_c
     acc_kd = tl.zeros([C, BKB], dtype=tl.float32)
     acc_w = tl.zeros([C, BKB], dtype=tl.float32)
     acc_q = tl.zeros([C, BKB], dtype=tl.float32)
-    acc_decay = tl.zeros([BK, BV], dtype=tl.float32)
+    acc_decay = tl.zeros([BV], dtype=tl.float32)  # summed over K at once: a [BK, BV] accumulator cost registers
     base = hr * NS * K * V
     for j in range(NS):
         if MODE == 0:
@@ -215,7 +215,7 @@ def _delta_level_grads(q_eff, w_wy, kd, zcols, v, lam, wts, rs, drs, dout, row_c
             if kb == 0:
                 qe = tl.load(q_eff + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
                 d_wj += tl.sum(tl.dot(qe, state, input_precision=PREC) * dob, 1)
-                acc_decay += state * d_state
+                acc_decay += tl.sum(state * d_state, 0)
         if kb == 0:
             if MODE == 0:
                 tl.store(dlam + (hr * C + o_c) * NL + lev, d_wj, mask=m_j)
@@ -226,7 +226,7 @@ def _delta_level_grads(q_eff, w_wy, kd, zcols, v, lam, wts, rs, drs, dout, row_c
     tl.store(dw_wy + out, acc_w, mask=m_kb[None, :])
     tl.store(dq_eff + out, acc_q, mask=m_kb[None, :])
     if kb == 0:
-        tl.store(ddecay + hr, tl.sum(tl.sum(acc_decay, 1), 0))
+        tl.store(ddecay + hr, tl.sum(acc_decay, 0))
     if MODE == 0:
         # the write: zcols v added to every level not read at c
         dzc_t = tl.zeros([C, BKB], dtype=tl.float32)  # dzcols^T, this K-block, summed over the V-blocks
