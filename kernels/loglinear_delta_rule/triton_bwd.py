@@ -159,17 +159,30 @@ def _delta_level_scan_bwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs, dout, 
         tl.store(dr0 + i_nh.to(tl.int64) * NS * K * V + st_off, d_state, mask=m_st)
 
 
+@triton.jit
+def _read_weights(lam, wts, hr, c, j, o_c, NL, NW, C: tl.constexpr, MODE: tl.constexpr):
+    """State j's read weights at the chunk's tokens [C] and where they apply (mode 0: bit j of chunk c set and a
+    level the scales have; mode 1: every token). Vector operands throughout: the interpreter's masks need them."""
+    if MODE == 0:
+        lev = CHUNK_LEVELS_C + 1 + j
+        on = ((o_c * 0 + lev) < NL) & ((((o_c * 0 + c) >> j) & 1) == 1)
+        w_j = tl.load(lam + (hr * C + o_c) * NL + lev, mask=on, other=0.0)
+    else:
+        on = (o_c * 0 + j) < NW
+        w_j = tl.load(wts + (hr * C + o_c) * NW + j, mask=on, other=0.0)
+    return w_j, on
+
+
 @triton.jit(do_not_specialize=["NL", "NW", "ROWS", "NS"])
-def _delta_level_grads(q_eff, w_wy, kd, zcols, v, lam, wts, rs, drs, dout, row_chunk, dq_eff, dw_wy, dkd, ddecay,
-                       dzcols, dv, dlam, dwts, NL, NW, ROWS, NS,
+def _delta_level_grads(w_wy, kd, lam, wts, rs, drs, dout, row_chunk, dq_eff, dw_wy, dkd, NL, NW, ROWS, NS,
                        K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BKB: tl.constexpr,
-                       BV: tl.constexpr, H: tl.constexpr, MODE: tl.constexpr, PREC: tl.constexpr):
-    """One program per (chunk row, head, K-block of BKB): every gradient the level scan's chunk step gives, from the
-    state entering the chunk R_j (rs) and the gradient of the state leaving it dR'_j (drs), summed over the states
-    j and the V-blocks inside the program (stores, no atomics). With U_j = W R_j, dU_j = -Kd dR'_j:
-        dKd = -sum_j U_j dR'_j^T,  dW = sum_j dU_j R_j^T,  dq_eff = sum_j (w_j do) R_j^T        (this K-block)
-        d exp(gl) = sum_j <R_j, dR'_j>,  dw_tj = do_t . (q_eff_t R_j)                          (K-block 0)
-        mode 0: d_local = sum_{j not read} dR'_j,  dzcols = d_local v^T (this K-block),  dv = zcols^T d_local."""
+                       BV: tl.constexpr, MODE: tl.constexpr, PREC: tl.constexpr):
+    """One program per (chunk row, head, K-block of BKB): the level scan's chunk-step gradients that are [C, K]
+    tiles, from the state entering the chunk R_j (rs) and the gradient of the state leaving it dR'_j (drs), summed
+    over the states j and the V-blocks inside the program (stores, no atomics). With U_j = W R_j, dU_j = -Kd dR'_j
+    and w_j the read weights, for this K-block:
+        dKd = -sum_j U_j dR'_j^T,   dW = sum_j dU_j R_j^T,   dq_eff = sum_j (w_j do) R_j^T
+    The rest (read weights, decay, the write) is _delta_level_grads_rest: together they spilled registers."""
     r, i_h, kb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     hr = (i_h * ROWS + r).to(tl.int64)
     c = tl.load(row_chunk + r)
@@ -184,17 +197,9 @@ def _delta_level_grads(q_eff, w_wy, kd, zcols, v, lam, wts, rs, drs, dout, row_c
     acc_kd = tl.zeros([C, BKB], dtype=tl.float32)
     acc_w = tl.zeros([C, BKB], dtype=tl.float32)
     acc_q = tl.zeros([C, BKB], dtype=tl.float32)
-    acc_decay = tl.zeros([BV], dtype=tl.float32)  # summed over K at once: a [BK, BV] accumulator cost registers
     base = hr * NS * K * V
     for j in range(NS):
-        if MODE == 0:
-            lev = CHUNK_LEVELS_C + 1 + j
-            # read at c (bit j of c) and a level the scales have: [C] (vector operands: the interpreter's masks)
-            m_j = ((o_c * 0 + lev) < NL) & ((((o_c * 0 + c) >> j) & 1) == 1)
-            w_j = tl.load(lam + (hr * C + o_c) * NL + lev, mask=m_j, other=0.0)
-        else:
-            w_j = tl.load(wts + (hr * C + o_c) * NW + j)
-        d_wj = tl.zeros([C], dtype=tl.float32)
+        w_j, _ = _read_weights(lam, wts, hr, c, j, o_c, NL, NW, C, MODE)
         for v0 in tl.static_range(0, V, BV):
             o_v = v0 + tl.arange(0, BV)
             m_v = o_v < V
@@ -212,43 +217,63 @@ def _delta_level_grads(q_eff, w_wy, kd, zcols, v, lam, wts, rs, drs, dout, row_c
             acc_kd -= tl.dot(u, d_state_t, input_precision=PREC)
             acc_w += tl.dot(d_u, state_t, input_precision=PREC)
             acc_q += tl.dot(dob * w_j[:, None], state_t, input_precision=PREC)
-            if kb == 0:
-                qe = tl.load(q_eff + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
-                d_wj += tl.sum(tl.dot(qe, state, input_precision=PREC) * dob, 1)
-                acc_decay += tl.sum(state * d_state, 0)
-        if kb == 0:
-            if MODE == 0:
-                tl.store(dlam + (hr * C + o_c) * NL + lev, d_wj, mask=m_j)
-            else:
-                tl.store(dwts + (hr * C + o_c) * NW + j, d_wj)
     out = (hr * C + o_c[:, None]) * K + o_kb[None, :]
     tl.store(dkd + out, acc_kd, mask=m_kb[None, :])
     tl.store(dw_wy + out, acc_w, mask=m_kb[None, :])
     tl.store(dq_eff + out, acc_q, mask=m_kb[None, :])
-    if kb == 0:
-        tl.store(ddecay + hr, tl.sum(acc_decay, 0))
+
+
+@triton.jit(do_not_specialize=["NL", "NW", "ROWS", "NS"])
+def _delta_level_grads_rest(q_eff, zcols, v, lam, wts, rs, drs, dout, row_chunk, ddecay, dzcols, dv, dlam, dwts,
+                            NL, NW, ROWS, NS, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+                            BV: tl.constexpr, MODE: tl.constexpr, PREC: tl.constexpr):
+    """One program per (chunk row, head): the read weights' gradient dw_tj = do_t . (q_eff_t R_j), the decay's
+    d exp(gl) = sum_j <R_j, dR'_j>, and in mode 0 the write's: d_local = sum_{j not read} dR'_j,
+    dzcols = d_local v^T, dv = zcols^T d_local."""
+    r, i_h = tl.program_id(0), tl.program_id(1)
+    hr = (i_h * ROWS + r).to(tl.int64)
+    c = tl.load(row_chunk + r)
+    o_c = tl.arange(0, C)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    qe = tl.load(q_eff + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+    acc_decay = tl.zeros([BV], dtype=tl.float32)
+    base = hr * NS * K * V
+    for j in range(NS):
+        _, on = _read_weights(lam, wts, hr, c, j, o_c, NL, NW, C, MODE)
+        d_wj = tl.zeros([C], dtype=tl.float32)
+        for v0 in tl.static_range(0, V, BV):
+            o_v = v0 + tl.arange(0, BV)
+            m_v = o_v < V
+            off = base + (j * K + o_k[:, None]) * V + o_v[None, :]
+            m2 = m_k[:, None] & m_v[None, :]
+            state = tl.load(rs + off, mask=m2, other=0.0).to(tl.float32)
+            d_state = tl.load(drs + off, mask=m2, other=0.0).to(tl.float32)
+            dob = tl.load(dout + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+            d_wj += tl.sum(tl.dot(qe, state, input_precision=PREC) * dob, 1)
+            acc_decay += tl.sum(state * d_state, 0)
+        if MODE == 0:
+            tl.store(dlam + (hr * C + o_c) * NL + CHUNK_LEVELS_C + 1 + j, d_wj, mask=on)
+        else:
+            tl.store(dwts + (hr * C + o_c) * NW + j, d_wj, mask=on)
+    tl.store(ddecay + hr, tl.sum(acc_decay, 0))
     if MODE == 0:
         # the write: zcols v added to every level not read at c
-        dzc_t = tl.zeros([C, BKB], dtype=tl.float32)  # dzcols^T, this K-block, summed over the V-blocks
+        dzc = tl.zeros([BK, C], dtype=tl.float32)  # summed over the V-blocks
+        zc_t = tl.load(zcols + (hr * K + o_k[None, :]) * C + o_c[:, None], mask=m_k[None, :], other=0.0)
         for v0 in tl.static_range(0, V, BV):
             o_v = v0 + tl.arange(0, BV)
             m_v = o_v < V
             d_local = tl.zeros([BK, BV], dtype=tl.float32)
-            d_local_t = tl.zeros([BV, BKB], dtype=tl.float32)
             for j in range(NS):
                 if ((c >> j) & 1) == 0:
                     off = base + (j * K + o_k[:, None]) * V + o_v[None, :]
                     d_local += tl.load(drs + off, mask=m_k[:, None] & m_v[None, :], other=0.0).to(tl.float32)
-                    off_t = base + (j * K + o_kb[None, :]) * V + o_v[:, None]
-                    d_local_t += tl.load(drs + off_t, mask=m_kb[None, :] & m_v[:, None], other=0.0).to(tl.float32)
             vb = tl.load(v + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=m_v[None, :], other=0.0)
-            # dzcols^T [C, BKB] += v d_local^T for this K-block; dv = zcols^T d_local (K-block 0)
-            dzc_t += tl.dot(vb, d_local_t, input_precision=PREC)
-            if kb == 0:
-                zc_t = tl.load(zcols + (hr * K + o_k[None, :]) * C + o_c[:, None], mask=m_k[None, :], other=0.0)
-                tl.store(dv + (hr * C + o_c[:, None]) * V + o_v[None, :],
-                         tl.dot(zc_t, d_local, input_precision=PREC), mask=m_v[None, :])
-        tl.store(dzcols + (hr * K + o_kb[None, :]) * C + o_c[:, None], dzc_t, mask=m_kb[None, :])
+            dzc += tl.dot(d_local, tl.trans(vb), input_precision=PREC)
+            tl.store(dv + (hr * C + o_c[:, None]) * V + o_v[None, :],
+                     tl.dot(zc_t, d_local, input_precision=PREC), mask=m_v[None, :])
+        tl.store(dzcols + (hr * K + o_k[:, None]) * C + o_c[None, :], dzc, mask=m_k[:, None])
 
 
 class DeltaLevelScanFunction(torch.autograd.Function):
@@ -294,12 +319,16 @@ class DeltaLevelScanFunction(torch.autograd.Function):
                 HAS_DRFIN=drfin is not None, STORE_DR0=dr0 is not None, SPLIT=split, PREC=prec,
                 num_warps=scan_warps(pow2(dk), s * bv), num_stages=1)
         if split and rows:
-            bkb = min(pow2(dk), 64)
+            bkb, bv_g = min(pow2(dk), 64), min(pow2(dv_), 32)
+            wts_ = wts if wts is not None else lam
             _delta_level_grads[(rows, h, triton.cdiv(dk, bkb))](
-                q_eff, w_wy, kd, zcols, v, lam, wts if wts is not None else lam, rs, drs, dout, lay.row_chunk,
-                dq_eff, dw_wy, dkd, ddecay, dzcols, dv, dlam, dwts if dwts is not None else dlam, nl, nw, rows, ns,
-                K=dk, V=dv_, C=CHUNK, BK=pow2(dk), BKB=bkb, BV=min(pow2(dv_), 32), H=h, MODE=mode, PREC=prec,
-                num_warps=8, num_stages=1)  # one stage: pipelined loads would double its ~170 KB of staged tiles
+                w_wy, kd, lam, wts_, rs, drs, dout, lay.row_chunk, dq_eff, dw_wy, dkd, nl, nw, rows, ns,
+                K=dk, V=dv_, C=CHUNK, BK=pow2(dk), BKB=bkb, BV=bv_g, MODE=mode, PREC=prec,
+                num_warps=8, num_stages=1)  # one stage: pipelined loads would double its staged tiles
+            _delta_level_grads_rest[(rows, h)](
+                q_eff, zcols, v, lam, wts_, rs, drs, dout, lay.row_chunk, ddecay, dzcols, dv, dlam,
+                dwts if dwts is not None else dlam, nl, nw, rows, ns, K=dk, V=dv_, C=CHUNK, BK=pow2(dk), BV=bv_g,
+                MODE=mode, PREC=prec, num_warps=8, num_stages=1)
         return (dq_eff, dw_wy, dkd, ddecay, (dzcols if mode == 0 else None), (dv if mode == 0 else None),
                 (dlam if mode == 0 else None), dwts, dr0, None, None, None)
 
