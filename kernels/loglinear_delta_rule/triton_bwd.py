@@ -173,6 +173,13 @@ def _read_weights(lam, wts, hr, c, j, o_c, NL, NW, C: tl.constexpr, MODE: tl.con
     return w_j, on
 
 
+@triton.jit
+def _state_pair(rs, drs, off, mask):
+    """R_j and dR'_j at the same offsets, in fp32."""
+    return (tl.load(rs + off, mask=mask, other=0.0).to(tl.float32),
+            tl.load(drs + off, mask=mask, other=0.0).to(tl.float32))
+
+
 @triton.jit(do_not_specialize=["NL", "NW", "ROWS", "NS"])
 def _delta_level_grads(w_wy, kd, lam, wts, rs, drs, dout, row_chunk, dq_eff, dw_wy, dkd, NL, NW, ROWS, NS,
                        K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BKB: tl.constexpr,
@@ -203,14 +210,10 @@ def _delta_level_grads(w_wy, kd, lam, wts, rs, drs, dout, row_chunk, dq_eff, dw_
         for v0 in tl.static_range(0, V, BV):
             o_v = v0 + tl.arange(0, BV)
             m_v = o_v < V
-            off = base + (j * K + o_k[:, None]) * V + o_v[None, :]
-            m2 = m_k[:, None] & m_v[None, :]
-            state = tl.load(rs + off, mask=m2, other=0.0).to(tl.float32)
-            d_state = tl.load(drs + off, mask=m2, other=0.0).to(tl.float32)
-            off_t = base + (j * K + o_kb[None, :]) * V + o_v[:, None]
-            m2_t = m_kb[None, :] & m_v[:, None]
-            state_t = tl.load(rs + off_t, mask=m2_t, other=0.0).to(tl.float32)  # [BV, BKB]
-            d_state_t = tl.load(drs + off_t, mask=m2_t, other=0.0).to(tl.float32)
+            state, d_state = _state_pair(rs, drs, base + (j * K + o_k[:, None]) * V + o_v[None, :],
+                                         m_k[:, None] & m_v[None, :])
+            state_t, d_state_t = _state_pair(rs, drs, base + (j * K + o_kb[None, :]) * V + o_v[:, None],
+                                             m_kb[None, :] & m_v[:, None])  # [BV, BKB]
             dob = tl.load(dout + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=m_v[None, :], other=0.0)
             u = tl.dot(wb, state, input_precision=PREC)
             d_u = -tl.dot(kdb, d_state, input_precision=PREC)
@@ -245,10 +248,8 @@ def _delta_level_grads_rest(q_eff, zcols, v, lam, wts, rs, drs, dout, row_chunk,
         for v0 in tl.static_range(0, V, BV):
             o_v = v0 + tl.arange(0, BV)
             m_v = o_v < V
-            off = base + (j * K + o_k[:, None]) * V + o_v[None, :]
-            m2 = m_k[:, None] & m_v[None, :]
-            state = tl.load(rs + off, mask=m2, other=0.0).to(tl.float32)
-            d_state = tl.load(drs + off, mask=m2, other=0.0).to(tl.float32)
+            state, d_state = _state_pair(rs, drs, base + (j * K + o_k[:, None]) * V + o_v[None, :],
+                                         m_k[:, None] & m_v[None, :])
             dob = tl.load(dout + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=m_v[None, :], other=0.0)
             d_wj += tl.sum(tl.dot(qe, state, input_precision=PREC) * dob, 1)
             acc_decay += tl.sum(state * d_state, 0)
