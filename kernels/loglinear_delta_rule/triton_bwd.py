@@ -186,10 +186,12 @@ def _delta_level_grads(w_wy, kd, lam, wts, rs, drs, dout, row_chunk, dq_eff, dw_
                        BV: tl.constexpr, MODE: tl.constexpr, PREC: tl.constexpr):
     """One program per (chunk row, head, K-block of BKB): the level scan's chunk-step gradients that are [C, K]
     tiles, from the state entering the chunk R_j (rs) and the gradient of the state leaving it dR'_j (drs), summed
-    over the states j and the V-blocks inside the program (stores, no atomics). With U_j = W R_j, dU_j = -Kd dR'_j
-    and w_j the read weights, for this K-block:
-        dKd = -sum_j U_j dR'_j^T,   dW = sum_j dU_j R_j^T,   dq_eff = sum_j (w_j do) R_j^T
-    The rest (read weights, decay, the write) is _delta_level_grads_rest: together they spilled registers."""
+    over the states j and the V-blocks inside the program (stores, no atomics). The scan's U_j = W R_j and
+    dU_j = -Kd dR'_j enter only through sums over j, so with G = sum_j R_j dR'_j^T ([K, K]; its columns of this
+    K-block here) and w_j the read weights:
+        dKd = -sum_j U_j dR'_j^T = -W G,   dW = sum_j dU_j R_j^T = -Kd G^T,   dq_eff = sum_j (w_j do) R_j^T
+    (G's K x K products cost half the per-level U_j, dU_j products, and no K-block recomputes them).
+    The rest (read weights, decay, the write) is _delta_level_grads_rest."""
     r, i_h, kb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     hr = (i_h * ROWS + r).to(tl.int64)
     c = tl.load(row_chunk + r)
@@ -198,11 +200,8 @@ def _delta_level_grads(w_wy, kd, lam, wts, rs, drs, dout, row_chunk, dq_eff, dw_
     m_k = o_k < K
     o_kb = kb * BKB + tl.arange(0, BKB)
     m_kb = o_kb < K
-    # the chunk's [C, K] pieces, whole K (the inner products over K)
-    wb = tl.load(w_wy + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
-    kdb = tl.load(kd + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
-    acc_kd = tl.zeros([C, BKB], dtype=tl.float32)
-    acc_w = tl.zeros([C, BKB], dtype=tl.float32)
+    g_cols = tl.zeros([BK, BKB], dtype=tl.float32)  # G[:, kb] = sum_j R_j dR'_j[kb]^T
+    gt_cols = tl.zeros([BK, BKB], dtype=tl.float32)  # G^T[:, kb] = sum_j dR'_j R_j[kb]^T
     acc_q = tl.zeros([C, BKB], dtype=tl.float32)
     base = hr * NS * K * V
     for j in range(NS):
@@ -214,15 +213,15 @@ def _delta_level_grads(w_wy, kd, lam, wts, rs, drs, dout, row_chunk, dq_eff, dw_
                                          m_k[:, None] & m_v[None, :])
             state_t, d_state_t = _state_pair(rs, drs, base + (j * K + o_kb[None, :]) * V + o_v[:, None],
                                              m_kb[None, :] & m_v[:, None])  # [BV, BKB]
+            g_cols += tl.dot(state, d_state_t, input_precision=PREC)
+            gt_cols += tl.dot(d_state, state_t, input_precision=PREC)
             dob = tl.load(dout + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=m_v[None, :], other=0.0)
-            u = tl.dot(wb, state, input_precision=PREC)
-            d_u = -tl.dot(kdb, d_state, input_precision=PREC)
-            acc_kd -= tl.dot(u, d_state_t, input_precision=PREC)
-            acc_w += tl.dot(d_u, state_t, input_precision=PREC)
             acc_q += tl.dot(dob * w_j[:, None], state_t, input_precision=PREC)
     out = (hr * C + o_c[:, None]) * K + o_kb[None, :]
-    tl.store(dkd + out, acc_kd, mask=m_kb[None, :])
-    tl.store(dw_wy + out, acc_w, mask=m_kb[None, :])
+    wb = tl.load(w_wy + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+    tl.store(dkd + out, -tl.dot(wb, g_cols, input_precision=PREC), mask=m_kb[None, :])
+    kdb = tl.load(kd + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+    tl.store(dw_wy + out, -tl.dot(kdb, gt_cols, input_precision=PREC), mask=m_kb[None, :])
     tl.store(dq_eff + out, acc_q, mask=m_kb[None, :])
 
 
