@@ -9,7 +9,9 @@ chunk c (after its reset; stored by the forward) and the forward step R' = exp(g
     dR += q_eff^T (w * do),   dq_eff += (w * do) R^T,   dw_tj = do_t . (q_eff_t R_j)            (the read)
     dR <- where(keep, dR, 0)
 Every piece's gradient sums over V-blocks and groups with fp32 atomics. In mode 1 the gradient left at the first
-chunk is the initial levels' gradient.
+chunk is the initial levels' gradient. OPTIONS["bwd"] = "split" keeps only the dR recurrence in the scan (dR' stored
+per chunk, as the forward stores R) and forms the pieces' gradients chunk-parallel, without atomics
+(`_delta_level_grads`, `_delta_level_grads_rest`).
 
 The "triton" backend (`loglinear_delta_rule_triton`): the per-chunk pieces (E, q_eff, W, Kd, zcols: the WY/UT form
 of chunk.delta_wy_pieces; OPTIONS["inverse"] = "triton" takes its (I + A)^{-1} from tril_inverse's kernel) and the
