@@ -306,9 +306,9 @@ class DeltaLevelScanFunction(torch.autograd.Function):
         dlam = torch.zeros_like(lam)
         dwts = None if wts is None else torch.zeros_like(wts)
         dr0 = torch.zeros(lay.n, h, ns, dk, dv_, device=v.device, dtype=torch.float32) if ctx.has_r0 else None
-        # the gradient kernel stages three [C, K] fp32 pieces for its dots: past K = 128 that outgrows sm_90's
-        # shared memory, so wider heads keep the atomic backward
-        split = OPTIONS["bwd"] == "split" and pow2(dk) <= 128
+        # sm_90, Triton 3.6 (benchmarks/triton_resources.py): within shared memory at every head size up to 256
+        # (196,608 B at K = 256), without register spills up to K = V = 128
+        split = OPTIONS["bwd"] == "split"
         drs = torch.zeros_like(rs) if split else rs
         dout = dout.contiguous()
         prec = dot_precision(ctx.in_dtype)
