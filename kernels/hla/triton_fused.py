@@ -47,9 +47,10 @@ from kernels.linear_attn.triton_fwd import BT, Layout, _chunk_bounds, _pow2, _se
 from .state import STATE_TYPES, decay_powers, split_normalized, with_ones
 
 # HILO_HLA="lowp=1": 16-bit inputs multiply bf16 operands (fp32 accumulation) instead of tf32 products of fp32 tiles:
-# K~, V~ and the chunk states are rounded to bf16 at each product (as linear_attn's bf16 chunk states are). Off until
-# its speed and its bf16 error ratios are measured on the H200.
-OPTIONS = {"lowp": False}
+# K~, V~ and the chunk states are rounded to bf16 at each product (as linear_attn's bf16 chunk states are).
+# lowp_scan / lowp_out / lowp_dvalues / lowp_dqk do the same in one kernel family only (the state scans, the
+# chunk outputs, the value gradients, the query / key gradients with the gate's partial): lowp=1 is all four.
+OPTIONS = {"lowp": False, "lowp_scan": False, "lowp_out": False, "lowp_dvalues": False, "lowp_dqk": False}
 
 
 def _read_options() -> None:
@@ -63,12 +64,13 @@ def _read_options() -> None:
 _read_options()
 
 
-def _precision(q: torch.Tensor) -> str:
-    """The dots' precision for inputs of q's dtype (fp32 intermediates such as K~ do not change it): "ieee" for fp32,
-    "tf32" for 16-bit inputs, or "bf16" (operands rounded to bf16) with OPTIONS["lowp"]."""
+def _precision(q: torch.Tensor, kernel: str) -> str:
+    """The dots' precision of one kernel family ("scan", "out", "dvalues", "dqk") for inputs of q's dtype (fp32
+    intermediates such as K~ do not change it): "ieee" for fp32, "tf32" for 16-bit inputs, or "bf16" (operands
+    rounded to bf16) with OPTIONS["lowp"] or the family's own OPTIONS["lowp_" + kernel]."""
     if q.dtype == torch.float32:
         return "ieee"
-    return "bf16" if OPTIONS["lowp"] else "tf32"
+    return "bf16" if OPTIONS["lowp"] or OPTIONS["lowp_" + kernel] else "tf32"
 
 
 @triton.jit
@@ -310,13 +312,13 @@ def _pass_grads(q, x, y, g, do, hs, dhs, power, scale, lay: Layout, dtypes, prev
     (dq, dx, gate partial) to add (a later pass's, or X's gradient from its other role); dy: a buffer for dY."""
     dk, dv = q.shape[-1], y.shape[-1]
     h = lay.heads
-    prec = _precision(q)
     gate = g if g is not None else q
     dy = torch.empty(y.shape, device=q.device, dtype=dtypes[2]) if dy is None else dy
     bk, bv = min(_pow2(dk), 64), _pow2(dv, hi=64)  # 64-wide blocks keep the bf16 H200 build free of spills
     _pass_dvalues[(triton.cdiv(dv, bv), lay.rows, h)](q, x, do, gate, dhs, dy, lay.table, scale, lay.seqlen,
                                                       lay.nt, H=h, K=dk, V=dv, BT=BT, BK=bk, BV=bv, POWER=power,
-                                                      HAS_G=g is not None, IS_VARLEN=lay.varlen, PREC=prec,
+                                                      HAS_G=g is not None, IS_VARLEN=lay.varlen,
+                                                      PREC=_precision(q, "dvalues"),
                                                       num_warps=8, num_stages=2)
     dq, dx = (torch.empty(t.shape, device=q.device, dtype=d) for t, d in zip((q, x), dtypes[:2], strict=True))
     nk = triton.cdiv(dk, bk)
@@ -325,8 +327,8 @@ def _pass_grads(q, x, y, g, do, hs, dhs, power, scale, lay: Layout, dtypes, prev
     _pass_dqk[(nk, lay.rows, h)](q, x, y, gate, do, hs, dhs, dq_prev, dx_prev, dq, dx,
                                  r_parts if r_parts is not None else dq, lay.table, scale, lay.seqlen, lay.nt,
                                  lay.total, H=h, K=dk, V=dv, BT=BT, BK=bk, BV=32, POWER=power, HAS_G=g is not None,
-                                 HAS_PREV=prev is not None, IS_VARLEN=lay.varlen, PREC=prec, num_warps=8,
-                                 num_stages=2)
+                                 HAS_PREV=prev is not None, IS_VARLEN=lay.varlen, PREC=_precision(q, "dqk"),
+                                 num_warps=8, num_stages=2)
     r = None
     if g is not None:
         r = r_parts.sum(0) if r_prev is None else r_parts.sum(0) + r_prev
@@ -357,13 +359,13 @@ def fused_fwd(op, q, k, v, g, scale, powers, h0, lay: Layout, store_final: bool,
     (the inner pass's output K~ or V~, the inner and outer chunk states), all fp32, for the backward.
     hla2: K~ = LA(Q^, K, K; a g), O = LA(Q^, K~, V; b g);  ahla: V~ = LA(Q^, K, V; g), O = LA(Q^, K, V~; g)."""
     p_in, p_out = powers
-    prec = _precision(q)
+    prec, prec_out = _precision(q, "scan"), _precision(q, "out")
     inner_value = k if op == "hla2" else v
     in_states, in_last = _scan(k, inner_value, g, p_in, h0[0], lay, False, 1.0, store_final, prec)
-    mid = _out(q, k, inner_value, g, p_in, in_states, scale, lay, torch.float32, prec)
+    mid = _out(q, k, inner_value, g, p_in, in_states, scale, lay, torch.float32, prec_out)
     outer_key, outer_value = (mid, v) if op == "hla2" else (k, mid)
     out_states, out_last = _scan(outer_key, outer_value, g, p_out, h0[1], lay, False, 1.0, store_final, prec)
-    o = _out(q, outer_key, outer_value, g, p_out, out_states, scale, lay, out_dtype, prec)
+    o = _out(q, outer_key, outer_value, g, p_out, out_states, scale, lay, out_dtype, prec_out)
     return o, (in_last, out_last), (mid, in_states, out_states)
 
 
@@ -371,7 +373,7 @@ def fused_bwd(op, q, k, v, g, saved, finals, do, d_finals, scale, powers, lay: L
     """Gradients (dq, dk, dv, dg or None, (d inner, d outer) initial states or None) on the packed layout."""
     p_in, p_out = powers
     mid, in_states, out_states = saved
-    prec = _precision(q)
+    prec = _precision(q, "scan")
     d_out_states, d_out_h0 = _scan(q, do, g, p_out, d_finals[1], lay, True, scale, need_h0, prec)
     f32 = torch.float32
     if op == "hla2":

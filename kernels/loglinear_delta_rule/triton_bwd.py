@@ -8,13 +8,13 @@ chunk c (after its reset; stored by the forward) and the forward step R' = exp(g
     dU = -Kd dR':   dKd += -(W R) dR'^T,   dW += dU R^T,   d exp(gl) += <R, dR'>,   dR = exp(gl) dR' + W^T dU
     dR += q_eff^T (w * do),   dq_eff += (w * do) R^T,   dw_tj = do_t . (q_eff_t R_j)            (the read)
     dR <- where(keep, dR, 0)
-Every piece's gradient sums over V-blocks and groups with fp32 atomics. In mode 1 the gradient left at the first
-chunk is the initial levels' gradient. OPTIONS["bwd"] = "split" keeps only the dR recurrence in the scan (dR' stored
-per chunk, as the forward stores R) and forms the pieces' gradients chunk-parallel, without atomics
-(`_delta_level_grads`, `_delta_level_grads_rest`).
+With OPTIONS["bwd"] = "atomic" every piece's gradient sums over V-blocks and groups with fp32 atomics. The default,
+"split", keeps only the dR recurrence in the scan (dR' stored per chunk, as the forward stores R) and forms the
+pieces' gradients chunk-parallel, without atomics (`_delta_level_grads`, `_delta_level_grads_rest`). In mode 1 the
+gradient left at the first chunk is the initial levels' gradient.
 
 The "triton" backend (`loglinear_delta_rule_triton`): the per-chunk pieces (E, q_eff, W, Kd, zcols: the WY/UT form
-of chunk.delta_wy_pieces; OPTIONS["inverse"] = "triton" takes its (I + A)^{-1} from tril_inverse's kernel) and the
+of chunk.delta_wy_pieces, (I + A)^{-1} from tril_inverse's kernel unless OPTIONS["inverse"] = "solve") and the
 levels 0..6 block (E * Lambda) V are batched torch ops over all chunks at once,
 differentiated by autograd (a first version: only the level scan, the sequential part, is a custom Triton forward
 and backward); the prior levels of an initial state run through the same scan kernel in mode 1; the final levels
@@ -51,16 +51,18 @@ from .triton_fwd import _scan_masks, _scan_program, delta_level_scan_fwd, dot_pr
 # stays the default until the tree is timed on the H200. The nodes form reads an initial state's levels through the
 # same tree (the queries moved to the sequence's first chunk), so it launches no Triton kernel.
 # The chunks' (I + A)^{-1} (tril_inverse.unit_lower_inverse; backward by two products with the inverse either way):
-# "solve" (torch.linalg.solve_triangular, a batched cuBLAS trsm) or "triton" (its Triton kernel).
-# HILO_LOGLINEAR_DELTA="inverse=triton" until the kernel is checked and timed on the H200.
-# The level scan's backward: "atomic" (one sequential kernel that also forms every piece's gradient, summed over
-# V-blocks with fp32 atomics: the first build) or "split" (the sequential kernel only carries dR and stores it per
-# chunk, as the forward stores R; _delta_level_grads then forms the gradients chunk-parallel, without atomics, at the
-# cost of one more [H, rows, levels, K, V] buffer). HILO_LOGLINEAR_DELTA="bwd=split" until it is timed on the H200.
+# "triton" (its Triton kernel, the default) or "solve" (torch.linalg.solve_triangular, a batched cuBLAS trsm).
+# The level scan's backward: "split" (the default: the sequential kernel only carries dR and stores it per chunk, as
+# the forward stores R; _delta_level_grads then forms the gradients chunk-parallel, without atomics, at the cost of
+# one more [H, rows, levels, K, V] fp32 buffer) or "atomic" (one sequential kernel that also forms every piece's
+# gradient, summed over V-blocks with fp32 atomics: the first build).
+# H200, bf16, 16K x 2, H = 16, K = V = 128 (benchmarks/RESULTS.md, session 8): fwd+bwd 58.4 ms with solve + atomic,
+# 57.7 with triton + atomic, 53.1 with solve + split, 52.1 with triton + split; all four pass kernels.py's bf16
+# check, and triton + split (like solve + atomic before it) every loglinear_delta_rule bf16 GPU test.
 FORMS = ("scan", "nodes")
 INVERSES = ("triton", "solve")
 BWDS = ("atomic", "split")
-OPTIONS = {"form": "scan", "inverse": "solve", "bwd": "atomic"}
+OPTIONS = {"form": "scan", "inverse": "triton", "bwd": "split"}
 _CHOICES = {"form": FORMS, "inverse": INVERSES, "bwd": BWDS}
 
 
@@ -309,7 +311,10 @@ class DeltaLevelScanFunction(torch.autograd.Function):
         # sm_90, Triton 3.6 (benchmarks/triton_resources.py): within shared memory at every head size up to 256
         # (196,608 B at K = 256), without register spills up to K = V = 128
         split = OPTIONS["bwd"] == "split"
-        drs = torch.zeros_like(rs) if split else rs
+        # dR' is kept in fp32 even for bf16 inputs: Triton 3.6 on the H200 faulted (illegal address) storing it
+        # converted to bf16 from the 8-warp scan at K = 128, V = 16 and K = 256, V = 128 (s8_x2e.sh; fp32 or 4 warps
+        # did not), and fp32 spares the gradients a rounding
+        drs = torch.zeros(rs.shape, device=rs.device, dtype=torch.float32) if split else rs
         dout = dout.contiguous()
         prec = dot_precision(ctx.in_dtype)
         for j0, s, groups, bv in scan_launches(lay, mode, ns, dk, dv_):

@@ -333,6 +333,28 @@ def test_errors():
         hla3(q, k, v[:, :4])
 
 
+
+def test_fused_precision_options(monkeypatch):
+    """HILO_HLA picks the fused kernels' dot precision per kernel family: fp32 inputs always multiply in full fp32,
+    16-bit inputs in tf32 unless lowp (every family) or that family's lowp_* flag asks for bf16 operands; an unknown
+    option is an error naming the choices."""
+    from kernels.hla import triton_fused
+
+    monkeypatch.setattr(triton_fused, "OPTIONS", dict.fromkeys(triton_fused.OPTIONS, False))
+    monkeypatch.setenv("HILO_HLA", "lowp_out=1, lowp_dqk=on")
+    triton_fused._read_options()
+    half, full = torch.zeros(1, dtype=torch.bfloat16), torch.zeros(1)
+    got = {kernel: triton_fused._precision(half, kernel) for kernel in ("scan", "out", "dvalues", "dqk")}
+    assert got == {"scan": "tf32", "out": "bf16", "dvalues": "tf32", "dqk": "bf16"}
+    assert triton_fused._precision(full, "out") == "ieee"
+    monkeypatch.setenv("HILO_HLA", "lowp=1")
+    triton_fused._read_options()
+    assert {triton_fused._precision(half, k) for k in ("scan", "out", "dvalues", "dqk")} == {"bf16"}
+    monkeypatch.setenv("HILO_HLA", "lowp_mid=1")
+    with pytest.raises(ValueError, match="unknown option 'lowp_mid'.*lowp_dqk"):
+        triton_fused._read_options()
+
+
 # The paper's wrong formulas (SPEC §3, "errors hilo must not reproduce"), kept so nobody "fixes" ours towards them.
 
 def paper_third_order_streaming(q, k, v):

@@ -319,10 +319,10 @@ def test_level_nodes_form_option_errors(monkeypatch):
         monkeypatch.setenv("HILO_LOGLINEAR_DELTA", bad)
         with pytest.raises(ValueError, match=r"expected form=scan\|nodes, inverse=triton\|solve or bwd=atomic\|split"):
             triton_bwd._read_options()
-    monkeypatch.setenv("HILO_LOGLINEAR_DELTA", "form=nodes, inverse=triton,bwd=split")
+    monkeypatch.setenv("HILO_LOGLINEAR_DELTA", "form=nodes, inverse=solve,bwd=atomic")  # none of them the default
     monkeypatch.setattr(triton_bwd, "OPTIONS", dict(triton_bwd.OPTIONS))
     triton_bwd._read_options()
-    assert triton_bwd.OPTIONS == {"form": "nodes", "inverse": "triton", "bwd": "split"}
+    assert triton_bwd.OPTIONS == {"form": "nodes", "inverse": "solve", "bwd": "atomic"}
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -366,7 +366,7 @@ def test_unit_lower_inverse_bad_inputs():
 
 
 def test_triton_backend_same_with_either_inverse(monkeypatch):
-    """HILO_LOGLINEAR_DELTA=inverse=solve (batched trsm, the default) and inverse=triton give the same output and
+    """HILO_LOGLINEAR_DELTA=inverse=solve (batched trsm) and inverse=triton (the default) give the same output and
     gradients (they differ only in fp32 rounding)."""
     from kernels.loglinear_delta_rule import triton_bwd
 
@@ -383,15 +383,15 @@ def test_triton_backend_same_with_either_inverse(monkeypatch):
 
 
 @pytest.mark.parametrize("case", ["batch", "varlen_prior"])
-def test_split_level_scan_backward(monkeypatch, case):
-    """HILO_LOGLINEAR_DELTA=inverse=triton,bwd=split (the scan stores dR per chunk; a chunk-parallel kernel forms
-    the gradients without atomics) against the quadratic definition in float64, like the default backward: T = 300 (chunk level
-    3) in a batch, and packed documents with priors (the prior levels' scan, mode 1, and its initial-level
-    gradients)."""
+def test_atomic_level_scan_backward_and_solve_inverse(monkeypatch, case):
+    """HILO_LOGLINEAR_DELTA=inverse=solve,bwd=atomic (the first build, kept as options: a batched trsm for the chunks'
+    inverse, and one sequential backward kernel summing every gradient with fp32 atomics) against the quadratic
+    definition in float64, like the defaults (triton, split) elsewhere in this file: T = 300 (chunk level 3) in a
+    batch, and packed documents with priors (the prior levels' scan, mode 1, and its initial-level gradients)."""
     from kernels.loglinear_delta_rule import triton_bwd
 
-    monkeypatch.setitem(triton_bwd.OPTIONS, "bwd", "split")
-    monkeypatch.setitem(triton_bwd.OPTIONS, "inverse", "triton")  # the configuration s8_x2c.sh times
+    monkeypatch.setitem(triton_bwd.OPTIONS, "bwd", "atomic")
+    monkeypatch.setitem(triton_bwd.OPTIONS, "inverse", "solve")
     if case == "batch":
         x, cu, init = make(2, 300, seed=31, decay="weak"), None, None
     else:
@@ -400,7 +400,7 @@ def test_split_level_scan_backward(monkeypatch, case):
         x = make(1, int(cu[-1]), seed=32, decay="weak", nl=num_levels(200 + 130))
         init = prior_state([0, 5, 3, 64, 130], nl=x["lam"].shape[-1], seed=33)
     ref = run("quadratic", x, cu=cu, init=init, dtype=torch.float64)
-    assert_close(run("triton", x, cu=cu, init=init), ref, f"split backward {case}")
+    assert_close(run("triton", x, cu=cu, init=init), ref, f"atomic backward {case}")
 
 
 def test_split_level_scan_backward_wide_heads(monkeypatch):
