@@ -41,8 +41,9 @@ def linear_attn(
     CUDA, torch otherwise).
 
     Grouped q and k: [B, T, G, K] with G dividing H, head h reading group h // (H / G) (Mamba-2's n_groups: B and
-    C shared by the heads of a group). The same as repeating them to every head, but the Triton backend keeps only
-    the G-head tensors for the backward (re-expanding them there), not H / G copies.
+    C shared by the heads of a group). The same as repeating them to every head, but the Triton kernels read each
+    head's q and k from its group in place (no H / G copies, forward or backward) and the backward sums a group's
+    per-head dq, dk in one fp32-accumulating reduction.
     """
     backend = resolve_backend("linear_attn", backend, q.device if isinstance(q, torch.Tensor) else
                               torch.device("cpu"))

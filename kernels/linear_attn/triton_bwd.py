@@ -39,7 +39,7 @@ FUSED_MAX_DIM = 128  # larger head dims take the two-kernel backward (K- and V-b
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def _chunk_dstates_bwd(q, do, g, dht, dhs, dh0, bounds, offsets, scale, T, NT,
-                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                       H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                        BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr, HAS_DHT: tl.constexpr,
                        STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
     i_kv, i_nh = tl.program_id(0), tl.program_id(1)
@@ -60,8 +60,8 @@ def _chunk_dstates_bwd(q, do, g, dht, dhs, dh0, bounds, offsets, scale, T, NT,
         tl.store(dhs + ((c0 + c) * H + i_h) * K * V + kv_off, dstate.to(dhs.dtype.element_ty), mask=m_kv)
         o_t = bos + c * BT + tl.arange(0, BT)
         m_t = o_t < eos
-        qb = tl.load(q + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K),
-                     other=0.0)
+        qb = tl.load(q + (o_t[:, None] * G + i_h // (H // G)) * K + o_k[None, :],
+                     mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)
         dob = tl.load(do + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V),
                       other=0.0)
         if HAS_G:
@@ -78,7 +78,7 @@ def _chunk_dstates_bwd(q, do, g, dht, dhs, dh0, bounds, offsets, scale, T, NT,
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def _chunk_dqk_bwd(q, k, v, g, do, hs, dhs, dq, dk, dgp, table, scale, T, NT, TT,
-                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                   H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
     i_k, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     start, end = _chunk_bounds(table, i_c, T, NT, BT, IS_VARLEN)
@@ -105,8 +105,8 @@ def _chunk_dqk_bwd(q, k, v, g, do, hs, dhs, dq, dk, dgp, table, scale, T, NT, TT
         acc_q += tl.dot(dob, hb, input_precision=PREC)
         acc_k += tl.dot(vb, dhb, input_precision=PREC)
     m_tk = m_t[:, None] & m_k[None, :]
-    qb = tl.load(q + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
-    kb = tl.load(k + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
+    qb = tl.load(q + (o_t[:, None] * G + i_h // (H // G)) * K + o_k[None, :], mask=m_tk, other=0.0)
+    kb = tl.load(k + (o_t[:, None] * G + i_h // (H // G)) * K + o_k[None, :], mask=m_tk, other=0.0)
     o_i = tl.arange(0, BT)
     causal = o_i[:, None] >= o_i[None, :]
     if HAS_G:
@@ -132,7 +132,7 @@ def _chunk_dqk_bwd(q, k, v, g, do, hs, dhs, dq, dk, dgp, table, scale, T, NT, TT
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def _chunk_dv_bwd(q, k, g, do, dhs, dv, table, scale, T, NT,
-                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                  H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                   BV: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
     i_v, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     start, end = _chunk_bounds(table, i_c, T, NT, BT, IS_VARLEN)
@@ -148,8 +148,8 @@ def _chunk_dv_bwd(q, k, g, do, dhs, dv, table, scale, T, NT,
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_tk = m_t[:, None] & (o_k[None, :] < K)
-        qb = tl.load(q + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
-        kb = tl.load(k + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
+        qb = tl.load(q + (o_t[:, None] * G + i_h // (H // G)) * K + o_k[None, :], mask=m_tk, other=0.0)
+        kb = tl.load(k + (o_t[:, None] * G + i_h // (H // G)) * K + o_k[None, :], mask=m_tk, other=0.0)
         dhb = tl.load(dhs + state_base + o_k[:, None] * V + o_v[None, :],
                       mask=(o_k[:, None] < K) & (o_v[None, :] < V), other=0.0).to(kb.dtype)
         scores_t += tl.dot(kb, tl.trans(qb), input_precision=PREC)
@@ -172,7 +172,7 @@ def _chunk_dv_bwd(q, k, g, do, dhs, dv, table, scale, T, NT,
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def _chunk_bwd_fused(q, k, v, g, do, hs, dhs, dq, dk, dv, dgp, table, scale, T, NT,
-                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                      BV: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
     """dq, dk, dv and the gate partial of one (chunk, head) when K <= BK and V <= BV (one tile each): q, k, v,
     do and both states are read once. Ordered so that one gradient accumulator is live at a time."""
@@ -192,8 +192,9 @@ def _chunk_bwd_fused(q, k, v, g, do, hs, dhs, dq, dk, dv, dgp, table, scale, T, 
     state_off = (i_c.to(tl.int64) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :]
     o_i = tl.arange(0, BT)
     causal = o_i[:, None] >= o_i[None, :]
-    qb = tl.load(q + tok_k, mask=m_tk, other=0.0)
-    kb = tl.load(k + tok_k, mask=m_tk, other=0.0)
+    tok_qk = (o_t[:, None] * G + i_h // (H // G)) * K + o_k[None, :]  # q, k per group; dq, dk per head (tok_k)
+    qb = tl.load(q + tok_qk, mask=m_tk, other=0.0)
+    kb = tl.load(k + tok_qk, mask=m_tk, other=0.0)
     dob = tl.load(do + tok_v, mask=m_tv, other=0.0)
     if HAS_G:
         gb = tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
@@ -252,20 +253,23 @@ def _segment_reverse_cumsum(x: torch.Tensor, lay: Layout) -> torch.Tensor:
 
 
 def chunk_bwd(q, k, v, g, do, dht, ht, hs, scale, h0, lay: Layout, need_dh0: bool):
-    """Gradients (dq, dk, dv, dg or None, dh0 or None) on the packed layout; hs are the forward's chunk states."""
+    """Gradients (dq, dk, dv, dg or None, dh0 or None) on the packed layout; hs are the forward's chunk states. q, k
+    [TT, G, K] (G dividing H) as in chunk_fwd; dq, dk come per head, [TT, H, K] (their sum over a group's heads is
+    the group's gradient)."""
     dk_, dv_ = q.shape[-1], v.shape[-1]
     h = lay.heads
+    groups = q.shape[1]
     dhs = torch.empty_like(hs)
     dh0 = torch.empty(lay.n, h, dk_, dv_, device=q.device, dtype=torch.float32) if need_dh0 else None
     bk, bv = state_blocks(dk_, dv_, lay.n * h)
     grid = (triton.cdiv(dk_, bk) * triton.cdiv(dv_, bv), lay.n * h)
     _chunk_dstates_bwd[grid](q, do, g if g is not None else q, dht if dht is not None else q, dhs,
                              dh0 if dh0 is not None else dhs, lay.bounds, lay.offsets, scale, lay.seqlen, lay.nt,
-                             H=h, K=dk_, V=dv_, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
+                             H=h, G=groups, K=dk_, V=dv_, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
                              HAS_DHT=dht is not None, STORE_DH0=need_dh0, IS_VARLEN=lay.varlen, PREC=dot_precision(k),
                              num_warps=4, num_stages=2)
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
+    dq = q.new_empty(lay.total, h, dk_)
+    dk = k.new_empty(lay.total, h, dk_)
     dv = torch.empty_like(v)
     gate = g if g is not None else q
     prec = dot_precision(k)
@@ -275,7 +279,7 @@ def chunk_bwd(q, k, v, g, do, dht, ht, hs, scale, h0, lay: Layout, need_dh0: boo
     if dk_ <= FUSED_MAX_DIM and dv_ <= FUSED_MAX_DIM and not wide_fp32:
         dgp = torch.empty(1, lay.total, h, device=q.device, dtype=torch.float32) if g is not None else None
         _chunk_bwd_fused[(lay.rows, h)](q, k, v, gate, do, hs, dhs, dq, dk, dv, dgp if dgp is not None else q,
-                                        lay.table, scale, lay.seqlen, lay.nt, H=h, K=dk_, V=dv_, BT=BT,
+                                        lay.table, scale, lay.seqlen, lay.nt, H=h, G=groups, K=dk_, V=dv_, BT=BT,
                                         BK=_pow2(dk_), BV=_pow2(dv_), HAS_G=g is not None, IS_VARLEN=lay.varlen,
                                         PREC=prec, num_warps=8, num_stages=1)
     else:
@@ -284,14 +288,14 @@ def chunk_bwd(q, k, v, g, do, dht, ht, hs, scale, h0, lay: Layout, need_dh0: boo
         nk = triton.cdiv(dk_, bk)
         dgp = torch.empty(nk, lay.total, h, device=q.device, dtype=torch.float32) if g is not None else None
         _chunk_dqk_bwd[(nk, lay.rows, h)](q, k, v, gate, do, hs, dhs, dq, dk, dgp if dgp is not None else q,
-                                          lay.table, scale, lay.seqlen, lay.nt, lay.total, H=h, K=dk_, V=dv_,
-                                          BT=BT, BK=bk, BV=_pow2(dv_, hi=64), HAS_G=g is not None,
+                                          lay.table, scale, lay.seqlen, lay.nt, lay.total, H=h, G=groups, K=dk_,
+                                          V=dv_, BT=BT, BK=bk, BV=_pow2(dv_, hi=64), HAS_G=g is not None,
                                           IS_VARLEN=lay.varlen, PREC=prec, num_warps=8, num_stages=stages)
         bv = _pow2(dv_, hi=64)
         _chunk_dv_bwd[(triton.cdiv(dv_, bv), lay.rows, h)](q, k, gate, do, dhs, dv, lay.table, scale, lay.seqlen,
-                                                           lay.nt, H=h, K=dk_, V=dv_, BT=BT, BK=bk, BV=bv,
-                                                           HAS_G=g is not None, IS_VARLEN=lay.varlen, PREC=prec,
-                                                           num_warps=4, num_stages=stages)
+                                                           lay.nt, H=h, G=groups, K=dk_, V=dv_, BT=BT, BK=bk,
+                                                           BV=bv, HAS_G=g is not None, IS_VARLEN=lay.varlen,
+                                                           PREC=prec, num_warps=4, num_stages=stages)
     dg = None
     if g is not None:
         dgate = dgp.sum(0)
@@ -307,9 +311,13 @@ def chunk_bwd(q, k, v, g, do, dht, ht, hs, scale, h0, lay: Layout, need_dh0: boo
     return dq, dk, dv, dg, dh0
 
 
-def _per_head(x: torch.Tensor, rep: int) -> torch.Tensor:
-    """[TT, G, K] -> [TT, G * rep, K], each group's row for its rep heads (contiguous, as the kernels read it)."""
-    return x if rep == 1 else x.repeat_interleave(rep, dim=1)
+def _group_grad(x: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
+    """[TT, H, K] per-head gradients of q or k -> [TT, G, K] in dtype: a group's gradient is the sum of its heads',
+    accumulated in fp32 by one reduction (no fp32 copy of the per-head tensor)."""
+    tt, h, dk = x.shape
+    if groups == h:
+        return x.to(dtype)
+    return x.reshape(tt, groups, h // groups, dk).sum(2, dtype=torch.float32).to(dtype)
 
 
 class LinearAttnFunction(torch.autograd.Function):
@@ -317,18 +325,17 @@ class LinearAttnFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, g, h0, cu_seqlens, scale, output_final_state):
         b, t, groups, dk = q.shape
         h, dv = v.shape[2], v.shape[-1]
-        rep = h // groups
         lay = Layout(b, t, h, cu_seqlens, q.device)
         qg, kg = (x.reshape(b * t, groups, dk).contiguous() for x in (q, k))
         vf = v.reshape(b * t, h, dv).contiguous()
         gf = None if g is None else g.reshape(b * t, h).contiguous().float()
         h0f = None if h0 is None else h0.contiguous().float()
-        o, ht, hs = chunk_fwd(_per_head(qg, rep), _per_head(kg, rep), vf, gf, scale, h0f, lay, output_final_state)
+        o, ht, hs = chunk_fwd(qg, kg, vf, gf, scale, h0f, lay, output_final_state)
         # The chunk states (K*V/64 values per token and head, in the inputs' dtype) are kept for the backward:
         # recomputing them is a sequential pass that costs as much as the rest of the backward at long T.
-        # Grouped q and k are kept per group and repeated to the heads again in the backward.
+        # Grouped q and k stay per group: the kernels read head h's from group h // (H / G).
         ctx.save_for_backward(qg, kg, vf, gf, h0f, ht, hs)
-        ctx.lay, ctx.scale, ctx.shape, ctx.rep = lay, scale, (b, t, h, dk, dv), rep
+        ctx.lay, ctx.scale, ctx.shape = lay, scale, (b, t, h, dk, dv)
         ctx.h0_dtype = None if h0 is None else h0.dtype
         return o.reshape(b, t, h, dv), ht
 
@@ -336,14 +343,12 @@ class LinearAttnFunction(torch.autograd.Function):
     def backward(ctx, do, dht):
         qg, kg, vf, gf, h0f, ht, hs = ctx.saved_tensors
         b, t, h, dk, dv = ctx.shape
-        rep = ctx.rep
+        groups = qg.shape[1]
         do = do.reshape(b * t, h, dv).contiguous().to(vf.dtype)
         dht = None if dht is None else dht.contiguous().float()
-        dq, dk_, dv_, dg, dh0 = chunk_bwd(_per_head(qg, rep), _per_head(kg, rep), vf, gf, do, dht, ht, hs, ctx.scale,
-                                          h0f, ctx.lay, need_dh0=h0f is not None)
-        if rep > 1:  # a group's gradient is the sum of its heads' (in fp32)
-            dq, dk_ = (x.reshape(b * t, h // rep, rep, dk).float().sum(2).to(qg.dtype) for x in (dq, dk_))
-        dq, dk_ = dq.reshape(b, t, h // rep, dk), dk_.reshape(b, t, h // rep, dk)
+        dq, dk_, dv_, dg, dh0 = chunk_bwd(qg, kg, vf, gf, do, dht, ht, hs, ctx.scale, h0f, ctx.lay,
+                                          need_dh0=h0f is not None)
+        dq, dk_ = (_group_grad(x, groups, qg.dtype).reshape(b, t, groups, dk) for x in (dq, dk_))
         dv_ = dv_.reshape(b, t, h, dv)
         dg = None if dg is None else dg.reshape(b, t, h)
         dh0 = None if dh0 is None else dh0.to(ctx.h0_dtype)
@@ -360,7 +365,7 @@ def _flat_inputs(q, k, v, g, h0):
     vf = v.reshape(b * t, h, dv).contiguous()
     gf = None if g is None else g.reshape(b * t, h).contiguous().float()
     h0f = None if h0 is None else h0.contiguous().float()
-    return qg, kg, vf, gf, h0f, Layout(b, t, h, None, q.device), h // groups
+    return qg, kg, vf, gf, h0f, Layout(b, t, h, None, q.device)
 
 
 @torch.library.custom_op("hilo::linear_attn", mutates_args=())
@@ -370,8 +375,8 @@ def _linear_attn_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Option
                     output_final_state: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o [B, T, H, V] in v's dtype, final state [B, H, K, V] fp32 (empty unless output_final_state), chunk states
     hs [B * ceil(T / 64), H, K, V] in k's dtype, kept for the backward)."""
-    qg, kg, vf, gf, h0f, lay, rep = _flat_inputs(q, k, v, g, h0)
-    o, ht, hs = chunk_fwd(_per_head(qg, rep), _per_head(kg, rep), vf, gf, scale, h0f, lay, output_final_state)
+    qg, kg, vf, gf, h0f, lay = _flat_inputs(q, k, v, g, h0)
+    o, ht, hs = chunk_fwd(qg, kg, vf, gf, scale, h0f, lay, output_final_state)
     if ht is None:
         ht = q.new_empty(0, dtype=torch.float32)
     return o.reshape(v.shape), ht, hs
@@ -393,17 +398,16 @@ def _linear_attn_backward_op(do: torch.Tensor, dht: Optional[torch.Tensor], q: t
                              scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                                     torch.Tensor]:
     """(dq, dk, dv, dg (empty without g), dh0 (empty without h0)) in their inputs' dtypes."""
-    b, t, groups, dk = q.shape
+    b, t, groups, _ = q.shape
     h, dv = v.shape[2], v.shape[3]
-    qg, kg, vf, gf, h0f, lay, rep = _flat_inputs(q, k, v, g, h0)
+    qg, kg, vf, gf, h0f, lay = _flat_inputs(q, k, v, g, h0)
     do = do.reshape(b * t, h, dv).contiguous().to(vf.dtype)
     dht = None if dht is None else dht.contiguous().float()
-    dq, dk_, dv_, dg, dh0 = chunk_bwd(_per_head(qg, rep), _per_head(kg, rep), vf, gf, do, dht,
-                                      ht if ht.numel() else None, hs, scale, h0f, lay, need_dh0=h0 is not None)
-    if rep > 1:  # a group's gradient is the sum of its heads' (in fp32)
-        dq, dk_ = (x.reshape(b * t, groups, rep, dk).float().sum(2) for x in (dq, dk_))
+    dq, dk_, dv_, dg, dh0 = chunk_bwd(qg, kg, vf, gf, do, dht, ht if ht.numel() else None, hs, scale, h0f, lay,
+                                      need_dh0=h0 is not None)
+    dq, dk_ = _group_grad(dq, groups, q.dtype), _group_grad(dk_, groups, k.dtype)
     empty = q.new_empty(0, dtype=torch.float32)
-    return (dq.reshape(q.shape).to(q.dtype), dk_.reshape(k.shape).to(k.dtype), dv_.reshape(v.shape).to(v.dtype),
+    return (dq.reshape(q.shape), dk_.reshape(k.shape), dv_.reshape(v.shape).to(v.dtype),
             empty if g is None else dg.reshape(g.shape).to(g.dtype), empty if h0 is None else dh0.to(h0.dtype))
 
 

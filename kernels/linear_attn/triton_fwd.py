@@ -1,6 +1,8 @@
 """Triton forward of chunked linear attention (chunk BT = 64, fp32 accumulation, log-space gates).
 
-Two kernels over a packed token axis [TT = B*T, H, D] (documents from cu_seqlens, or B rows of T tokens):
+Two kernels over a packed token axis [TT = B*T, H, D] (documents from cu_seqlens, or B rows of T tokens); q and k
+may have G <= H heads (groups, H % G == 0: head h reads group h // (H / G), as Mamba-2's B and C with n_groups), read
+in place rather than repeated to H heads:
   1. `_chunk_states_fwd`, one program per (document, head, K-block, V-block), walks the document's chunks in
      order and stores the state entering each chunk (hs[c] = S_in, in the inputs' dtype), then the final
      state (fp32):  S <- exp(gl) S + (k * exp(gl - gc))^T v.
@@ -49,7 +51,7 @@ def _seq_bounds(bounds, offsets, i_n, T, NT, IS_VARLEN: tl.constexpr):
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def _chunk_states_fwd(k, v, g, h0, hs, ht, bounds, offsets, T, NT,
-                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                      H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr, HAS_H0: tl.constexpr,
                       STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
     i_kv, i_nh = tl.program_id(0), tl.program_id(1)
@@ -69,8 +71,8 @@ def _chunk_states_fwd(k, v, g, h0, hs, ht, bounds, offsets, T, NT,
         tl.store(hs + ((c0 + c) * H + i_h) * K * V + kv_off, state.to(hs.dtype.element_ty), mask=m_kv)
         o_t = bos + c * BT + tl.arange(0, BT)
         m_t = o_t < eos
-        kb = tl.load(k + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K),
-                     other=0.0)
+        kb = tl.load(k + (o_t[:, None] * G + i_h // (H // G)) * K + o_k[None, :],
+                     mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)
         vb = tl.load(v + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V),
                      other=0.0)
         if HAS_G:
@@ -86,7 +88,7 @@ def _chunk_states_fwd(k, v, g, h0, hs, ht, bounds, offsets, T, NT,
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def _chunk_out_fwd(q, k, v, g, hs, o, table, scale, T, NT,
-                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                   H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
     i_v, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     start, end = _chunk_bounds(table, i_c, T, NT, BT, IS_VARLEN)
@@ -100,8 +102,8 @@ def _chunk_out_fwd(q, k, v, g, hs, o, table, scale, T, NT,
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_qk = m_t[:, None] & (o_k[None, :] < K)
-        qb = tl.load(q + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_qk, other=0.0)
-        kb = tl.load(k + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_qk, other=0.0)
+        qb = tl.load(q + (o_t[:, None] * G + i_h // (H // G)) * K + o_k[None, :], mask=m_qk, other=0.0)
+        kb = tl.load(k + (o_t[:, None] * G + i_h // (H // G)) * K + o_k[None, :], mask=m_qk, other=0.0)
         hb = tl.load(hs + (i_c.to(tl.int64) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
                      mask=(o_k[:, None] < K) & (o_v[None, :] < V), other=0.0)
         acc += tl.dot(qb, hb.to(qb.dtype), input_precision=PREC)
@@ -159,7 +161,8 @@ def state_blocks(dk: int, dv: int, programs_per_block: int) -> tuple[int, int]:
 
 
 def chunk_states(k, v, g, h0, lay: Layout, store_final: bool):
-    """hs [rows, H, K, V] in k's dtype (state entering each chunk) and the final state [N, H, K, V] fp32."""
+    """hs [rows, H, K, V] in k's dtype (state entering each chunk) and the final state [N, H, K, V] fp32; k [TT, G, K]
+    (G dividing H)."""
     dk, dv = k.shape[-1], v.shape[-1]
     h = lay.heads
     hs = torch.empty(lay.rows, h, dk, dv, device=k.device, dtype=k.dtype)
@@ -168,13 +171,15 @@ def chunk_states(k, v, g, h0, lay: Layout, store_final: bool):
     grid = (triton.cdiv(dk, bk) * triton.cdiv(dv, bv), lay.n * h)
     _chunk_states_fwd[grid](k, v, g if g is not None else k, h0 if h0 is not None else k, hs,
                             ht if ht is not None else hs, lay.bounds, lay.offsets, lay.seqlen, lay.nt,
-                            H=h, K=dk, V=dv, BT=BT, BK=bk, BV=bv, HAS_G=g is not None, HAS_H0=h0 is not None,
+                            H=h, G=k.shape[1], K=dk, V=dv, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
+                            HAS_H0=h0 is not None,
                             STORE_HT=store_final, IS_VARLEN=lay.varlen, PREC=dot_precision(k), num_warps=4, num_stages=2)
     return hs, ht
 
 
 def chunk_fwd(q, k, v, g, scale, h0, lay: Layout, store_final: bool):
-    """q, k [TT, H, K], v [TT, H, V] contiguous, g [TT, H] fp32 or None -> (o [TT, H, V], final or None, hs)."""
+    """q, k [TT, G, K] (G dividing H), v [TT, H, V] contiguous, g [TT, H] fp32 or None -> (o [TT, H, V], final or
+    None, hs)."""
     dk, dv = q.shape[-1], v.shape[-1]
     hs, ht = chunk_states(k, v, g, h0, lay, store_final)
     o = torch.empty_like(v)
@@ -185,6 +190,6 @@ def chunk_fwd(q, k, v, g, scale, h0, lay: Layout, store_final: bool):
     bk = _pow2(dk) if bv >= 64 else min(_pow2(dk), bv)
     grid = (triton.cdiv(dv, bv), lay.rows, lay.heads)
     _chunk_out_fwd[grid](q, k, v, g if g is not None else q, hs, o, lay.table, scale, lay.seqlen, lay.nt,
-                         H=lay.heads, K=dk, V=dv, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
+                         H=lay.heads, G=q.shape[1], K=dk, V=dv, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
                          IS_VARLEN=lay.varlen, PREC=dot_precision(k), num_warps=4, num_stages=2)
     return o, ht, hs

@@ -76,3 +76,36 @@ def test_bf16_loglinear_small_head_dims(op, dk, dv):
         bad = [f"{n}: {error_ratio(a, r):.2e} > {tol:.0e}" for n, a, r, tol in
                zip(names, results["triton"], results["torch"], tols) if not error_ratio(a, r) <= tol]
         assert not bad, f"{op} K={dk} V={dv} T={t}: " + "; ".join(bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("groups", "heads", "dk", "dv", "varlen"), [(1, 8, 128, 64, False), (2, 6, 64, 32, True),
+                                                                    (1, 4, 128, 160, False)])
+def test_bf16_linear_attn_grouped_q_k(groups, heads, dk, dv, varlen):
+    """Mamba-2's layout: q, k with G heads for H heads of v, read per group by the kernels (no repeat), bf16 Triton
+    against the fp32 chunked path on the heads repeated; dq, dk are the sums over each group's heads. V = 160 takes
+    the two-kernel backward, the others the fused one; fixed length (the custom op) and packed documents."""
+    from kernels import linear_attn
+    from kernels.common import error_ratio
+
+    gen = torch.Generator(device="cuda").manual_seed(groups * 100 + dk + dv)
+    b, t = (1, 900) if varlen else (2, 450)
+    x = {"q": torch.randn(b, t, groups, dk, device="cuda", generator=gen),
+         "k": torch.randn(b, t, groups, dk, device="cuda", generator=gen) * dk ** -0.5,
+         "v": torch.randn(b, t, heads, dv, device="cuda", generator=gen),
+         "g": -torch.rand(b, t, heads, device="cuda", generator=gen) * 0.1}
+    do = torch.randn(b, t, heads, dv, device="cuda", generator=gen)
+    cu = torch.tensor([0, 333, 900], device="cuda") if varlen else None
+    results = {}
+    for backend, dtype in (("triton", torch.bfloat16), ("torch", torch.float32)):
+        leaves = {n: x[n].to(dtype if n != "g" else torch.float32).requires_grad_() for n in x}
+        q, k = leaves["q"], leaves["k"]
+        if backend == "torch":  # the reference on repeated heads (autograd sums their gradients)
+            q, k = (z.repeat_interleave(heads // groups, dim=2) for z in (q, k))
+        o, _ = linear_attn(q, k, leaves["v"], leaves["g"], cu_seqlens=cu, backend=backend)
+        grads = torch.autograd.grad(o.float(), list(leaves.values()), do)
+        results[backend] = [o.float()] + [d.float() for d in grads]
+    names, tols = ["o", "dq", "dk", "dv", "dg"], [5e-3, 1e-2, 1e-2, 1e-2, 2e-2]
+    bad = [f"{n}: {error_ratio(a, r):.2e} > {tol:.0e}" for n, a, r, tol in
+           zip(names, results["triton"], results["torch"], tols) if not error_ratio(a, r) <= tol]
+    assert not bad, f"G={groups} H={heads} K={dk} V={dv}: " + "; ".join(bad)

@@ -236,14 +236,17 @@ def test_triton_without_final_state():
     assert_close(got, ref, what="triton no final state")
 
 
+@pytest.mark.parametrize(("varlen", "dv"), [(True, 24), (False, 24), (False, 80)])
 @pytest.mark.parametrize("backend", ["naive", "torch", pytest.param("triton", marks=triton_only)])
-def test_grouped_q_k_equal_repeated_heads(backend):
+def test_grouped_q_k_equal_repeated_heads(backend, varlen, dv):
     """q, k with G = 2 heads for H = 6 heads of v (Mamba-2's n_groups): the same outputs, state and v / g / h0
-    gradients as q, k repeated to every head, and dq, dk the sums over each group's heads; varlen included."""
+    gradients as q, k repeated to every head, and dq, dk the sums over each group's heads. Packed documents (the
+    autograd.Function) and fixed length (the custom op); V = 80 in fp32 takes the Triton backward's two-kernel
+    path (dq / dk and dv kernels), V = 24 its fused kernel: every kernel reads q, k per group."""
     dev = DEV if backend == "triton" else "cpu"
-    q, k, v, g, h0 = make(1, 150, 6, 16, 24, "weak", n_state=2, device=dev)
+    q, k, v, g, h0 = make(2 if not varlen else 1, 150, 6, 16, dv, "weak", n_state=2, device=dev)
     qg, kg = q[:, :, ::3].contiguous(), k[:, :, ::3].contiguous()  # group i: heads 3i .. 3i + 2
-    cu = torch.tensor([0, 70, 150], device=dev)
+    cu = torch.tensor([0, 70, 150], device=dev) if varlen else None
     full = run(qg.repeat_interleave(3, 2), kg.repeat_interleave(3, 2), v, g, h0, backend, cu=cu)
     grouped = run(qg, kg, v, g, h0, backend, cu=cu)
     assert grouped[2][0].shape == qg.shape and grouped[2][1].shape == kg.shape
