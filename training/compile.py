@@ -3,9 +3,10 @@
 Each models.Block's forward is compiled (inductor, dynamic=False), so the shells' elementwise code (norms, gates,
 activations, residual adds, casts) runs as fused kernels. How the kernels' operators enter the graphs
 (kernels.common.compile): Triton paths that are torch.library custom ops are traced as one node each (short_conv
-always; linear_attn, delta_rule and loglinear_attn for fixed-length rows on CUDA), so a Mamba-2, GDN or log-linear
-Mamba-2 block on a GPU compiles to a single graph; softmax_attn is traced (SDPA) except with cu_seqlens; every other
-call (loglinear_delta_rule, hla*, the torch paths on CPU, packed documents) is a graph break around an eager call
+always; linear_attn, delta_rule and loglinear_attn for fixed-length rows on CUDA, and hla2 / ahla's fused backend
+there without states), so a Mamba-2, GDN, log-linear Mamba-2 or HLA (hla2 / ahla) block on a GPU compiles to a single
+graph; softmax_attn is traced (SDPA) except with cu_seqlens; every other call (loglinear_delta_rule, hla3, the torch
+paths on CPU, packed documents) is a graph break around an eager call
 with dynamo off (its Triton kernels and autograd.Function as in eager mode). Where torch has dynamo's nested_graph_breaks, tracing resumes inside the mixer
 after such a call, so that Block compiles to two graphs (before and after its operator); otherwise a break also ends
 the graphs of the enclosing frames (mixer method, mixer, Block), which gives more and smaller graphs.

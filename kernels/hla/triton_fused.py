@@ -36,11 +36,13 @@ any head dim up to SPEC §2's 256 works.
 """
 
 import os
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
+from kernels.common.compile import dense_outputs
 from kernels.linear_attn.triton_bwd import _segment_reverse_cumsum
 from kernels.linear_attn.triton_fwd import BT, Layout, _chunk_bounds, _pow2, _seq_bounds
 
@@ -430,15 +432,94 @@ class FusedFunction(torch.autograd.Function):
                 None, None, None, None, None, None)
 
 
+# Fixed-length calls without an initial or a final state (what training makes) are also a torch.library custom op
+# pair: a compiled graph holds the operator as one node instead of breaking around it. The forward returns what the
+# backward needs (the inner pass's output K~ or V~ and both passes' chunk states, fp32) as outputs of its own, so the
+# backward recomputes nothing; their shapes follow from the inputs' (rows = B * ceil(T / BT) chunk rows).
+def _flat(q, k, v, g):
+    b, t, h, _ = q.shape
+    qf, kf, vf = (x.reshape(b * t, h, x.shape[-1]).contiguous() for x in (q, k, v))
+    gf = None if g is None else g.reshape(b * t, h).contiguous().float()
+    return qf, kf, vf, gf, Layout(b, t, h, None, q.device)
+
+
+@torch.library.custom_op("hilo::hla_fused", mutates_args=())
+@dense_outputs
+def _hla_fused_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],  # noqa: UP045
+                  op: str, scale: float, p_in: int, p_out: int, out_fp32: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o [B, T, H, V] in v's dtype, or fp32 with out_fp32; the inner output K~ [B*T, H, K] (hla2) or V~ [B*T, H, V]
+    (ahla), the inner and outer chunk states [rows, H, K, K or V] and [rows, H, K, V], fp32)."""
+    qf, kf, vf, gf, lay = _flat(q, k, v, g)
+    o, _, (mid, in_states, out_states) = fused_fwd(op, qf, kf, vf, gf, scale, (p_in, p_out), (None, None), lay,
+                                                   False, torch.float32 if out_fp32 else v.dtype)
+    return o.reshape(v.shape), mid, in_states, out_states
+
+
+@_hla_fused_op.register_fake
+def _(q, k, v, g, op, scale, p_in, p_out, out_fp32):
+    b, t, h, dk = q.shape
+    dv = v.shape[-1]
+    rows = b * triton.cdiv(t, BT)
+    inner = dk if op == "hla2" else dv
+    f32 = torch.float32
+    return (v.new_empty(v.shape, dtype=f32 if out_fp32 else v.dtype), q.new_empty(b * t, h, inner, dtype=f32),
+            q.new_empty(rows, h, dk, inner, dtype=f32), q.new_empty(rows, h, dk, dv, dtype=f32))
+
+
+@torch.library.custom_op("hilo::hla_fused_backward", mutates_args=())
+@dense_outputs
+def _hla_fused_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           g: Optional[torch.Tensor], mid: torch.Tensor, in_states: torch.Tensor,  # noqa: UP045
+                           out_states: torch.Tensor, op: str, scale: float, p_in: int, p_out: int
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv in their inputs' dtypes, dg in g's dtype (empty without g))."""
+    qf, kf, vf, gf, lay = _flat(q, k, v, g)
+    b, t, h, _ = q.shape
+    dof = do.reshape(b * t, h, do.shape[-1]).contiguous()
+    dq, dk, dv, dg, _ = fused_bwd(op, qf, kf, vf, gf, (mid, in_states, out_states), (None, None), dof, (None, None),
+                                  scale, (p_in, p_out), lay, need_h0=False)
+    dg = q.new_empty(0, dtype=torch.float32) if g is None else dg.reshape(g.shape).to(g.dtype)
+    return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), dg
+
+
+@_hla_fused_backward_op.register_fake
+def _(do, q, k, v, g, mid, in_states, out_states, op, scale, p_in, p_out):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            q.new_empty(0, dtype=torch.float32) if g is None else g.new_empty(g.shape))
+
+
+def _hla_fused_setup(ctx, inputs, output):
+    q, k, v, g, op, scale, p_in, p_out, _ = inputs
+    _, mid, in_states, out_states = output
+    ctx.save_for_backward(q, k, v, g, mid, in_states, out_states)
+    ctx.args = (op, scale, p_in, p_out)
+
+
+def _hla_fused_grads(ctx, do, _dmid, _din, _dout):
+    q, k, v, g, mid, in_states, out_states = ctx.saved_tensors
+    dq, dk, dv, dg = _hla_fused_backward_op(do, q, k, v, g, mid, in_states, out_states, *ctx.args)
+    return dq, dk, dv, (dg if g is not None else None), None, None, None, None, None
+
+
+_hla_fused_op.register_autograd(_hla_fused_grads, setup_context=_hla_fused_setup)
+
+
 def hla_fused(op, q, k, v, g, decay, normalize, eps, scale, initial_state, output_final_state, cu_seqlens):
     """Backend "fused" of kernels.hla2 and kernels.ahla (same contract); inputs already validated. Returns
     (o in q's dtype, HLA2State / AHLAState or None). normalize=True appends a ones column to v (the
-    denominator rides through both passes) and divides at the end."""
+    denominator rides through both passes) and divides at the end. Fixed-length calls without states take the
+    custom op pair (hilo::hla_fused), the rest the autograd.Function: the same kernels."""
     powers = decay_powers(op, decay)
     vv = with_ones(v) if normalize else v
-    h0 = (None, None) if initial_state is None else tuple(initial_state)
-    o, *finals = FusedFunction.apply(q, k, vv, g, *h0, cu_seqlens, op, float(scale), powers, output_final_state,
-                                     torch.float32 if normalize else v.dtype)
+    if cu_seqlens is None and initial_state is None and not output_final_state:
+        o = _hla_fused_op(q.contiguous(), k.contiguous(), vv.contiguous(), None if g is None else g.contiguous(), op,
+                          float(scale), *powers, normalize)[0]
+        finals = None
+    else:
+        h0 = (None, None) if initial_state is None else tuple(initial_state)
+        o, *finals = FusedFunction.apply(q, k, vv, g, *h0, cu_seqlens, op, float(scale), powers, output_final_state,
+                                         torch.float32 if normalize else v.dtype)
     if normalize:
         o = split_normalized(o, eps)
     return o.to(q.dtype), (STATE_TYPES[op](*finals) if output_final_state else None)

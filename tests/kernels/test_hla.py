@@ -611,10 +611,11 @@ def test_fused_hla2_normalize():
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
-@pytest.mark.parametrize("decay", ["d1", "d2"])
-def test_fused_hla2_without_states(decay):
-    """No initial state and no final state (the kernels' other branches): o and every grad against the
-    float64 masked matrices through autograd, on two rows of 130 tokens."""
+@pytest.mark.parametrize("op,decay", [("hla2", "d1"), ("hla2", "d2"), ("ahla", "d1")])
+def test_fused_without_states(op, decay):
+    """No initial state and no final state (the kernels' other branches, through the custom op pair
+    hilo::hla_fused): o and every grad against the float64 masked matrices through autograd, on two rows of 130
+    tokens."""
     q, k, v, g = make(2, 130, 2, 16, 8, "weak", seed=37)
     gen = torch.Generator().manual_seed(38)
     do = torch.randn(v.shape, generator=gen, dtype=torch.float64)
@@ -624,10 +625,34 @@ def test_fused_hla2_without_states(decay):
         o = fn(*leaves)
         return [x.cpu() for x in (o, *torch.autograd.grad((o * do.to(o)).sum(), leaves))]
 
-    got = grads(lambda *x: hla2(*x, decay=decay, backend="fused")[0], torch.float32, FUSED_DEV)
-    ref = grads(lambda *x: hla_masked("hla2", *x, decay=decay), torch.float64, "cpu")
+    got = grads(lambda *x: OPS[op](*x, decay=decay, backend="fused")[0], torch.float32, FUSED_DEV)
+    ref = grads(lambda *x: hla_masked(op, *x, decay=decay), torch.float64, "cpu")
     for name, a, b in zip(["o", "dq", "dk", "dv", "dg"], got, ref, strict=True):
         assert error_ratio(a, b) < 1e-4, name
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("op,decay,normalize,gated", [("hla2", "d1", False, True), ("hla2", "d2", True, True),
+                                                      ("ahla", "d1", False, False)])
+def test_fused_custom_op_compiles_into_one_graph(op, decay, normalize, gated):
+    """Fixed-length calls of the fused backend without states are the torch.library op "hilo::hla_fused" (its
+    forward returns the inner output and both passes' chunk states for the backward, so nothing is recomputed):
+    torch.compile traces them as one node (fullgraph), with eager's values and gradients, and the fakes give the
+    real outputs' shapes, dtypes and strides (T = 70: a partial second chunk)."""
+    from kernels.common.compile import compile_safe_operators
+    from tests.kernels.compile_checks import assert_one_graph_with_eager_values
+
+    traced = compile_safe_operators()[id(OPS[op])]  # what a compiled model holds: traced here, not opaque
+    q, k, v, g = (x.float() for x in make(2, 70, 2, 12, 6, "weak", seed=47))
+    if normalize:
+        q, k = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
+    leaves = [x.to(FUSED_DEV).requires_grad_() for x in ((q, k, v, g) if gated else (q, k, v))]
+
+    def f(q, k, v, g=None):
+        o, _ = traced(q * 1.5, k, v, g, decay=decay, normalize=normalize, backend="fused")
+        return o.float().square().sum()
+
+    assert_one_graph_with_eager_values(f, leaves, "hla_fused", rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")

@@ -30,8 +30,16 @@ SMALL_HEADS = {"head_dim": 32, "state_size": 16}
 MIXERS = {"transformer": {"mixer": "attention"}, "mamba2": {"mixer": "mamba2", "mixer_kwargs": SMALL_HEADS},
           "gated_deltanet": {"mixer": "gated_deltanet", "mixer_kwargs": {"head_dim": 32}}}
 MAMBA2_OVERRIDES = ["model=mamba2", *(f"model.mixer_kwargs.{k}={v}" for k, v in SMALL_HEADS.items())]
-OPERATOR = {"mamba2": "linear_attn", "gated_deltanet": "delta_rule", "loglinear_mamba2": "loglinear_attn"}
+OPERATOR = {"mamba2": "linear_attn", "gated_deltanet": "delta_rule", "loglinear_mamba2": "loglinear_attn",
+            "hla_transformer": "hla_fused"}
 BATCH, SEQ = 4, 64  # tests.training.helpers.SMALL's rows
+
+
+def _mixer(family):
+    """MIXERS' entry, or the log-linear Mamba-2 / HLA (hla2, with decay) block's."""
+    return MIXERS.get(family) or {
+        "loglinear_mamba2": {"mixer": "loglinear_mamba2", "mixer_kwargs": SMALL_HEADS},
+        "hla_transformer": {"mixer": "attention", "operator": "hla2", "mixer_kwargs": {"decay": True}}}[family]
 
 
 def _model(family):
@@ -100,14 +108,15 @@ def test_compiled_blocks_match_eager_and_operators_stay_opaque(family):
     assert list(compiled.state_dict()) == list(eager.state_dict())  # no _orig_mod. prefixes
 
 
-@pytest.mark.parametrize("family", ["mamba2", "gated_deltanet", "loglinear_mamba2"])
+@pytest.mark.parametrize("family", ["mamba2", "gated_deltanet", "loglinear_mamba2", "hla_transformer"])
 def test_triton_operator_is_one_node_of_the_block_graph(family):
     """With their Triton backends (the interpreter here, CUDA on a GPU) and fixed-length rows, linear_attn,
-    delta_rule and loglinear_attn are torch.library custom ops that compile_blocks traces: a block is one graph with no
-    break, and the compiled loss and gradients equal eager's."""
+    delta_rule, loglinear_attn and the fused hla2 are torch.library custom ops that compile_blocks traces: a block is
+    one graph with no break, and the compiled loss and gradients equal eager's."""
     torch.manual_seed(0)
-    mixer = MIXERS.get(family) or {"mixer": "loglinear_mamba2", "mixer_kwargs": SMALL_HEADS}
-    eager = models.build_model({**TINY, **mixer, "mixer_kwargs": {**mixer["mixer_kwargs"], "backend": "triton"}})
+    mixer = _mixer(family)
+    backend_name = "fused" if family == "hla_transformer" else "triton"
+    eager = models.build_model({**TINY, **mixer, "mixer_kwargs": {**mixer["mixer_kwargs"], "backend": backend_name}})
     compiled = copy.deepcopy(eager)
     backend = CompileCounterWithBackend("aot_eager")
     counters.clear()
@@ -175,7 +184,7 @@ def test_config_and_missing_compile_fail_clearly(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (compiled Triton custom ops under inductor)")
-@pytest.mark.parametrize("family", ["mamba2", "gated_deltanet", "loglinear_mamba2", "transformer"])
+@pytest.mark.parametrize("family", ["mamba2", "gated_deltanet", "loglinear_mamba2", "hla_transformer", "transformer"])
 def test_cuda_blocks_compile_to_one_graph_under_autocast(family):
     """What a GPU training run compiles: inductor, bf16 autocast, the Triton custom ops (and the short conv's)
     inside the block graphs. No graph break, no recompilation over three steps, eager's bf16 loss, and gradients as
@@ -185,7 +194,7 @@ def test_cuda_blocks_compile_to_one_graph_under_autocast(family):
     lower a searchsorted over a sliced tensor, and traced the norms' autograd.Functions into wrong gradients: each
     failed here, not on the CPU.)"""
     torch.manual_seed(0)
-    mixer = MIXERS.get(family) or {"mixer": "loglinear_mamba2", "mixer_kwargs": SMALL_HEADS}
+    mixer = _mixer(family)
     eager = models.build_model({**TINY, **mixer}).cuda()
     compiled = copy.deepcopy(eager)
     torch._dynamo.reset()
