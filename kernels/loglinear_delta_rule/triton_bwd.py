@@ -18,8 +18,9 @@ of chunk.delta_wy_pieces, (I + A)^{-1} from tril_inverse's kernel unless OPTIONS
 levels 0..6 block (E * Lambda) V are batched torch ops over all chunks at once,
 differentiated by autograd (a first version: only the level scan, the sequential part, is a custom Triton forward
 and backward); the prior levels of an initial state run through the same scan kernel in mode 1; the final levels
-0..6 come from the last chunk's zcols. Memory: the forward keeps the state entering every chunk, nj K x V
-matrices per chunk and head in the inputs' dtype (the backward needs them for dW and dKd).
+0..6 come from the last chunk's zcols. Memory: the backward needs the state entering every chunk (nj K x V matrices
+per chunk and head, in the inputs' dtype, for dW and dKd); by default (OPTIONS["states"] = "recompute") it runs the
+forward scan again for them instead of keeping them from the forward.
 """
 
 import os
@@ -56,14 +57,21 @@ from .triton_fwd import _scan_masks, _scan_program, delta_level_scan_fwd, dot_pr
 # the forward stores R; _delta_level_grads then forms the gradients chunk-parallel, without atomics, at the cost of
 # one more [H, rows, levels, K, V] fp32 buffer) or "atomic" (one sequential kernel that also forms every piece's
 # gradient, summed over V-blocks with fp32 atomics: the first build).
-# H200, bf16, 16K x 2, H = 16, K = V = 128 (benchmarks/RESULTS.md, session 8): fwd+bwd 58.4 ms with solve + atomic,
+# The states entering every chunk (rs: [H, rows, levels, K, V] in the inputs' dtype, O(T log T) memory), which the
+# backward reads: "recompute" (the default: the forward does not store them and the backward runs the forward scan
+# again, without its reads, just before it needs them, so a model holds one layer's at a time) or "save" (the forward
+# stores them and every layer keeps its own until its backward: one scan less, but at 340m (H = 3, K = 256,
+# V = 512) and 32K tokens per step that is 3.2 GB per layer, 77 GB over 24 layers, which ran out of the H200's
+# memory in session 8).
+# H200, bf16, 16K x 2, H = 16, K = V = 128 (benchmarks/RESULTS.md, session 8, states=save): fwd+bwd 58.4 ms with solve + atomic,
 # 57.7 with triton + atomic, 53.1 with solve + split, 52.1 with triton + split; all four pass kernels.py's bf16
 # check, and triton + split (like solve + atomic before it) every loglinear_delta_rule bf16 GPU test.
 FORMS = ("scan", "nodes")
 INVERSES = ("triton", "solve")
 BWDS = ("atomic", "split")
-OPTIONS = {"form": "scan", "inverse": "triton", "bwd": "split"}
-_CHOICES = {"form": FORMS, "inverse": INVERSES, "bwd": BWDS}
+STATES = ("recompute", "save")
+OPTIONS = {"form": "scan", "inverse": "triton", "bwd": "split", "states": "recompute"}
+_CHOICES = {"form": FORMS, "inverse": INVERSES, "bwd": BWDS, "states": STATES}
 
 
 def _read_options() -> None:
@@ -71,8 +79,8 @@ def _read_options() -> None:
     for item in filter(None, (part.strip() for part in spec.split(","))):
         key, _, val = (x.strip() for x in item.partition("="))
         if val not in _CHOICES.get(key, ()):
-            raise ValueError(f"HILO_LOGLINEAR_DELTA: expected form=scan|nodes, inverse=triton|solve or "
-                             f"bwd=atomic|split, got {item!r}")
+            raise ValueError(f"HILO_LOGLINEAR_DELTA: expected form=scan|nodes, inverse=triton|solve, "
+                             f"bwd=atomic|split or states=recompute|save, got {item!r}")
         OPTIONS[key] = val
 
 
@@ -289,15 +297,20 @@ class DeltaLevelScanFunction(torch.autograd.Function):
         q_eff, w_wy, kd, decay, zcols, v, lam = (x.contiguous() for x in (q_eff, w_wy, kd, decay, zcols, v, lam))
         wts = None if wts is None else wts.contiguous()
         r0 = None if r0 is None else r0.contiguous()
-        out, rfin, rs = delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, lay, mode, in_dtype)
-        ctx.save_for_backward(q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs)
-        ctx.lay, ctx.mode, ctx.in_dtype, ctx.has_r0 = lay, mode, in_dtype, r0 is not None
+        save = OPTIONS["states"] == "save"
+        out, rfin, rs = delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, lay, mode, in_dtype,
+                                             states=save)
+        ctx.save_for_backward(q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs if save else r0)
+        ctx.lay, ctx.mode, ctx.in_dtype, ctx.has_r0, ctx.saved_states = lay, mode, in_dtype, r0 is not None, save
         return out, rfin
 
     @staticmethod
     def backward(ctx, dout, drfin):
         q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs = ctx.saved_tensors
         lay, mode = ctx.lay, ctx.mode
+        if not ctx.saved_states:  # the forward kept r0 only: the scan runs again for the states entering each chunk
+            rs = delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs, lay, mode, ctx.in_dtype,
+                                      reads=False)[2]
         h, rows, _, dk = q_eff.shape
         dv_ = v.shape[-1]
         nl = lam.shape[-1]
@@ -381,6 +394,8 @@ def loglinear_delta_rule_triton(q, k, v, beta, g, level_scales, scale, initial_s
     lam_tok = flat(level_scales)
     lc = _to_chunks(lam_tok, lay)
     gamma = gc.cumsum(-1)
+    if OPTIONS["states"] not in STATES:
+        raise ValueError(f"loglinear_delta_rule OPTIONS['states'] = {OPTIONS['states']!r}; expected one of {STATES}")
     if OPTIONS["inverse"] not in INVERSES:
         raise ValueError(f"loglinear_delta_rule OPTIONS['inverse'] = {OPTIONS['inverse']!r}; expected one of {INVERSES}")
     e, q_eff, w_wy, kd, zcols = delta_wy_pieces(qc, kc, gamma, bc,

@@ -81,7 +81,8 @@ def _delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, out, r
                           NS, J0,
                           K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                           S: tl.constexpr, H: tl.constexpr, MODE: tl.constexpr,
-                          HAS_R0: tl.constexpr, STORE_FINAL: tl.constexpr, PREC: tl.constexpr):
+                          HAS_R0: tl.constexpr, STORE_FINAL: tl.constexpr, STORE_STATES: tl.constexpr,
+                          READS: tl.constexpr, PREC: tl.constexpr):
     (_i_v, i_nh, _i_n, i_h, j0, row0, nchunks, c0, o_k, m_k, o_c, col_j, col_v, m_col,
      o_v) = _scan_program(seq_chunks, J0, K, V, C, BK, BV, S, H)
     # states [NS stored levels, K, V] per (sequence or row, head)
@@ -95,11 +96,13 @@ def _delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, out, r
         hr = i_h * ROWS + row0 + i
         keep, read, w = _scan_masks(lam, wts, hr, c, o_c, col_j, j0, NL, NW, C, S, BV, MODE)
         state = tl.where(keep[None, :], state, 0.0)
-        tl.store(rs + hr * NS * K * V + st_off, state.to(rs.dtype.element_ty), mask=m_st)
-        qe = tl.load(q_eff + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
-        reads = tl.dot(qe, state, input_precision=PREC) * w
-        _accumulate(out + (hr * C + o_c[:, None]) * V + o_v[None, :], tl.sum(tl.reshape(reads, [C, S, BV]), 1),
-                    mask=(o_v < V)[None, :])
+        if STORE_STATES:
+            tl.store(rs + hr * NS * K * V + st_off, state.to(rs.dtype.element_ty), mask=m_st)
+        if READS:
+            qe = tl.load(q_eff + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+            reads = tl.dot(qe, state, input_precision=PREC) * w
+            _accumulate(out + (hr * C + o_c[:, None]) * V + o_v[None, :], tl.sum(tl.reshape(reads, [C, S, BV]), 1),
+                        mask=(o_v < V)[None, :])
         # the transition M R = exp(gl) R - Kd^T (W R): two dots over the chunk's tokens, never a K x K matrix
         wb = tl.load(w_wy + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
         kdb = tl.load(kd + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
@@ -130,23 +133,28 @@ def scan_launches(lay: LevelLayout, mode: int, count: int, dk: int, dv: int) -> 
     return [(j0, s, groups, lay.scan_block_v(dv, s, shrink)) for j0, s, groups in lay.level_groups(count, shrink)]
 
 
-def delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, lay: LevelLayout, mode: int, in_dtype):
-    """out [H, rows, C, V] (the scan's reads) and rfin [N, H, NS, K, V] (final states), fp32; rs [H, rows, NS, K, V]
-    (states entering each chunk, in the inputs' dtype)."""
+def delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, lay: LevelLayout, mode: int, in_dtype,
+                         states: bool = True, reads: bool = True):
+    """out [H, rows, C, V] (the scan's reads) and rfin [N, H, NS, K, V] (final states), fp32, and with states=True
+    rs [H, rows, NS, K, V] (states entering each chunk, in the inputs' dtype; else None). reads=False runs the scan
+    for rs alone (the backward's recompute: out and rfin are then None)."""
     h, rows, _, dk = q_eff.shape
     dv = v.shape[-1]
     nl = lam.shape[-1]
     nw = wts.shape[-1] if wts is not None else 1
     ns = nw if mode == 1 else lay.nj
     dev = q_eff.device
-    out = torch.zeros(h, rows, CHUNK, dv, device=dev, dtype=torch.float32)
-    rfin = torch.zeros(lay.n, h, ns, dk, dv, device=dev, dtype=torch.float32)
+    out = torch.zeros(h, rows, CHUNK, dv, device=dev, dtype=torch.float32) if reads else None
+    rfin = torch.zeros(lay.n, h, ns, dk, dv, device=dev, dtype=torch.float32) if reads else None
     # 16-bit inputs keep the chunk states in their dtype (as kernels.delta_rule does): half the memory
-    rs = torch.empty(h, rows, ns, dk, dv, device=dev, dtype=torch.float32 if in_dtype == torch.float32 else in_dtype)
+    rs = torch.empty(h, rows, ns, dk, dv, device=dev, dtype=torch.float32 if in_dtype == torch.float32 else in_dtype) \
+        if states else None
+    dummy = q_eff
     for j0, s, groups, bv in scan_launches(lay, mode, ns, dk, dv):
         _delta_level_scan_fwd[(triton.cdiv(dv, bv), lay.n * h, groups)](
-            q_eff, w_wy, kd, decay, zcols, v, lam, wts if wts is not None else lam, r0 if r0 is not None else rfin,
-            out, rfin, rs, lay.seq_chunks, nl, nw, rows, ns, j0, K=dk, V=dv, C=CHUNK, BK=pow2(dk), BV=bv, S=s, H=h, MODE=mode,
-            HAS_R0=r0 is not None, STORE_FINAL=True, PREC=dot_precision(in_dtype),
+            q_eff, w_wy, kd, decay, zcols, v, lam, wts if wts is not None else lam, r0 if r0 is not None else dummy,
+            out if reads else dummy, rfin if reads else dummy, rs if states else dummy, lay.seq_chunks, nl, nw, rows,
+            ns, j0, K=dk, V=dv, C=CHUNK, BK=pow2(dk), BV=bv, S=s, H=h, MODE=mode, HAS_R0=r0 is not None,
+            STORE_FINAL=reads, STORE_STATES=states, READS=reads, PREC=dot_precision(in_dtype),
             num_warps=scan_warps(pow2(dk), s * bv), num_stages=1)
     return out, rfin, rs

@@ -315,14 +315,16 @@ def test_level_nodes_continuation_from_final_state(nodes_form, split):
 def test_level_nodes_form_option_errors(monkeypatch):
     from kernels.loglinear_delta_rule import triton_bwd
 
-    for bad in ("form=tree", "inverse=lu", "solver=triton", "bwd=fused"):
+    for bad in ("form=tree", "inverse=lu", "solver=triton", "bwd=fused", "states=drop"):
         monkeypatch.setenv("HILO_LOGLINEAR_DELTA", bad)
-        with pytest.raises(ValueError, match=r"expected form=scan\|nodes, inverse=triton\|solve or bwd=atomic\|split"):
+        with pytest.raises(ValueError, match=r"expected form=scan\|nodes, inverse=triton\|solve, bwd=atomic\|split "
+                                             r"or states=recompute\|save"):
             triton_bwd._read_options()
-    monkeypatch.setenv("HILO_LOGLINEAR_DELTA", "form=nodes, inverse=solve,bwd=atomic")  # none of them the default
+    # none of them the default
+    monkeypatch.setenv("HILO_LOGLINEAR_DELTA", "form=nodes, inverse=solve,bwd=atomic, states=save")
     monkeypatch.setattr(triton_bwd, "OPTIONS", dict(triton_bwd.OPTIONS))
     triton_bwd._read_options()
-    assert triton_bwd.OPTIONS == {"form": "nodes", "inverse": "solve", "bwd": "atomic"}
+    assert triton_bwd.OPTIONS == {"form": "nodes", "inverse": "solve", "bwd": "atomic", "states": "save"}
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -384,14 +386,16 @@ def test_triton_backend_same_with_either_inverse(monkeypatch):
 
 @pytest.mark.parametrize("case", ["batch", "varlen_prior"])
 def test_atomic_level_scan_backward_and_solve_inverse(monkeypatch, case):
-    """HILO_LOGLINEAR_DELTA=inverse=solve,bwd=atomic (the first build, kept as options: a batched trsm for the chunks'
-    inverse, and one sequential backward kernel summing every gradient with fp32 atomics) against the quadratic
+    """HILO_LOGLINEAR_DELTA=inverse=solve,bwd=atomic,states=save (the first build, kept as options: a batched trsm
+    for the chunks' inverse, one sequential backward kernel summing every gradient with fp32 atomics, the chunk
+    states kept from the forward rather than recomputed) against the quadratic
     definition in float64, like the defaults (triton, split) elsewhere in this file: T = 300 (chunk level 3) in a
     batch, and packed documents with priors (the prior levels' scan, mode 1, and its initial-level gradients)."""
     from kernels.loglinear_delta_rule import triton_bwd
 
     monkeypatch.setitem(triton_bwd.OPTIONS, "bwd", "atomic")
     monkeypatch.setitem(triton_bwd.OPTIONS, "inverse", "solve")
+    monkeypatch.setitem(triton_bwd.OPTIONS, "states", "save")  # the forward keeps the chunk states (no recompute)
     if case == "batch":
         x, cu, init = make(2, 300, seed=31, decay="weak"), None, None
     else:
@@ -422,3 +426,35 @@ def test_split_level_scan_backward_wide_heads(monkeypatch):
         results[bwd] = torch.autograd.grad((o * do.to(DEV)).sum(), leaves)
     for name, got, ref in zip(NAMES, results["split"], results["atomic"], strict=True):
         assert error_ratio(got.cpu(), ref.cpu()) <= 1e-5, name
+
+
+@triton_only
+def test_recomputed_chunk_states_are_saved_ones(monkeypatch):
+    """HILO_LOGLINEAR_DELTA=states=recompute (the default) and states=save give the same output and gradients (the
+    backward's rerun of the forward scan reproduces the states it would have kept; packed documents with a prior, so
+    both scan modes rerun), and recompute keeps at least the states' bytes fewer for the backward: [H, rows, levels,
+    K, V] per scan."""
+    from kernels.loglinear_delta_rule import triton_bwd
+
+    lengths = [140, 75, 200]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    x = make(1, int(cu[-1]), seed=51, decay="weak", nl=num_levels(200 + 130))
+    init = prior_state([0, 64, 130], nl=x["lam"].shape[-1], seed=52)
+    results, saved = {}, {}
+    for states in ("save", "recompute"):
+        monkeypatch.setitem(triton_bwd.OPTIONS, "states", states)
+        sizes = []
+
+        def pack(t, sizes=sizes):
+            sizes.append(t.numel() * t.element_size())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            results[states] = run("triton", x, cu=cu, init=init)
+        saved[states] = sum(sizes)
+    got, ref = results["recompute"], results["save"]
+    for a, b in zip([got[0], got[1], *got[2]], [ref[0], ref[1], *ref[2]], strict=True):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-7)
+    rows = sum(-(-n // 64) for n in lengths)  # chunk rows of the packed documents
+    chunk_levels = num_levels(200) - 8  # levels above the in-chunk ones that a 200-token document reaches
+    assert saved["save"] - saved["recompute"] >= H * rows * chunk_levels * DK * DV * 4
