@@ -5,9 +5,10 @@
 #         a group's dq, dk), written on the CPU: its bf16 GPU tests (incl. the new grouped test), kernels.py's check
 #         and time, then compiled Mamba-2 340m at 8K / 16K (session 8: 104,075 / 102,243 tokens/s) and its 16K step
 #         profile (were 98 ATen elementwise and 75 copy kernels per step, 47 ms, gone?).
-#  GPU 1: every other CUDA-only test (regressions), then log-linear GDN 340m with trainer.gradient_checkpointing
-#         (OOM at 4 x 8K and 2 x 16K without it, session 8) eager and compiled at 8K, and eager at 1 x 8K with 4
-#         accumulated (compiled, that configuration ran at 1,680 tokens/s: is compile the cause?).
+#  GPU 1: every other CUDA-only test (regressions; loglinear_delta_rule now recomputes its chunk states in the
+#         backward), kernels.py loglinear_delta_rule with the recompute (default) and states=save; then log-linear
+#         GDN 340m (OOM at 4 x 8K and 2 x 16K in session 8, when the states were kept) compiled at 4 x 8K and
+#         2 x 16K, and eager at 1 x 8K with 4 accumulated (compiled, that ran at 1,680 tokens/s: is compile the cause?).
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | grep -v WARN | tail -1
 export PYTHONPATH=/tmp/site HILO_CACHE=$PWD/.hilo_cache WANDB_MODE=disabled
 T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
@@ -16,10 +17,15 @@ mkdir -p $OUT/n; L=$OUT/n/log.txt; L1=$OUT/n/log1.txt
   el "CUDA-only tests" >> $L1
   timeout 200 python -m pytest -p no:logging -rf -n 8 tests/kernels/test_gpu_bf16.py tests/kernels/test_gpu_head_dims.py \
     > /tmp/g1.log 2>&1; echo "rc=$?" >> $L1; grep -E "passed|failed|^FAILED|^E  +[A-Za-z.]*Error" /tmp/g1.log | sort -u | tail -10 | cut -c1-220 >> $L1
-  for spec in "4 1 trainer.gradient_checkpointing=true" "4 1 trainer.gradient_checkpointing=true --compile" "1 4"; do
-    set -- $spec; el "loglinear_gated_deltanet 8K ${1}x$2 ${@:3}" >> $L1
+  for opt in "" "states=save"; do
+    el "kernels.py loglinear_delta_rule, HILO_LOGLINEAR_DELTA=$opt" >> $L1
+    HILO_LOGLINEAR_DELTA=$opt timeout 70 python -u benchmarks/kernels.py --ops loglinear_delta_rule --seqlens 16384 \
+      > /tmp/k1.log 2>&1; echo "rc=$?" >> $L1; grep -E "^\| 16384 \| 2 \| loglinear| NO \|$" /tmp/k1.log >> $L1
+  done
+  for spec in "8192 4 1 --compile" "16384 2 1 --compile" "8192 1 4"; do
+    set -- $spec; el "loglinear_gated_deltanet $1 ${2}x$3 ${@:4}" >> $L1
     timeout 100 python -u benchmarks/train_throughput.py --steps 8 --append --models loglinear_gated_deltanet \
-      --seq-lens 8192 --batch-size $1 trainer.grad_accum=$2 "${@:3}" > /tmp/c1.log 2>&1
+      --seq-lens $1 --batch-size $2 trainer.grad_accum=$3 "${@:4}" > /tmp/c1.log 2>&1
     echo "rc=$?" >> $L1; grep -E "^\| loglinear_gated_deltanet " /tmp/c1.log | head -1 >> $L1
     grep -E "Error|OOM" /tmp/c1.log | tail -2 | cut -c1-250 >> $L1
   done ) &
