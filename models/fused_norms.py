@@ -16,7 +16,8 @@ from the saved input and per-(row, group) rstd; each program walks a contiguous 
 partial sum of the weight gradient to its own row of a [programs, dim] buffer that torch then sums (no atomics, no
 host sync).
 
-Entry points: rms_norm, add_rms_norm, gated_rms_norm (autograd-aware). use_triton says whether a call may take
+Entry points: rms_norm, add_rms_norm, gated_rms_norm (autograd-aware torch.library custom ops: one node each in a
+compiled graph). use_triton says whether a call may take
 them: CUDA tensors do, CPU tensors only under TRITON_INTERPRET=1 (set before import, as the kernels'
 interpreter mode is fixed when they are decorated); fp64 inputs and groups wider than MAX_GROUP_SIZE keep the
 torch code. models.norms dispatches to them when constructed with fused=True (config.fused_norms).
@@ -28,6 +29,8 @@ import os
 import torch
 import triton
 import triton.language as tl
+
+from kernels.common.compile import dense_outputs
 
 # Widest group the kernels take (a program holds a whole group in registers; the backward spills beyond this on
 # sm_90); wider ones keep the torch code.
@@ -215,57 +218,155 @@ def _backward(dy, dh, x2, g2, weight, rstd, group_size, norm_before_gate, x_dtyp
     return dx, dr, dg, dw_partial.sum(0).to(weight.dtype)
 
 
-class _RMSNormFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, eps):
-        y, _, rstd = _forward(x, None, None, weight, eps, x.shape[-1], False, x.dtype)
-        ctx.save_for_backward(x, weight, rstd)
-        return y.view(x.shape)
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, rstd = ctx.saved_tensors
-        dx, _, _, dw = _backward(dy, None, _rows(x, x.shape[-1]), None, weight, rstd, x.shape[-1], False,
-                                 x.dtype, None, None)
-        return dx.view(x.shape), dw, None
+# Each norm is a torch.library custom op pair (hilo::<norm> and hilo::<norm>_backward), differentiable through
+# register_autograd: eager calls run the kernels as they are, and torch.compile keeps each call as one node of the
+# block's graph (its fake gives the output shapes) instead of tracing the host code (torch 2.11 traced
+# models.norms' autograd.Functions into wrong gradients on CUDA; a custom op is never traced into).
+def _y_fake(x, dtype):
+    return x.new_empty(x.shape, dtype=dtype)
 
 
-class _AddRMSNormFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, residual, weight, eps):
-        dtype = torch.promote_types(x.dtype, residual.dtype)
-        y, h, rstd = _forward(x, residual, None, weight, eps, x.shape[-1], False, dtype)
-        ctx.save_for_backward(h, weight, rstd)
-        ctx.dtypes = (x.dtype, residual.dtype)
-        return y.view(x.shape), h.view(x.shape)
-
-    @staticmethod
-    def backward(ctx, dy, dh):
-        h, weight, rstd = ctx.saved_tensors
-        dx, dr, _, dw = _backward(dy, dh, h, None, weight, rstd, h.shape[-1], False, *ctx.dtypes, None)
-        return dx.view(dy.shape), dr.view(dy.shape), dw, None
+def _rstd_fake(x, group_size):
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return x.new_empty(rows, x.shape[-1] // group_size, dtype=torch.float32)
 
 
-class _GatedRMSNormFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, gate, weight, eps, norm_before_gate, group_size):
-        y, _, rstd = _forward(x, None, gate, weight, eps, group_size, norm_before_gate, x.dtype)
-        ctx.save_for_backward(x, gate, weight, rstd)
-        ctx.norm_before_gate, ctx.group_size = norm_before_gate, group_size
-        return y.view(x.shape)
+@torch.library.custom_op("hilo::rms_norm", mutates_args=())
+@dense_outputs
+def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y in x's dtype, rstd [rows, 1] fp32)."""
+    y, _, rstd = _forward(x, None, None, weight, eps, x.shape[-1], False, x.dtype)
+    return y.view(x.shape), rstd
 
-    @staticmethod
-    def backward(ctx, dy):
-        x, gate, weight, rstd = ctx.saved_tensors
-        dim = x.shape[-1]
-        dx, _, dg, dw = _backward(dy, None, _rows(x, dim), _rows(gate, dim), weight, rstd, ctx.group_size,
-                                  ctx.norm_before_gate, x.dtype, None, gate.dtype)
-        return dx.view(x.shape), dg.view(x.shape), dw, None, None, None
+
+@_rms_norm_op.register_fake
+def _(x, weight, eps):
+    return _y_fake(x, x.dtype), _rstd_fake(x, x.shape[-1])
+
+
+@torch.library.custom_op("hilo::rms_norm_backward", mutates_args=())
+@dense_outputs
+def _rms_norm_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                          rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    dx, _, _, dw = _backward(dy, None, _rows(x, x.shape[-1]), None, weight, rstd, x.shape[-1], False, x.dtype, None,
+                             None)
+    return dx.view(x.shape), dw
+
+
+@_rms_norm_backward_op.register_fake
+def _(dy, x, weight, rstd):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape)
+
+
+def _rms_norm_setup(ctx, inputs, output):
+    x, weight, _ = inputs
+    ctx.save_for_backward(x, weight, output[1])
+
+
+def _rms_norm_grads(ctx, dy, _drstd):
+    x, weight, rstd = ctx.saved_tensors
+    dx, dw = _rms_norm_backward_op(dy, x, weight, rstd)
+    return dx, dw, None
+
+
+_rms_norm_op.register_autograd(_rms_norm_grads, setup_context=_rms_norm_setup)
+
+
+@torch.library.custom_op("hilo::add_rms_norm", mutates_args=())
+@dense_outputs
+def _add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, h = residual + x, both in the promoted dtype of x and residual; rstd [rows, 1] fp32)."""
+    dtype = torch.promote_types(x.dtype, residual.dtype)
+    y, h, rstd = _forward(x, residual, None, weight, eps, x.shape[-1], False, dtype)
+    return y.view(x.shape), h.view(x.shape), rstd
+
+
+@_add_rms_norm_op.register_fake
+def _(x, residual, weight, eps):
+    dtype = torch.promote_types(x.dtype, residual.dtype)
+    return _y_fake(x, dtype), _y_fake(x, dtype), _rstd_fake(x, x.shape[-1])
+
+
+@torch.library.custom_op("hilo::add_rms_norm_backward", mutates_args=())
+@dense_outputs
+def _add_rms_norm_backward_op(dy: torch.Tensor, dh: torch.Tensor, h: torch.Tensor, weight: torch.Tensor,
+                              rstd: torch.Tensor, x_dtype: torch.dtype,
+                              r_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dim = h.shape[-1]
+    dx, dr, _, dw = _backward(dy, dh, _rows(h, dim), None, weight, rstd, dim, False, x_dtype, r_dtype, None)
+    return dx.view(h.shape), dr.view(h.shape), dw
+
+
+@_add_rms_norm_backward_op.register_fake
+def _(dy, dh, h, weight, rstd, x_dtype, r_dtype):
+    return h.new_empty(h.shape, dtype=x_dtype), h.new_empty(h.shape, dtype=r_dtype), weight.new_empty(weight.shape)
+
+
+def _add_rms_norm_setup(ctx, inputs, output):
+    x, residual, weight, _ = inputs
+    _, h, rstd = output
+    ctx.save_for_backward(h, weight, rstd)
+    ctx.dtypes = (x.dtype, residual.dtype)
+
+
+def _add_rms_norm_grads(ctx, dy, dh, _drstd):
+    h, weight, rstd = ctx.saved_tensors
+    dx, dr, dw = _add_rms_norm_backward_op(dy, dh, h, weight, rstd, *ctx.dtypes)
+    return dx, dr, dw, None
+
+
+_add_rms_norm_op.register_autograd(_add_rms_norm_grads, setup_context=_add_rms_norm_setup)
+
+
+@torch.library.custom_op("hilo::gated_rms_norm", mutates_args=())
+@dense_outputs
+def _gated_rms_norm_op(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
+                       norm_before_gate: bool, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y in x's dtype, rstd [rows, dim / group_size] fp32)."""
+    y, _, rstd = _forward(x, None, gate, weight, eps, group_size, norm_before_gate, x.dtype)
+    return y.view(x.shape), rstd
+
+
+@_gated_rms_norm_op.register_fake
+def _(x, gate, weight, eps, norm_before_gate, group_size):
+    return _y_fake(x, x.dtype), _rstd_fake(x, group_size)
+
+
+@torch.library.custom_op("hilo::gated_rms_norm_backward", mutates_args=())
+@dense_outputs
+def _gated_rms_norm_backward_op(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor,
+                                rstd: torch.Tensor, norm_before_gate: bool,
+                                group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dim = x.shape[-1]
+    dx, _, dg, dw = _backward(dy, None, _rows(x, dim), _rows(gate, dim), weight, rstd, group_size, norm_before_gate,
+                              x.dtype, None, gate.dtype)
+    return dx.view(x.shape), dg.view(x.shape), dw
+
+
+@_gated_rms_norm_backward_op.register_fake
+def _(dy, x, gate, weight, rstd, norm_before_gate, group_size):
+    return x.new_empty(x.shape), gate.new_empty(gate.shape), weight.new_empty(weight.shape)
+
+
+def _gated_rms_norm_setup(ctx, inputs, output):
+    x, gate, weight, _, norm_before_gate, group_size = inputs
+    ctx.save_for_backward(x, gate, weight, output[1])
+    ctx.norm_before_gate, ctx.group_size = norm_before_gate, group_size
+
+
+def _gated_rms_norm_grads(ctx, dy, _drstd):
+    x, gate, weight, rstd = ctx.saved_tensors
+    dx, dg, dw = _gated_rms_norm_backward_op(dy, x, gate, weight, rstd, ctx.norm_before_gate, ctx.group_size)
+    return dx, dg, dw, None, None, None
+
+
+_gated_rms_norm_op.register_autograd(_gated_rms_norm_grads, setup_context=_gated_rms_norm_setup)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., dim] * rstd(x) * weight [dim] (fp32 statistics), in x's dtype. Gradients to x and weight."""
-    return _RMSNormFn.apply(x, weight, eps)
+    return _rms_norm_op(x, weight, float(eps))[0]
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
@@ -275,11 +376,12 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     residual (from both outputs) and weight."""
     if x.shape != residual.shape:
         raise ValueError(f"add_rms_norm: x {tuple(x.shape)} and residual {tuple(residual.shape)} differ in shape")
-    return _AddRMSNormFn.apply(x, residual, weight, eps)
+    y, h, _ = _add_rms_norm_op(x, residual, weight, float(eps))
+    return y, h
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float, norm_before_gate: bool,
                    group_size: int) -> torch.Tensor:
     """models.norms.GatedRMSNorm's function (x, gate [..., dim], weight [dim], group_size dividing dim), in x's
     dtype. Gradients to x, gate and weight."""
-    return _GatedRMSNormFn.apply(x, gate, weight, eps, norm_before_gate, group_size)
+    return _gated_rms_norm_op(x, gate, weight, float(eps), bool(norm_before_gate), int(group_size))[0]

@@ -162,3 +162,33 @@ def test_model_with_fused_norms_equals_unfused(monkeypatch, mixer, mixer_kwargs)
     assert want_grads.keys() == got_grads.keys()
     for name, want in want_grads.items():
         assert_rel(got_grads[name], want)
+
+
+@pytest.mark.parametrize("norm", ["rms_norm", "add_rms_norm", "gated_rms_norm"])
+def test_fused_norms_are_custom_ops_in_one_compiled_graph(norm):
+    """Each fused norm is the torch.library op pair hilo::<norm> / hilo::<norm>_backward: torch.compile keeps the
+    call as one node of a single graph (no trace of its host code, no break) with eager's values and gradients, and
+    the fakes give the real outputs' shapes, dtypes and strides (opcheck), on a non-contiguous input and, for the
+    residual form, mixed dtypes."""
+    from tests.kernels.compile_checks import assert_one_graph_with_eager_values
+
+    x = rand(4, 6, 100, seed=60)[:, ::2]  # [4, 3, 100] with a row stride of 200: a view, not a copy
+    weight = rand(100, seed=61)
+    if norm == "rms_norm":
+        leaves = [x, weight]
+
+        def f(x, w):
+            return fn.rms_norm(x * 2, w, 1e-6).square().sum()
+    elif norm == "add_rms_norm":
+        leaves = [x, rand(4, 3, 100, dtype=torch.bfloat16, seed=62), weight]  # h, y in fp32; dr in bf16
+
+        def f(x, r, w):
+            y, h = fn.add_rms_norm(x * 2, r, w, 1e-6)
+            return y.square().sum() + (h * 0.5).sum()
+    else:
+        leaves = [x, rand(4, 3, 100, seed=63), weight]
+
+        def f(x, g, w):
+            return fn.gated_rms_norm(x * 2, g, w, 1e-6, False, 25).square().sum()
+
+    assert_one_graph_with_eager_values(f, leaves, norm, rtol=1e-5, atol=1e-5)

@@ -227,13 +227,17 @@ def test_compiled_norms_and_mlp_give_eager_gradients(device):
     """RMSNorm, both GatedRMSNorm forms, SwiGLU and the ATen short conv (each an autograd.Function in eager mode)
     alone in a compiled graph, input an intermediate as in a block: the eager gradients of the input and every
     weight. On CUDA, torch 2.11 traced the norms' Functions into gradients with relative error 1.0 (aot_eager too);
-    compiled code now runs their formulas through autograd. SwiGLU's was exact there; the conv's is not yet run."""
+    compiled code now runs their formulas through autograd. SwiGLU's was exact there; the conv's is not yet run.
+    The fused (Triton) norms are custom ops, never traced into."""
     torch.manual_seed(0)
     x0 = torch.randn(2, 8, 64, device=device)
     gate = torch.randn(2, 8, 64, device=device)
     cases = {"rms": RMSNorm(64), "gated_after": GatedRMSNorm(64, group_size=32),
              "gated_before": GatedRMSNorm(64, norm_before_gate=True), "swiglu": SwiGLU(64, 96),
-             "conv_aten": ShortConv(64, 4, bias=True, backend="torch")}  # its autograd.Function, traced
+             "conv_aten": ShortConv(64, 4, bias=True, backend="torch"),  # its autograd.Function, traced
+             # model.fused_norms: the Triton norms as custom ops (the interpreter on CPU)
+             "rms_fused": RMSNorm(64, fused=True), "gated_after_fused": GatedRMSNorm(64, group_size=32, fused=True),
+             "gated_before_fused": GatedRMSNorm(64, norm_before_gate=True, fused=True)}
 
     def grads(module, f):
         module.zero_grad(set_to_none=True)
