@@ -70,9 +70,6 @@ def validate_train_config(cfg: DictConfig) -> None:
             is None:
         problems.append("trainer.early_stop_metric is set but trainer.early_stop_threshold is null: give the value "
                         "at which to stop (e.g. trainer.early_stop_threshold=0.99)")
-    if OmegaConf.select(cfg, "trainer.compile") is True and OmegaConf.select(cfg, "model.fused_norms") is True:
-        problems.append("trainer.compile=true and model.fused_norms=true: inductor fuses the norms of compiled blocks "
-                        "itself; drop one of them")
     final_evals = OmegaConf.select(cfg, "trainer.final_evals")
     if final_evals is not None:  # checked at start-up, not after the training steps
         from training.evaluation import SUITES

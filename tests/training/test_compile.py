@@ -36,7 +36,10 @@ BATCH, SEQ = 4, 64  # tests.training.helpers.SMALL's rows
 
 
 def _mixer(family):
-    """MIXERS' entry, or the log-linear Mamba-2 / HLA (hla2, with decay) block's."""
+    """MIXERS' entry, or the log-linear Mamba-2 / HLA (hla2, with decay) block's; a "+fused_norms" suffix adds
+    model.fused_norms (the Triton norms' custom ops)."""
+    if family.endswith("+fused_norms"):
+        return {**_mixer(family.removesuffix("+fused_norms")), "fused_norms": True}
     return MIXERS.get(family) or {
         "loglinear_mamba2": {"mixer": "loglinear_mamba2", "mixer_kwargs": SMALL_HEADS},
         "hla_transformer": {"mixer": "attention", "operator": "hla2", "mixer_kwargs": {"decay": True}}}[family]
@@ -131,6 +134,31 @@ def test_triton_operator_is_one_node_of_the_block_graph(family):
     assert f"hilo.{OPERATOR[family]}" in backend.graphs[0].code
 
 
+@pytest.mark.parametrize("family", ["transformer+fused_norms", "mamba2+fused_norms"])
+def test_fused_norms_compile_into_the_block_graph(family):
+    """model.fused_norms with trainer.compile: the Triton norms (the interpreter here) are custom ops inside the one
+    block graph (the Transformer's add + RMSNorm, Mamba-2's gated RMSNorm with its Triton linear_attn), with eager's
+    loss and gradients."""
+    mixer = _mixer(family)
+    if "mixer_kwargs" in mixer:
+        mixer = {**mixer, "mixer_kwargs": {**mixer["mixer_kwargs"], "backend": "triton"}}
+    torch.manual_seed(0)
+    eager = models.build_model({**TINY, **mixer})
+    compiled = copy.deepcopy(eager)
+    backend = CompileCounterWithBackend("aot_eager")
+    counters.clear()
+    compile_blocks(compiled, backend=backend)
+    ids = torch.randint(0, TINY["vocab_size"], (2, SEQ), generator=torch.Generator().manual_seed(6))
+    ref_loss, ref_grads = _loss_and_grads(eager, ids)
+    loss, grads = _loss_and_grads(compiled, ids)
+    assert _rel(loss, ref_loss) < 1e-5
+    for name, g in grads.items():
+        assert _rel(g, ref_grads[name]) < 1e-5, name
+    assert _graph_breaks() == {} and backend.frame_count == 1
+    norm = "hilo.gated_rms_norm" if family.startswith("mamba2") else "hilo.add_rms_norm"
+    assert norm in backend.graphs[0].code
+
+
 def test_packed_documents_compile_once():
     """varlen packing: cu_seqlens changes length from batch to batch; that length is dynamic, so the graphs are not
     recompiled for each document layout, and the packed losses equal eager's."""
@@ -176,15 +204,15 @@ def test_train_compiled_then_resume_eager(tmp_path):
 def test_config_and_missing_compile_fail_clearly(monkeypatch):
     with pytest.raises(ConfigError, match="trainer.compile"):
         validate_train_config(small_cfg("trainer.compile=yes"))
-    with pytest.raises(ConfigError, match="fused_norms"):
-        validate_train_config(small_cfg("trainer.compile=true", "++model.fused_norms=true"))
+    validate_train_config(small_cfg("trainer.compile=true", "++model.fused_norms=true"))  # custom ops: allowed
     monkeypatch.setattr(torch._dynamo, "is_dynamo_supported", lambda: False)
     with pytest.raises(CompileUnavailableError, match="trainer.compile=false"):
         compile_blocks(_model("transformer"))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (compiled Triton custom ops under inductor)")
-@pytest.mark.parametrize("family", ["mamba2", "gated_deltanet", "loglinear_mamba2", "hla_transformer", "transformer"])
+@pytest.mark.parametrize("family", ["mamba2", "gated_deltanet", "loglinear_mamba2", "hla_transformer", "transformer",
+                                    "mamba2+fused_norms", "transformer+fused_norms"])
 def test_cuda_blocks_compile_to_one_graph_under_autocast(family):
     """What a GPU training run compiles: inductor, bf16 autocast, the Triton custom ops (and the short conv's)
     inside the block graphs. No graph break, no recompilation over three steps, eager's bf16 loss, and gradients as
