@@ -70,8 +70,10 @@ FORMS = ("scan", "nodes")
 INVERSES = ("triton", "solve")
 BWDS = ("atomic", "split")
 STATES = ("recompute", "save")
-OPTIONS = {"form": "scan", "inverse": "triton", "bwd": "split", "states": "recompute"}
-_CHOICES = {"form": FORMS, "inverse": INVERSES, "bwd": BWDS, "states": STATES}
+# The split backward's gradient kernel at 64 < K <= 128: 64-wide K-blocks ("64") or one block ("full"), see backward.
+GRADS_BLOCKS = ("64", "full")
+OPTIONS = {"form": "scan", "inverse": "triton", "bwd": "split", "states": "recompute", "grads_block": "64"}
+_CHOICES = {"form": FORMS, "inverse": INVERSES, "bwd": BWDS, "states": STATES, "grads_block": GRADS_BLOCKS}
 
 
 def _read_options() -> None:
@@ -80,7 +82,7 @@ def _read_options() -> None:
         key, _, val = (x.strip() for x in item.partition("="))
         if val not in _CHOICES.get(key, ()):
             raise ValueError(f"HILO_LOGLINEAR_DELTA: expected form=scan|nodes, inverse=triton|solve, "
-                             f"bwd=atomic|split or states=recompute|save, got {item!r}")
+                             f"bwd=atomic|split, states=recompute|save or grads_block=64|full, got {item!r}")
         OPTIONS[key] = val
 
 
@@ -203,6 +205,8 @@ def _delta_level_grads(w_wy, kd, lam, wts, rs, drs, dout, row_chunk, dq_eff, dw_
     K-block here) and w_j the read weights:
         dKd = -sum_j U_j dR'_j^T = -W G,   dW = sum_j dU_j R_j^T = -Kd G^T,   dq_eff = sum_j (w_j do) R_j^T
     (G's K x K products cost half the per-level U_j, dU_j products, and no K-block recomputes them).
+    With one K-block (BKB >= K) G^T is G's transpose: only G is accumulated, from each state tile loaded once
+    (with K-blocks, G[:, kb] and G^T[:, kb] are different slices, so both are, and the kb rows are loaded again).
     The rest (read weights, decay, the write) is _delta_level_grads_rest."""
     r, i_h, kb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     hr = (i_h * ROWS + r).to(tl.int64)
@@ -212,8 +216,10 @@ def _delta_level_grads(w_wy, kd, lam, wts, rs, drs, dout, row_chunk, dq_eff, dw_
     m_k = o_k < K
     o_kb = kb * BKB + tl.arange(0, BKB)
     m_kb = o_kb < K
+    FULL: tl.constexpr = BKB >= BK  # one K-block: G^T is G's transpose
     g_cols = tl.zeros([BK, BKB], dtype=tl.float32)  # G[:, kb] = sum_j R_j dR'_j[kb]^T
-    gt_cols = tl.zeros([BK, BKB], dtype=tl.float32)  # G^T[:, kb] = sum_j dR'_j R_j[kb]^T
+    if not FULL:
+        gt_cols = tl.zeros([BK, BKB], dtype=tl.float32)  # G^T[:, kb] = sum_j dR'_j R_j[kb]^T
     acc_q = tl.zeros([C, BKB], dtype=tl.float32)
     base = hr * NS * K * V
     for j in range(NS):
@@ -223,17 +229,24 @@ def _delta_level_grads(w_wy, kd, lam, wts, rs, drs, dout, row_chunk, dq_eff, dw_
             m_v = o_v < V
             state, d_state = _state_pair(rs, drs, base + (j * K + o_k[:, None]) * V + o_v[None, :],
                                          m_k[:, None] & m_v[None, :])
-            state_t, d_state_t = _state_pair(rs, drs, base + (j * K + o_kb[None, :]) * V + o_v[:, None],
-                                             m_kb[None, :] & m_v[:, None])  # [BV, BKB]
-            g_cols += tl.dot(state, d_state_t, input_precision=PREC)
-            gt_cols += tl.dot(d_state, state_t, input_precision=PREC)
             dob = tl.load(dout + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=m_v[None, :], other=0.0)
-            acc_q += tl.dot(dob * w_j[:, None], state_t, input_precision=PREC)
+            if FULL:
+                g_cols += tl.dot(state, tl.trans(d_state), input_precision=PREC)
+                acc_q += tl.dot(dob * w_j[:, None], tl.trans(state), input_precision=PREC)
+            else:
+                state_t, d_state_t = _state_pair(rs, drs, base + (j * K + o_kb[None, :]) * V + o_v[:, None],
+                                                 m_kb[None, :] & m_v[:, None])  # [BV, BKB]
+                g_cols += tl.dot(state, d_state_t, input_precision=PREC)
+                gt_cols += tl.dot(d_state, state_t, input_precision=PREC)
+                acc_q += tl.dot(dob * w_j[:, None], state_t, input_precision=PREC)
     out = (hr * C + o_c[:, None]) * K + o_kb[None, :]
     wb = tl.load(w_wy + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
     tl.store(dkd + out, -tl.dot(wb, g_cols, input_precision=PREC), mask=m_kb[None, :])
     kdb = tl.load(kd + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
-    tl.store(dw_wy + out, -tl.dot(kdb, gt_cols, input_precision=PREC), mask=m_kb[None, :])
+    if FULL:
+        tl.store(dw_wy + out, -tl.dot(kdb, tl.trans(g_cols), input_precision=PREC), mask=m_kb[None, :])
+    else:
+        tl.store(dw_wy + out, -tl.dot(kdb, gt_cols, input_precision=PREC), mask=m_kb[None, :])
     tl.store(dq_eff + out, acc_q, mask=m_kb[None, :])
 
 
@@ -339,7 +352,11 @@ class DeltaLevelScanFunction(torch.autograd.Function):
                 HAS_DRFIN=drfin is not None, STORE_DR0=dr0 is not None, SPLIT=split, PREC=prec,
                 num_warps=scan_warps(pow2(dk), s * bv), num_stages=1)
         if split and rows:
-            bkb, bv_g = min(pow2(dk), 64), min(pow2(dv_), 32)
+            # K <= 64, or K <= 128 with grads_block=full: one K-block (G accumulated alone, each state tile loaded
+            # once); otherwise 64-wide K-blocks (sm_90, K = V = 128, bf16: 98 KB of shared memory, two programs an
+            # SM, against 164 KB and one for the single block; which is faster is not yet measured)
+            full = dk <= (128 if OPTIONS["grads_block"] == "full" else 64)
+            bkb, bv_g = (pow2(dk) if full else 64), min(pow2(dv_), 32)
             wts_ = wts if wts is not None else lam
             _delta_level_grads[(rows, h, triton.cdiv(dk, bkb))](
                 w_wy, kd, lam, wts_, rs, drs, dout, lay.row_chunk, dq_eff, dw_wy, dkd, nl, nw, rows, ns,

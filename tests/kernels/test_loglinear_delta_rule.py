@@ -315,16 +315,17 @@ def test_level_nodes_continuation_from_final_state(nodes_form, split):
 def test_level_nodes_form_option_errors(monkeypatch):
     from kernels.loglinear_delta_rule import triton_bwd
 
-    for bad in ("form=tree", "inverse=lu", "solver=triton", "bwd=fused", "states=drop"):
+    for bad in ("form=tree", "inverse=lu", "solver=triton", "bwd=fused", "states=drop", "grads_block=32"):
         monkeypatch.setenv("HILO_LOGLINEAR_DELTA", bad)
-        with pytest.raises(ValueError, match=r"expected form=scan\|nodes, inverse=triton\|solve, bwd=atomic\|split "
-                                             r"or states=recompute\|save"):
+        with pytest.raises(ValueError, match=r"expected form=scan\|nodes, inverse=triton\|solve, bwd=atomic\|split, "
+                                             r"states=recompute\|save or grads_block=64\|full"):
             triton_bwd._read_options()
     # none of them the default
-    monkeypatch.setenv("HILO_LOGLINEAR_DELTA", "form=nodes, inverse=solve,bwd=atomic, states=save")
+    monkeypatch.setenv("HILO_LOGLINEAR_DELTA", "form=nodes, inverse=solve,bwd=atomic, states=save,grads_block=full")
     monkeypatch.setattr(triton_bwd, "OPTIONS", dict(triton_bwd.OPTIONS))
     triton_bwd._read_options()
-    assert triton_bwd.OPTIONS == {"form": "nodes", "inverse": "solve", "bwd": "atomic", "states": "save"}
+    assert triton_bwd.OPTIONS == {"form": "nodes", "inverse": "solve", "bwd": "atomic", "states": "save",
+                                  "grads_block": "full"}
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -407,13 +408,17 @@ def test_atomic_level_scan_backward_and_solve_inverse(monkeypatch, case):
     assert_close(run("triton", x, cu=cu, init=init), ref, f"atomic backward {case}")
 
 
-def test_split_level_scan_backward_wide_heads(monkeypatch):
-    """K = 100, V = 40: the split backward's gradient kernel in two K-blocks and two V-blocks (the quadratic test
-    above has one of each) gives the atomic backward's gradients."""
+@pytest.mark.parametrize("dk,grads_block", [(100, "full"), (100, "64"), (150, "full")])
+def test_split_level_scan_backward_wide_heads(monkeypatch, dk, grads_block):
+    """V = 40 (two V-blocks) and K = 100 in one K-block (grads_block=full: G accumulated alone) or two 64-wide ones,
+    or K = 150 (three 64-wide K-blocks whatever the option: G and G^T slices): the split backward's gradient kernel
+    gives the atomic backward's gradients."""
     from kernels.loglinear_delta_rule import triton_bwd
 
+    monkeypatch.setitem(triton_bwd.OPTIONS, "grads_block", grads_block)
+
     gen = torch.Generator().manual_seed(41)
-    b, t, h, dk, dv = 1, 200, 1, 100, 40
+    b, t, h, dv = 1, 200, 1, 40
     x = [torch.randn(b, t, h, dk, generator=gen), F.normalize(torch.randn(b, t, h, dk, generator=gen), dim=-1),
          torch.randn(b, t, h, dv, generator=gen), torch.rand(b, t, h, generator=gen),
          -torch.rand(b, t, h, generator=gen) * 0.02, torch.rand(b, t, h, num_levels(t), generator=gen) + 0.25]
