@@ -194,6 +194,18 @@ def _state_pair(rs, drs, off, mask):
             tl.load(drs + off, mask=mask, other=0.0).to(tl.float32))
 
 
+@triton.jit
+def _level_tiles(rs, drs, dout, base, hr, j, v0, o_k, m_k, o_c, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+                 BV: tl.constexpr):
+    """State j's R_j and dR'_j tiles [BK, BV] at value columns v0.., the chunk's output gradient [C, BV] there, and
+    the columns (o_v) and their mask."""
+    o_v = v0 + tl.arange(0, BV)
+    m_v = o_v < V
+    state, d_state = _state_pair(rs, drs, base + (j * K + o_k[:, None]) * V + o_v[None, :], m_k[:, None] & m_v[None, :])
+    dob = tl.load(dout + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+    return state, d_state, dob, o_v, m_v
+
+
 @triton.jit(do_not_specialize=["NL", "NW", "ROWS", "NS"])
 def _delta_level_grads(w_wy, kd, lam, wts, rs, drs, dout, row_chunk, dq_eff, dw_wy, dkd, NL, NW, ROWS, NS,
                        K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BKB: tl.constexpr,
@@ -225,11 +237,7 @@ def _delta_level_grads(w_wy, kd, lam, wts, rs, drs, dout, row_chunk, dq_eff, dw_
     for j in range(NS):
         w_j, _ = _read_weights(lam, wts, hr, c, j, o_c, NL, NW, C, MODE)
         for v0 in tl.static_range(0, V, BV):
-            o_v = v0 + tl.arange(0, BV)
-            m_v = o_v < V
-            state, d_state = _state_pair(rs, drs, base + (j * K + o_k[:, None]) * V + o_v[None, :],
-                                         m_k[:, None] & m_v[None, :])
-            dob = tl.load(dout + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+            state, d_state, dob, o_v, m_v = _level_tiles(rs, drs, dout, base, hr, j, v0, o_k, m_k, o_c, K, V, C, BV)
             if FULL:
                 g_cols += tl.dot(state, tl.trans(d_state), input_precision=PREC)
                 acc_q += tl.dot(dob * w_j[:, None], tl.trans(state), input_precision=PREC)
@@ -270,11 +278,7 @@ def _delta_level_grads_rest(q_eff, zcols, v, lam, wts, rs, drs, dout, row_chunk,
         _, on = _read_weights(lam, wts, hr, c, j, o_c, NL, NW, C, MODE)
         d_wj = tl.zeros([C], dtype=tl.float32)
         for v0 in tl.static_range(0, V, BV):
-            o_v = v0 + tl.arange(0, BV)
-            m_v = o_v < V
-            state, d_state = _state_pair(rs, drs, base + (j * K + o_k[:, None]) * V + o_v[None, :],
-                                         m_k[:, None] & m_v[None, :])
-            dob = tl.load(dout + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+            state, d_state, dob, _, _ = _level_tiles(rs, drs, dout, base, hr, j, v0, o_k, m_k, o_c, K, V, C, BV)
             d_wj += tl.sum(tl.dot(qe, state, input_precision=PREC) * dob, 1)
             acc_decay += tl.sum(state * d_state, 0)
         if MODE == 0:

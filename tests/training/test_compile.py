@@ -116,24 +116,31 @@ def test_triton_operator_is_one_node_of_the_block_graph(family):
     """With their Triton backends (the interpreter here, CUDA on a GPU) and fixed-length rows, linear_attn,
     delta_rule, loglinear_attn and the fused hla2 are torch.library custom ops that compile_blocks traces: a block is
     one graph with no break, and the compiled loss and gradients equal eager's."""
-    torch.manual_seed(0)
     mixer = _mixer(family)
     backend_name = "fused" if family == "hla_transformer" else "triton"
     # two layers: every block compiles to the same graph either way, and the interpreter runs half the kernels
-    eager = models.build_model({**TINY, "num_layers": 2, **mixer,
-                                "mixer_kwargs": {**mixer["mixer_kwargs"], "backend": backend_name}})
+    _assert_one_block_graph({**TINY, "num_layers": 2, **mixer,
+                             "mixer_kwargs": {**mixer["mixer_kwargs"], "backend": backend_name}},
+                            f"hilo.{OPERATOR[family]}", seed=4)
+
+
+def _assert_one_block_graph(config, op_in_graph, seed):
+    """compile_blocks (aot_eager) on the model of config: every block one graph with no break that holds
+    op_in_graph, and the compiled loss and gradients equal eager's."""
+    torch.manual_seed(0)
+    eager = models.build_model(config)
     compiled = copy.deepcopy(eager)
     backend = CompileCounterWithBackend("aot_eager")
     counters.clear()
     compile_blocks(compiled, backend=backend)
-    ids = torch.randint(0, TINY["vocab_size"], (2, SEQ), generator=torch.Generator().manual_seed(4))
+    ids = torch.randint(0, TINY["vocab_size"], (2, SEQ), generator=torch.Generator().manual_seed(seed))
     ref_loss, ref_grads = _loss_and_grads(eager, ids)
     loss, grads = _loss_and_grads(compiled, ids)
     assert _rel(loss, ref_loss) < 1e-5
     for name, g in grads.items():
         assert _rel(g, ref_grads[name]) < 1e-5, name
     assert _graph_breaks() == {} and backend.frame_count == 1
-    assert f"hilo.{OPERATOR[family]}" in backend.graphs[0].code
+    assert op_in_graph in backend.graphs[0].code
 
 
 @pytest.mark.parametrize("family", ["transformer+fused_norms", "mamba2+fused_norms"])
@@ -144,21 +151,8 @@ def test_fused_norms_compile_into_the_block_graph(family):
     mixer = _mixer(family)
     if "mixer_kwargs" in mixer:
         mixer = {**mixer, "mixer_kwargs": {**mixer["mixer_kwargs"], "backend": "triton"}}
-    torch.manual_seed(0)
-    eager = models.build_model({**TINY, **mixer})
-    compiled = copy.deepcopy(eager)
-    backend = CompileCounterWithBackend("aot_eager")
-    counters.clear()
-    compile_blocks(compiled, backend=backend)
-    ids = torch.randint(0, TINY["vocab_size"], (2, SEQ), generator=torch.Generator().manual_seed(6))
-    ref_loss, ref_grads = _loss_and_grads(eager, ids)
-    loss, grads = _loss_and_grads(compiled, ids)
-    assert _rel(loss, ref_loss) < 1e-5
-    for name, g in grads.items():
-        assert _rel(g, ref_grads[name]) < 1e-5, name
-    assert _graph_breaks() == {} and backend.frame_count == 1
     norm = "hilo.gated_rms_norm" if family.startswith("mamba2") else "hilo.add_rms_norm"
-    assert norm in backend.graphs[0].code
+    _assert_one_block_graph({**TINY, **mixer}, norm, seed=6)
 
 
 def test_packed_documents_compile_once():
