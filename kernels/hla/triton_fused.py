@@ -400,15 +400,21 @@ def fused_bwd(op, q, k, v, g, saved, finals, do, d_finals, scale, powers, lay: L
     return dq, dk, dv, dg, (d_in_h0, d_out_h0)
 
 
+def _flat(q, k, v, g, cu_seqlens=None):
+    """q, k, v [B, T, H, D] and g [B, T, H] on the packed token axis (contiguous; g in fp32), and their Layout."""
+    b, t, h, _ = q.shape
+    qf, kf, vf = (x.reshape(b * t, h, x.shape[-1]).contiguous() for x in (q, k, v))
+    gf = None if g is None else g.reshape(b * t, h).contiguous().float()
+    return qf, kf, vf, gf, Layout(b, t, h, cu_seqlens, q.device)
+
+
 class FusedFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, h0_inner, h0_outer, cu_seqlens, op, scale, powers, output_final_state,
                 out_dtype):
         b, t, h, dk = q.shape
         dv = v.shape[-1]
-        lay = Layout(b, t, h, cu_seqlens, q.device)
-        qf, kf, vf = (x.reshape(b * t, h, x.shape[-1]).contiguous() for x in (q, k, v))
-        gf = None if g is None else g.reshape(b * t, h).contiguous().float()
+        qf, kf, vf, gf, lay = _flat(q, k, v, g, cu_seqlens)
         h0 = tuple(None if x is None else x.contiguous().float() for x in (h0_inner, h0_outer))
         o, finals, saved = fused_fwd(op, qf, kf, vf, gf, scale, powers, h0, lay, output_final_state, out_dtype)
         ctx.save_for_backward(qf, kf, vf, gf, *saved, *finals)
@@ -436,13 +442,6 @@ class FusedFunction(torch.autograd.Function):
 # pair: a compiled graph holds the operator as one node instead of breaking around it. The forward returns what the
 # backward needs (the inner pass's output K~ or V~ and both passes' chunk states, fp32) as outputs of its own, so the
 # backward recomputes nothing; their shapes follow from the inputs' (rows = B * ceil(T / BT) chunk rows).
-def _flat(q, k, v, g):
-    b, t, h, _ = q.shape
-    qf, kf, vf = (x.reshape(b * t, h, x.shape[-1]).contiguous() for x in (q, k, v))
-    gf = None if g is None else g.reshape(b * t, h).contiguous().float()
-    return qf, kf, vf, gf, Layout(b, t, h, None, q.device)
-
-
 @torch.library.custom_op("hilo::hla_fused", mutates_args=())
 @dense_outputs
 def _hla_fused_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],  # noqa: UP045

@@ -320,16 +320,24 @@ def _group_grad(x: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tenso
     return x.reshape(tt, groups, h // groups, dk).sum(2, dtype=torch.float32).to(dtype)
 
 
+def _flat_inputs(q, k, v, g, h0, cu_seqlens=None):
+    """q, k [B, T, G, K], v [B, T, H, V], g, h0 on the packed token axis (contiguous; g and h0 in fp32), and the
+    Layout."""
+    b, t, groups, dk = q.shape
+    h, dv = v.shape[2], v.shape[3]
+    qg, kg = (x.reshape(b * t, groups, dk).contiguous() for x in (q, k))
+    vf = v.reshape(b * t, h, dv).contiguous()
+    gf = None if g is None else g.reshape(b * t, h).contiguous().float()
+    h0f = None if h0 is None else h0.contiguous().float()
+    return qg, kg, vf, gf, h0f, Layout(b, t, h, cu_seqlens, q.device)
+
+
 class LinearAttnFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, h0, cu_seqlens, scale, output_final_state):
-        b, t, groups, dk = q.shape
+        b, t, _, dk = q.shape
         h, dv = v.shape[2], v.shape[-1]
-        lay = Layout(b, t, h, cu_seqlens, q.device)
-        qg, kg = (x.reshape(b * t, groups, dk).contiguous() for x in (q, k))
-        vf = v.reshape(b * t, h, dv).contiguous()
-        gf = None if g is None else g.reshape(b * t, h).contiguous().float()
-        h0f = None if h0 is None else h0.contiguous().float()
+        qg, kg, vf, gf, h0f, lay = _flat_inputs(q, k, v, g, h0, cu_seqlens)
         o, ht, hs = chunk_fwd(qg, kg, vf, gf, scale, h0f, lay, output_final_state)
         # The chunk states (K*V/64 values per token and head, in the inputs' dtype) are kept for the backward:
         # recomputing them is a sequential pass that costs as much as the rest of the backward at long T.
@@ -358,14 +366,6 @@ class LinearAttnFunction(torch.autograd.Function):
 # Fixed-length calls (no cu_seqlens) also exist as a torch.library custom op pair: a compiled graph holds the operator
 # as one node (no graph break around it), and its fake gives the outputs' shapes without running anything. Packed
 # documents keep the autograd.Function (their chunk count depends on cu_seqlens' values, which a fake cannot know).
-def _flat_inputs(q, k, v, g, h0):
-    b, t, groups, dk = q.shape
-    h, dv = v.shape[2], v.shape[3]
-    qg, kg = (x.reshape(b * t, groups, dk).contiguous() for x in (q, k))
-    vf = v.reshape(b * t, h, dv).contiguous()
-    gf = None if g is None else g.reshape(b * t, h).contiguous().float()
-    h0f = None if h0 is None else h0.contiguous().float()
-    return qg, kg, vf, gf, h0f, Layout(b, t, h, None, q.device)
 
 
 @torch.library.custom_op("hilo::linear_attn", mutates_args=())
