@@ -70,9 +70,13 @@ FORMS = ("scan", "nodes")
 INVERSES = ("triton", "solve")
 BWDS = ("atomic", "split")
 STATES = ("recompute", "save")
-# The split backward's gradient kernel at 64 < K <= 128: 64-wide K-blocks ("64") or one block ("full"), see backward.
+# The split backward's gradient kernel at 64 < K <= 128: 64-wide K-blocks ("64") or one block ("full", the default
+# where the GPU lends a program the 164 KB of shared memory it takes at K = V = 128 in bf16, as sm_90 does; 64-wide
+# blocks elsewhere). H200, 16K x 2, H = 16, K = V = 128, states=recompute: fwd+bwd 58.5 ms with "64", 53.5 with
+# "full", both within kernels.py's bf16 check (benchmarks/RESULTS.md, session 9).
 GRADS_BLOCKS = ("64", "full")
-OPTIONS = {"form": "scan", "inverse": "triton", "bwd": "split", "states": "recompute", "grads_block": "64"}
+OPTIONS = {"form": "scan", "inverse": "triton", "bwd": "split", "states": "recompute", "grads_block": "full"}
+_FULL_GRADS_SMEM = 168 * 1024
 _CHOICES = {"form": FORMS, "inverse": INVERSES, "bwd": BWDS, "states": STATES, "grads_block": GRADS_BLOCKS}
 
 
@@ -358,8 +362,9 @@ class DeltaLevelScanFunction(torch.autograd.Function):
         if split and rows:
             # K <= 64, or K <= 128 with grads_block=full: one K-block (G accumulated alone, each state tile loaded
             # once); otherwise 64-wide K-blocks (sm_90, K = V = 128, bf16: 98 KB of shared memory, two programs an
-            # SM, against 164 KB and one for the single block; which is faster is not yet measured)
-            full = dk <= (128 if OPTIONS["grads_block"] == "full" else 64)
+            # SM, against 164 KB and one for the single block, which was 5 ms faster at 16K x 2, H = 16)
+            full = dk <= (128 if OPTIONS["grads_block"] == "full" and _smem_optin(v.device) >= _FULL_GRADS_SMEM
+                          else 64)
             bkb, bv_g = (pow2(dk) if full else 64), min(pow2(dv_), 32)
             wts_ = wts if wts is not None else lam
             _delta_level_grads[(rows, h, triton.cdiv(dk, bkb))](
@@ -372,6 +377,13 @@ class DeltaLevelScanFunction(torch.autograd.Function):
                 MODE=mode, PREC=prec, num_warps=8, num_stages=1)
         return (dq_eff, dw_wy, dkd, ddecay, (dzcols if mode == 0 else None), (dv if mode == 0 else None),
                 (dlam if mode == 0 else None), dwts, dr0, None, None, None)
+
+
+def _smem_optin(device: torch.device) -> int:
+    """The shared memory one program may opt in to on device (bytes); unbounded under the interpreter."""
+    if device.type != "cuda":
+        return 1 << 30
+    return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
 
 
 def _to_chunks(x, lay: LevelLayout):

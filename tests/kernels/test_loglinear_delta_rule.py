@@ -321,11 +321,11 @@ def test_level_nodes_form_option_errors(monkeypatch):
                                              r"states=recompute\|save or grads_block=64\|full"):
             triton_bwd._read_options()
     # none of them the default
-    monkeypatch.setenv("HILO_LOGLINEAR_DELTA", "form=nodes, inverse=solve,bwd=atomic, states=save,grads_block=full")
+    monkeypatch.setenv("HILO_LOGLINEAR_DELTA", "form=nodes, inverse=solve,bwd=atomic, states=save,grads_block=64")
     monkeypatch.setattr(triton_bwd, "OPTIONS", dict(triton_bwd.OPTIONS))
     triton_bwd._read_options()
     assert triton_bwd.OPTIONS == {"form": "nodes", "inverse": "solve", "bwd": "atomic", "states": "save",
-                                  "grads_block": "full"}
+                                  "grads_block": "64"}
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])

@@ -211,12 +211,15 @@ def test_mamba2_keeps_b_and_c_per_group_for_the_triton_backward(monkeypatch):
     backward: 2 * (H - G) * N bf16 values per token and layer fewer than when they are repeated to every head."""
     from models.mixers.mamba2 import Mamba2Mixer
 
+    # the Triton backend takes CUDA tensors, or CPU ones only under the interpreter (which CI sets without a GPU)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+
     def kernel_bytes(grouped: bool) -> float:
         monkeypatch.setattr(Mamba2Mixer, "GROUPED_OPERATOR", grouped)
         torch.manual_seed(0)
         cfg = {**BASE, **CONFIGS["mamba2"]}
-        model = build_model({**cfg, "mixer_kwargs": {**cfg["mixer_kwargs"], "backend": "triton"}})
-        return summarize(measure(model, ids(), "autocast-bf16"))["kernel"]
+        model = build_model({**cfg, "mixer_kwargs": {**cfg["mixer_kwargs"], "backend": "triton"}}).to(device)
+        return summarize(measure(model, ids().to(device), "autocast-bf16"))["kernel"]
 
     heads, groups, state = 2 * 64 // 16, 1, 16  # expand 2 x hidden 64 / head_dim 16; n_groups 1; state_size 16
     saved = kernel_bytes(False) - kernel_bytes(True)
