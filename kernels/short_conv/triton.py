@@ -4,8 +4,9 @@ depthwise backward is slow at long T). Elementwise-bound: each program computes 
 input tiles; products and sums in fp32.
 
   forward        y = act(bias + sum_j w[:, K-1-j] x_{t-j})
-  backward 1     (SiLU only) dpre = dy * silu'(pre), pre recomputed from x (nothing but x is kept)
-  backward 2     dx_t = sum_j w[:, K-1-j] dpre_{t+j} (where token t+j's tap j reaches t: same document), and per tile
+  backward 1     (SiLU only, the split form) dpre = dy * silu'(pre), pre recomputed from x (nothing but x is kept)
+  backward 2     (the fused form recomputes dpre itself at each shift instead of reading it)
+                 dx_t = sum_j w[:, K-1-j] dpre_{t+j} (where token t+j's tap j reaches t: same document), and per tile
                  the partial sums of dw[:, K-1-j] = sum_t dpre_t x_{t-j} and dbias = sum_t dpre_t, added up in torch
                  (no atomics: the same sums every run)
 The initial state's gradient (K-1 columns) is a few torch ops on dpre's first K-1 tokens.
@@ -14,6 +15,8 @@ The pair is a torch.library custom op ("hilo::short_conv"), differentiable throu
 torch.compile keeps a block with a short conv as one graph (the op is one node) instead of breaking around it.
 """
 
+import os
+import re
 from typing import Optional
 
 import torch
@@ -24,41 +27,65 @@ from kernels.common.compile import dense_outputs
 
 from .naive import positions_in_documents
 
-# [32, 64] tiles: 64-208 registers and no spills on sm_90 (Triton 3.6, benchmarks/triton_resources.py); [32, 128]
-# spills with an initial state, [64, 128] everywhere (64-bit pointer tiles)
-BT, BC = 32, 64
+# Tiles [BT tokens, BC channels] and warps per program, HILO_SHORT_CONV_TILES="BTxBCwW" (read at import; default
+# 32x64w4: sm_90, Triton 3.6, benchmarks/triton_resources.py, 66-225 registers and no spills with or without a state).
+# Addresses are one 64-bit scalar per program (the tile's first token) plus int32 offsets within the tile.
+_TILES = os.environ.get("HILO_SHORT_CONV_TILES", "32x64w4").strip() or "32x64w4"
+_m = re.fullmatch(r"(\d+)x(\d+)w(\d+)", _TILES)
+if not _m or any(int(n) & (int(n) - 1) or int(n) < lo for n, lo in zip(_m.groups(), (16, 16, 1), strict=True)):
+    raise ValueError(f"HILO_SHORT_CONV_TILES={_TILES!r}: expected BTxBCwW with powers of two, BT and BC >= 16 "
+                     f"(e.g. 32x64w4, the default)")
+BT, BC, WARPS = (int(n) for n in _m.groups())
+# The backward with SiLU: "split" (the dpre kernel writes dpre = dy * silu'(pre) in fp32, then the backward reads
+# it) or "fused" (one kernel: dpre recomputed where each shift needs it, K^2 tap loads from cache instead of the fp32
+# round trip, at 182 registers instead of 78-80 for the pair at 32x64w4). Read at import (HILO_SHORT_CONV_BWD); H200
+# timings in benchmarks/RESULTS.md.
+BWD_FORMS = ("split", "fused")
+BWD = os.environ.get("HILO_SHORT_CONV_BWD", "split").strip() or "split"
+if BWD not in BWD_FORMS:
+    raise ValueError(f"HILO_SHORT_CONV_BWD={BWD!r}: expected 'split' (the default) or 'fused'")
 
 
 @triton.jit
-def _tap(x, state, pos, i_b, o_t, o_c, m_c, lag, T, C: tl.constexpr, K: tl.constexpr, HAS_STATE: tl.constexpr,
-         VARLEN: tl.constexpr):
-    """x_{t - lag} on the tile (fp32): from x inside t's document, from the state before the first token, else 0."""
-    src = o_t - lag
-    m_t = o_t < T
+def _tap(x_tile, state, pos, i_b, t0, rel, o_c, m_c, lag, T, C: tl.constexpr, K: tl.constexpr,
+         HAS_STATE: tl.constexpr, VARLEN: tl.constexpr):
+    """x_{t - lag} (fp32) at tokens t = t0 + rel of batch row i_b: from x inside t's document, from the state before
+    the first token, else 0. x_tile points at token t0 of the row; rel is a small int32 row offset."""
+    rows = t0 + rel
+    src = rows - lag
+    m_t = rows < T
     if VARLEN:
-        ok = m_t & (tl.load(pos + o_t, mask=m_t, other=0) >= lag)
+        ok = m_t & (tl.load(pos + rows, mask=m_t, other=0) >= lag)
     else:
         ok = m_t & (src >= 0)
-    val = tl.load(x + (i_b * T + src[:, None]).to(tl.int64) * C + o_c[None, :], mask=ok[:, None] & m_c[None, :],
+    val = tl.load(x_tile + (rel - lag)[:, None] * C + o_c[None, :], mask=ok[:, None] & m_c[None, :],
                   other=0.0).to(tl.float32)
     if HAS_STATE:
         m_s = m_t & (src < 0)
-        val += tl.load(state + (i_b * C + o_c[None, :]).to(tl.int64) * (K - 1) + (K - 1 + src)[:, None],
+        val += tl.load(state + (i_b * C + o_c[None, :]) * (K - 1) + (K - 1 + src)[:, None],
                        mask=m_s[:, None] & m_c[None, :], other=0.0).to(tl.float32)
     return val
 
 
 @triton.jit
-def _pre(x, w, bias, state, pos, i_b, o_t, o_c, m_c, T, C: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-         BC: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, VARLEN: tl.constexpr):
-    """bias + sum_j w[:, K-1-j] x_{t-j} on the tile, fp32."""
+def _pre(x_tile, w, bias, state, pos, i_b, t0, rel, o_c, m_c, T, C: tl.constexpr, K: tl.constexpr,
+         BT: tl.constexpr, BC: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,
+         VARLEN: tl.constexpr):
+    """bias + sum_j w[:, K-1-j] x_{t-j} at tokens t = t0 + rel, fp32."""
     acc = tl.zeros([BT, BC], dtype=tl.float32)
     for lag in tl.static_range(K):
         wj = tl.load(w + o_c * K + (K - 1 - lag), mask=m_c, other=0.0).to(tl.float32)
-        acc += wj[None, :] * _tap(x, state, pos, i_b, o_t, o_c, m_c, lag, T, C, K, HAS_STATE, VARLEN)
+        acc += wj[None, :] * _tap(x_tile, state, pos, i_b, t0, rel, o_c, m_c, lag, T, C, K, HAS_STATE, VARLEN)
     if HAS_BIAS:
         acc += tl.load(bias + o_c, mask=m_c, other=0.0).to(tl.float32)[None, :]
     return acc
+
+
+@triton.jit
+def _tile_start(i_t, i_b, T, BT: tl.constexpr, C: tl.constexpr):
+    """(t0, the tile's element offset as one int64 scalar)."""
+    t0 = i_t * BT
+    return t0, (i_b * T + t0).to(tl.int64) * C
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -66,58 +93,78 @@ def _short_conv_fwd(x, w, bias, state, pos, y, T, C: tl.constexpr, K: tl.constex
                     BC: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, VARLEN: tl.constexpr,
                     SILU: tl.constexpr):
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    o_t = i_t * BT + tl.arange(0, BT)
+    t0, base = _tile_start(i_t, i_b, T, BT, C)
+    rel = tl.arange(0, BT)
     o_c = i_c * BC + tl.arange(0, BC)
     m_c = o_c < C
-    acc = _pre(x, w, bias, state, pos, i_b, o_t, o_c, m_c, T, C, K, BT, BC, HAS_BIAS, HAS_STATE, VARLEN)
+    acc = _pre(x + base, w, bias, state, pos, i_b, t0, rel, o_c, m_c, T, C, K, BT, BC, HAS_BIAS, HAS_STATE, VARLEN)
     if SILU:
         acc = acc * tl.sigmoid(acc)
-    tl.store(y + (i_b * T + o_t[:, None]).to(tl.int64) * C + o_c[None, :], acc.to(y.dtype.element_ty),
-             mask=(o_t < T)[:, None] & m_c[None, :])
+    tl.store(y + base + rel[:, None] * C + o_c[None, :], acc.to(y.dtype.element_ty),
+             mask=(t0 + rel < T)[:, None] & m_c[None, :])
+
+
+@triton.jit
+def _dpre_rows(x_tile, w, bias, state, pos, dy_tile, i_b, t0, rel, o_c, m_c, T, C: tl.constexpr, K: tl.constexpr,
+               BT: tl.constexpr, BC: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,
+               VARLEN: tl.constexpr, SILU: tl.constexpr):
+    """dpre at tokens t0 + rel (0 past T): dy * silu'(pre) = dy * s (1 + pre (1 - s)), s = sigmoid(pre); dy
+    without SiLU."""
+    m = (t0 + rel < T)[:, None] & m_c[None, :]
+    d = tl.load(dy_tile + rel[:, None] * C + o_c[None, :], mask=m, other=0.0).to(tl.float32)
+    if SILU:
+        pre = _pre(x_tile, w, bias, state, pos, i_b, t0, rel, o_c, m_c, T, C, K, BT, BC, HAS_BIAS, HAS_STATE,
+                   VARLEN)
+        s = tl.sigmoid(pre)
+        d = d * s * (1.0 + pre * (1.0 - s))
+    return d
 
 
 @triton.jit(do_not_specialize=["T"])
 def _short_conv_dpre(x, w, bias, state, pos, dy, dpre, T, C: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                      BC: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, VARLEN: tl.constexpr):
-    """dpre = dy * silu'(pre) = dy * s (1 + pre (1 - s)), s = sigmoid(pre)."""
+    """The split backward's first pass: dpre (fp32) of every token."""
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    o_t = i_t * BT + tl.arange(0, BT)
+    t0, base = _tile_start(i_t, i_b, T, BT, C)
+    rel = tl.arange(0, BT)
     o_c = i_c * BC + tl.arange(0, BC)
     m_c = o_c < C
-    pre = _pre(x, w, bias, state, pos, i_b, o_t, o_c, m_c, T, C, K, BT, BC, HAS_BIAS, HAS_STATE, VARLEN)
-    off = (i_b * T + o_t[:, None]).to(tl.int64) * C + o_c[None, :]
-    m = (o_t < T)[:, None] & m_c[None, :]
-    s = tl.sigmoid(pre)
-    g = tl.load(dy + off, mask=m, other=0.0).to(tl.float32)
-    tl.store(dpre + off, g * s * (1.0 + pre * (1.0 - s)), mask=m)
+    d = _dpre_rows(x + base, w, bias, state, pos, dy + base, i_b, t0, rel, o_c, m_c, T, C, K, BT, BC, HAS_BIAS,
+                   HAS_STATE, VARLEN, True)
+    tl.store(dpre + base + rel[:, None] * C + o_c[None, :], d, mask=(t0 + rel < T)[:, None] & m_c[None, :])
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
-def _short_conv_bwd(x, w, state, pos, dpre, dx, dw_part, db_part, T, NT, C: tl.constexpr, K: tl.constexpr,
-                    BT: tl.constexpr, BC: tl.constexpr, HAS_STATE: tl.constexpr, VARLEN: tl.constexpr):
+def _short_conv_bwd(x, w, bias, state, pos, dpre, dx, dw_part, db_part, T, NT, C: tl.constexpr, K: tl.constexpr,
+                    BT: tl.constexpr, BC: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,
+                    VARLEN: tl.constexpr, SILU: tl.constexpr):
+    """dx and this tile's parts of dw and dbias. dpre holds dy when SILU (the fused form: dpre is recomputed at each
+    shift from x and dy), else dpre itself (the split form, or no activation)."""
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    o_t = i_t * BT + tl.arange(0, BT)
+    t0, base = _tile_start(i_t, i_b, T, BT, C)
+    rel = tl.arange(0, BT)
     o_c = i_c * BC + tl.arange(0, BC)
     m_c = o_c < C
-    m_t = o_t < T
+    m_t = t0 + rel < T
+    x_tile = x + base
     # dx_t: every later token t + lag whose tap lag reads x_t (inside the same document)
-    acc = tl.zeros([BT, BC], dtype=tl.float32)
-    for lag in tl.static_range(K):
-        tt = o_t + lag
-        ok = tt < T
+    d_own = _dpre_rows(x_tile, w, bias, state, pos, dpre + base, i_b, t0, rel, o_c, m_c, T, C, K, BT, BC, HAS_BIAS,
+                       HAS_STATE, VARLEN, SILU)
+    acc = tl.load(w + o_c * K + (K - 1), mask=m_c, other=0.0).to(tl.float32)[None, :] * d_own
+    for lag in tl.static_range(1, K):
+        d = _dpre_rows(x_tile, w, bias, state, pos, dpre + base, i_b, t0, rel + lag, o_c, m_c, T, C, K, BT, BC,
+                       HAS_BIAS, HAS_STATE, VARLEN, SILU)
         if VARLEN:
-            ok = ok & (tl.load(pos + tt, mask=ok, other=0) >= lag)
-        d = tl.load(dpre + (i_b * T + tt[:, None]).to(tl.int64) * C + o_c[None, :], mask=ok[:, None] & m_c[None, :],
-                    other=0.0).to(tl.float32)
+            tt = t0 + rel + lag
+            ok = tt < T
+            d = tl.where((ok & (tl.load(pos + tt, mask=ok, other=0) >= lag))[:, None], d, 0.0)
         acc += tl.load(w + o_c * K + (K - 1 - lag), mask=m_c, other=0.0).to(tl.float32)[None, :] * d
-    tl.store(dx + (i_b * T + o_t[:, None]).to(tl.int64) * C + o_c[None, :], acc.to(dx.dtype.element_ty),
+    tl.store(dx + base + rel[:, None] * C + o_c[None, :], acc.to(dx.dtype.element_ty),
              mask=m_t[:, None] & m_c[None, :])
     # this tile's parts of dw and dbias
-    d_own = tl.load(dpre + (i_b * T + o_t[:, None]).to(tl.int64) * C + o_c[None, :],
-                    mask=m_t[:, None] & m_c[None, :], other=0.0).to(tl.float32)
     part = (i_b * NT + i_t).to(tl.int64)
     for lag in tl.static_range(K):
-        tap = _tap(x, state, pos, i_b, o_t, o_c, m_c, lag, T, C, K, HAS_STATE, VARLEN)
+        tap = _tap(x_tile, state, pos, i_b, t0, rel, o_c, m_c, lag, T, C, K, HAS_STATE, VARLEN)
         tl.store(dw_part + (part * K + (K - 1 - lag)) * C + o_c, tl.sum(d_own * tap, 0), mask=m_c)
     tl.store(db_part + part * C + o_c, tl.sum(d_own, 0), mask=m_c)
 
@@ -140,7 +187,7 @@ def _short_conv_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
         _short_conv_fwd[(triton.cdiv(t, BT), triton.cdiv(c, BC), b)](
             x, weight, bias if bias is not None else weight, state if state is not None else x,
             pos if pos is not None else x, y, t, C=c, BT=BT, BC=BC, HAS_BIAS=bias is not None, SILU=silu,
-            **_flags(weight, bias, state, pos), num_warps=4)
+            **_flags(weight, bias, state, pos), num_warps=WARPS)
     return y
 
 
@@ -165,19 +212,21 @@ def _short_conv_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Ten
     flags = _flags(weight, bias, state, pos)
     state_arg, pos_arg = (state if state is not None else x), (pos if pos is not None else x)
     dy = dy.contiguous()
-    if silu and t:
+    split = silu and t and BWD == "split"
+    if split:
         dpre = torch.empty(b, t, c, device=x.device, dtype=torch.float32)
         _short_conv_dpre[grid](x, weight, bias if bias is not None else weight, state_arg, pos_arg, dy, dpre, t,
-                               C=c, BT=BT, BC=BC, HAS_BIAS=bias is not None, **flags, num_warps=4)
+                               C=c, BT=BT, BC=BC, HAS_BIAS=bias is not None, **flags, num_warps=WARPS)
     else:
-        dpre = dy
+        dpre = dy  # the fused form recomputes dpre from x and dy where it needs it
     nt = triton.cdiv(t, BT)
     dx = torch.empty_like(x)
     dw_part = torch.zeros(b * nt, k, c, device=x.device, dtype=torch.float32)
     db_part = torch.zeros(b * nt, c, device=x.device, dtype=torch.float32)
     if t:
-        _short_conv_bwd[grid](x, weight, state_arg, pos_arg, dpre, dx, dw_part, db_part, t, nt, C=c, BT=BT, BC=BC,
-                              **flags, num_warps=4)
+        _short_conv_bwd[grid](x, weight, bias if bias is not None else weight, state_arg, pos_arg, dpre, dx, dw_part,
+                              db_part, t, nt, C=c, BT=BT, BC=BC, HAS_BIAS=bias is not None,
+                              SILU=bool(silu and not split), **flags, num_warps=WARPS)
     dweight = dw_part.sum(0).t().contiguous().to(weight.dtype)
     dbias = db_part.sum(0).to(bias.dtype if bias is not None else torch.float32)
     if state is None:
@@ -185,12 +234,30 @@ def _short_conv_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Ten
     # state column i is input position i - (K-1): tap lag of token i - (K-1) + lag reads it
     dstate = torch.zeros(b, c, k - 1, device=x.device, dtype=torch.float32)
     w = weight.float()
+    if silu and not split:
+        dpre = _first_dpre(dy, x, w, bias, state)
     for i in range(k - 1):
         for lag in range(k):
             tok = i - (k - 1) + lag
             if 0 <= tok < t:
                 dstate[:, :, i] += w[:, k - 1 - lag] * dpre[:, tok].float()
     return dx, dweight, dbias, dstate.to(state.dtype)
+
+
+def _first_dpre(dy, x, w, bias, state):
+    """dpre = dy * silu'(pre) of the first min(K-1, T) tokens (fp32), the only ones whose taps reach the state."""
+    k = w.shape[1]
+    n = min(k - 1, x.shape[1])
+    pre = torch.zeros(x.shape[0], n, x.shape[2], device=x.device, dtype=torch.float32)
+    for tok in range(n):
+        for lag in range(k):
+            src = tok - lag
+            inp = x[:, src] if src >= 0 else state[:, :, k - 1 + src]
+            pre[:, tok] += w[:, k - 1 - lag] * inp.float()
+    if bias is not None:
+        pre += bias.float()
+    s = torch.sigmoid(pre)
+    return dy[:, :n].float() * s * (1 + pre * (1 - s))
 
 
 @_short_conv_backward_op.register_fake

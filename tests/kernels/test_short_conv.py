@@ -60,6 +60,9 @@ CASES = [  # b, t, c, k, bias, state, documents, silu
     (2, 5, 7, 1, True, True, None, False),
     (1, 100, 33, 4, True, False, [0, 64], False),
     (3, 2, 9, 4, False, True, None, True),  # T < K - 1: the state reaches every tap
+    # several 32-token tiles: taps and the backward's shifted dpre rows cross tile edges, documents start on them
+    (2, 97, 70, 4, True, True, None, True),
+    (1, 130, 40, 4, True, False, [0, 31, 32, 64, 65, 100], True),
 ]
 
 
@@ -86,6 +89,24 @@ def test_backends_match_naive(backend, case):
     for name, a, r in zip(names, got, ref, strict=True):
         if r.numel():
             assert error_ratio(a, r) <= TOL, f"{backend} {case} {name}: {error_ratio(a, r)}"
+
+
+@pytest.mark.parametrize("form", ["fused", "split"])
+@pytest.mark.parametrize("case", [c for c in CASES if c[-1]])
+def test_triton_backward_forms_match_naive(monkeypatch, form, case):
+    """The SiLU backward in one kernel (dpre recomputed at each shift) and in two (dpre written, then read)."""
+    from kernels.short_conv import triton as conv_triton
+
+    monkeypatch.setattr(conv_triton, "BWD", form)
+    b, t, c, k, bias, state, docs, silu = case
+    x, w, bb, st = make(b, t, c, k, bias, state, seed=t + 1)
+    cu = None if docs is None else torch.tensor([*docs, t])
+    ref = run("naive", x, w, bb, st, cu, silu, torch.float64)
+    got = run("triton", x, w, bb, st, cu, silu)
+    names = ["y", "dx", "dweight"] + (["dbias"] if bias else []) + (["dstate"] if state else [])
+    for name, a, r in zip(names, got, ref, strict=True):
+        if r.numel():
+            assert error_ratio(a, r) <= TOL, f"{form} {case} {name}: {error_ratio(a, r)}"
 
 
 def test_triton_bf16_inputs_keep_their_dtype():
