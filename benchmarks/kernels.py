@@ -345,8 +345,8 @@ def main(argv=None):
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--dim-v", type=int, default=None,
-                   help="value head dim of the timings and profile (default --dim; the ops take up to 256, so a "
-                        "layer with wider values, as Gated DeltaNet 340m's V = 512, calls them per 256 columns)")
+                   help="value head dim of the timings and profile (default --dim; the ops take up to 256, the "
+                        "delta rules up to 512: Gated DeltaNet 340m's V = 512 is one call)")
     p.add_argument("--skip-check", action="store_true")
     p.add_argument("--skip-bench", action="store_true")
     p.add_argument("--profile", type=int, default=0, metavar="T", help="also profile one fwd+bwd at this T")

@@ -13,6 +13,10 @@ import torch
 BACKENDS = ("triton", "torch", "naive")
 _IO_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
+# The delta-rule operators (delta_rule, loglinear_delta_rule) take value heads up to twice as wide: all their kernels
+# hold the whole K in a tile but loop or block over V, so Gated DeltaNet's K = 256, V = 512 heads (expand_v 2) run in
+# one call, and the K-only work (the WY/UT form, (I + A)^{-1}, their gradients) is done once, not once per 256 columns.
+MAX_DELTA_VALUE_DIM = 512
 
 
 def _check_4d(op: str, name: str, t) -> None:
@@ -33,11 +37,13 @@ def check_recurrent_inputs(
     cu_seqlens: torch.Tensor | None = None,
     backend: str = "triton",
     grouped: bool = False,
+    max_dv: int = MAX_HEAD_DIM,
 ) -> int:
     """Validate q, k [B, T, H, K], v [B, T, H, V], g / beta [B, T, H], initial_state [N, H, K, V] (fp32) and
     cu_seqlens [N+1]; return N, the number of sequences (B, or len(cu_seqlens) - 1). float64 inputs are
     accepted by the "torch" and "naive" backends only (for float64 reference gradients). grouped: q and k may
-    have G heads shared by groups of H / G consecutive heads of v (G divides H; Mamba-2's n_groups)."""
+    have G heads shared by groups of H / G consecutive heads of v (G divides H; Mamba-2's n_groups). K must be at
+    most MAX_HEAD_DIM and V at most max_dv (the operator's own limit: MAX_HEAD_DIM, or MAX_DELTA_VALUE_DIM)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_4d(op, name, t)
     allowed = _IO_DTYPES if backend == "triton" else _IO_DTYPES + (torch.float64,)
@@ -62,8 +68,15 @@ def check_recurrent_inputs(
     if v.shape[:3] != (b, t, h):
         raise ValueError(f"{op}: v must be [B={b}, T={t}, H={h}, V] to match q, got {tuple(v.shape)}")
     dv = v.shape[3]
-    if not (0 < dk <= MAX_HEAD_DIM and 0 < dv <= MAX_HEAD_DIM):
-        raise ValueError(f"{op}: head dims must be in 1..{MAX_HEAD_DIM}, got K={dk}, V={dv}")
+    if not (0 < dk <= MAX_HEAD_DIM and 0 < dv <= max_dv):
+        fix = ""
+        if dk > MAX_HEAD_DIM:
+            fix += f"; K > {MAX_HEAD_DIM} is not supported (the kernels hold all of K in one tile)"
+        if dv > max_dv:
+            fix += (f"; run wider value heads in column blocks of at most {max_dv} and concatenate the outputs and "
+                    "states (exact: every value column is computed on its own)")
+        raise ValueError(f"{op}: head dims must be in 1..{MAX_HEAD_DIM} for K and 1..{max_dv} for V, got K={dk}, "
+                         f"V={dv}{fix}")
     for name, x in (("g", g), ("beta", beta)):
         if x is None:
             continue

@@ -9,7 +9,7 @@ recurrence in fp32: the test oracle). Default: triton on CUDA, torch otherwise.
 import torch
 
 from kernels.common.precision import autocast_off
-from kernels.common.validate import BACKENDS, check_recurrent_inputs, resolve_backend
+from kernels.common.validate import BACKENDS, MAX_DELTA_VALUE_DIM, check_recurrent_inputs, resolve_backend
 
 from .chunk import delta_rule_chunk
 from .naive import delta_rule_naive
@@ -35,12 +35,14 @@ def delta_rule(
     """Gated delta rule over a sequence; returns (o [B, T, H, V] in v's dtype, final_state [N, H, K, V] fp32 or
     None).
 
-    q, k [B, T, H, K]; v [B, T, H, V]; beta [B, T, H] (the write strength, usually sigmoid outputs); g [B, T, H]
-    natural-log decay (<= 0), or None for no decay; scale multiplies q (default K ** -0.5). The operator is exact
-    for any k (the layer L2-normalises k; the op does not assume it). initial_state [N, H, K, V] (fp32) with N = B,
-    or N = len(cu_seqlens) - 1 for packed documents (cu_seqlens int tensor [N+1], B == 1: no state or decay crosses
-    a boundary). Gradients flow to q, k, v, beta, g and initial_state. A CPU cu_seqlens is validated on the host; a
-    CUDA one by a device-side assertion (no host synchronisation).
+    q, k [B, T, H, K] with K <= 256; v [B, T, H, V] with V <= 512 (kernels.common.validate.MAX_DELTA_VALUE_DIM:
+    the Triton kernels tile V, so Gated DeltaNet's K = 256, V = 512 heads run in one call); beta [B, T, H] (the
+    write strength, usually sigmoid outputs); g [B, T, H] natural-log decay (<= 0), or None for no decay; scale
+    multiplies q (default K ** -0.5). The operator is exact for any k (the layer L2-normalises k; the op does not
+    assume it). initial_state [N, H, K, V] (fp32) with N = B, or N = len(cu_seqlens) - 1 for packed documents
+    (cu_seqlens int tensor [N+1], B == 1: no state or decay crosses a boundary). Gradients flow to q, k, v, beta, g
+    and initial_state. A CPU cu_seqlens is validated on the host; a CUDA one by a device-side assertion (no host
+    synchronisation).
     backend: "triton", "torch", "naive" or None (triton on CUDA, torch otherwise).
     """
     if not isinstance(q, torch.Tensor):
@@ -49,7 +51,7 @@ def delta_rule(
     if not isinstance(beta, torch.Tensor):
         raise TypeError(f"delta_rule: beta must be a torch.Tensor [B, T, H], got {type(beta).__name__}")
     check_recurrent_inputs("delta_rule", q, k, v, g=g, beta=beta, initial_state=initial_state,
-                           cu_seqlens=cu_seqlens, backend=backend)
+                           cu_seqlens=cu_seqlens, backend=backend, max_dv=MAX_DELTA_VALUE_DIM)
     if scale is None:
         scale = q.shape[-1] ** -0.5
     if backend in ("torch", "naive"):

@@ -20,7 +20,7 @@ moved by the chunk's Householder product; exact, differentiable; the default off
 import torch
 
 from kernels.common.precision import autocast_off
-from kernels.common.validate import check_recurrent_inputs
+from kernels.common.validate import MAX_DELTA_VALUE_DIM, check_recurrent_inputs
 from kernels.loglinear_attn import LogLinearState, final_state, resolve_loglinear_backend
 from kernels.loglinear_attn.state import check_loglinear_inputs
 
@@ -52,7 +52,8 @@ def loglinear_delta_rule(
 ) -> tuple[torch.Tensor, LogLinearState | None]:
     """Log-linear gated delta rule; returns (o [B, T, H, V] in v's dtype, LogLinearState or None).
 
-    q, k [B, T, H, K], v [B, T, H, V] (one dtype: fp32/fp16/bf16); beta [B, T, H]; g [B, T, H] fp32 log decays
+    q, k [B, T, H, K] with K <= 256, v [B, T, H, V] with V <= 512 (kernels.common.validate.MAX_DELTA_VALUE_DIM)
+    (one dtype: fp32/fp16/bf16); beta [B, T, H]; g [B, T, H] fp32 log decays
     (<= 0) or None; level_scales [B, T, H, L] with L >= bit_length(last position) + 1 per sequence; scale
     multiplies q (default K ** -0.5). initial_state / final state: LogLinearState(levels [N, H, L, K, V] fp32,
     tokens [N] int64), exactly the recurrent form's per-level states after `tokens` tokens (see
@@ -69,7 +70,7 @@ def loglinear_delta_rule(
         backend = GPU_DEFAULT
     backend = resolve_loglinear_backend("loglinear_delta_rule", backend, q.device)
     n = check_recurrent_inputs("loglinear_delta_rule", q, k, v, g=g, beta=beta, cu_seqlens=cu_seqlens,
-                               backend=backend)
+                               backend=backend, max_dv=MAX_DELTA_VALUE_DIM)
     starts = check_loglinear_inputs("loglinear_delta_rule", q, v, level_scales, initial_state, n, cu_seqlens)
     if scale is None:
         scale = q.shape[-1] ** -0.5

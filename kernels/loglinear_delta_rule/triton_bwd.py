@@ -75,9 +75,15 @@ STATES = ("recompute", "save")
 # blocks elsewhere). H200, 16K x 2, H = 16, K = V = 128, states=recompute: fwd+bwd 58.5 ms with "64", 53.5 with
 # "full", both within kernels.py's bf16 check (benchmarks/RESULTS.md, session 9).
 GRADS_BLOCKS = ("64", "full")
-OPTIONS = {"form": "scan", "inverse": "triton", "bwd": "split", "states": "recompute", "grads_block": "full"}
 _FULL_GRADS_SMEM = 168 * 1024
-_CHOICES = {"form": FORMS, "inverse": INVERSES, "bwd": BWDS, "states": STATES, "grads_block": GRADS_BLOCKS}
+UNROLL_V = 256  # the widest value head whose V-block loops the split backward's gradient kernels unroll (v_span)
+# Those loops at V <= UNROLL_V: "unroll" (the form timed on the H200) or "loop" (a plain loop at every V: fewer
+# registers and spills in the AOT audit, e.g. K = 256 464 -> 104 B; not yet timed).
+GRADS_V = ("unroll", "loop")
+OPTIONS = {"form": "scan", "inverse": "triton", "bwd": "split", "states": "recompute", "grads_block": "full",
+           "grads_v": "unroll"}
+_CHOICES = {"form": FORMS, "inverse": INVERSES, "bwd": BWDS, "states": STATES, "grads_block": GRADS_BLOCKS,
+            "grads_v": GRADS_V}
 
 
 def _read_options() -> None:
@@ -86,7 +92,8 @@ def _read_options() -> None:
         key, _, val = (x.strip() for x in item.partition("="))
         if val not in _CHOICES.get(key, ()):
             raise ValueError(f"HILO_LOGLINEAR_DELTA: expected form=scan|nodes, inverse=triton|solve, "
-                             f"bwd=atomic|split, states=recompute|save or grads_block=64|full, got {item!r}")
+                             f"bwd=atomic|split, states=recompute|save, grads_block=64|full or grads_v=unroll|loop, "
+                             f"got {item!r}")
         OPTIONS[key] = val
 
 
@@ -213,7 +220,7 @@ def _level_tiles(rs, drs, dout, base, hr, j, v0, o_k, m_k, o_c, K: tl.constexpr,
 @triton.jit(do_not_specialize=["NL", "NW", "ROWS", "NS"])
 def _delta_level_grads(w_wy, kd, lam, wts, rs, drs, dout, row_chunk, dq_eff, dw_wy, dkd, NL, NW, ROWS, NS,
                        K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BKB: tl.constexpr,
-                       BV: tl.constexpr, MODE: tl.constexpr, PREC: tl.constexpr):
+                       BV: tl.constexpr, VSPAN: tl.constexpr, MODE: tl.constexpr, PREC: tl.constexpr):
     """One program per (chunk row, head, K-block of BKB): the level scan's chunk-step gradients that are [C, K]
     tiles, from the state entering the chunk R_j (rs) and the gradient of the state leaving it dR'_j (drs), summed
     over the states j and the V-blocks inside the program (stores, no atomics). The scan's U_j = W R_j and
@@ -240,17 +247,19 @@ def _delta_level_grads(w_wy, kd, lam, wts, rs, drs, dout, row_chunk, dq_eff, dw_
     base = hr * NS * K * V
     for j in range(NS):
         w_j, _ = _read_weights(lam, wts, hr, c, j, o_c, NL, NW, C, MODE)
-        for v0 in tl.static_range(0, V, BV):
-            state, d_state, dob, o_v, m_v = _level_tiles(rs, drs, dout, base, hr, j, v0, o_k, m_k, o_c, K, V, C, BV)
-            if FULL:
-                g_cols += tl.dot(state, tl.trans(d_state), input_precision=PREC)
-                acc_q += tl.dot(dob * w_j[:, None], tl.trans(state), input_precision=PREC)
-            else:
-                state_t, d_state_t = _state_pair(rs, drs, base + (j * K + o_kb[None, :]) * V + o_v[:, None],
-                                                 m_kb[None, :] & m_v[:, None])  # [BV, BKB]
-                g_cols += tl.dot(state, d_state_t, input_precision=PREC)
-                gt_cols += tl.dot(d_state, state_t, input_precision=PREC)
-                acc_q += tl.dot(dob * w_j[:, None], state_t, input_precision=PREC)
+        for v_lo in range(0, V, VSPAN):  # v_span: one trip, unrolled, up to V = 256; a loop of BV-blocks above
+            for dv0 in tl.static_range(0, VSPAN, BV):
+                state, d_state, dob, o_v, m_v = _level_tiles(rs, drs, dout, base, hr, j, v_lo + dv0, o_k, m_k, o_c, K,
+                                                             V, C, BV)
+                if FULL:
+                    g_cols += tl.dot(state, tl.trans(d_state), input_precision=PREC)
+                    acc_q += tl.dot(dob * w_j[:, None], tl.trans(state), input_precision=PREC)
+                else:
+                    state_t, d_state_t = _state_pair(rs, drs, base + (j * K + o_kb[None, :]) * V + o_v[:, None],
+                                                     m_kb[None, :] & m_v[:, None])  # [BV, BKB]
+                    g_cols += tl.dot(state, d_state_t, input_precision=PREC)
+                    gt_cols += tl.dot(d_state, state_t, input_precision=PREC)
+                    acc_q += tl.dot(dob * w_j[:, None], state_t, input_precision=PREC)
     out = (hr * C + o_c[:, None]) * K + o_kb[None, :]
     wb = tl.load(w_wy + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
     tl.store(dkd + out, -tl.dot(wb, g_cols, input_precision=PREC), mask=m_kb[None, :])
@@ -265,7 +274,7 @@ def _delta_level_grads(w_wy, kd, lam, wts, rs, drs, dout, row_chunk, dq_eff, dw_
 @triton.jit(do_not_specialize=["NL", "NW", "ROWS", "NS"])
 def _delta_level_grads_rest(q_eff, zcols, v, lam, wts, rs, drs, dout, row_chunk, ddecay, dzcols, dv, dlam, dwts,
                             NL, NW, ROWS, NS, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
-                            BV: tl.constexpr, MODE: tl.constexpr, PREC: tl.constexpr):
+                            BV: tl.constexpr, VSPAN: tl.constexpr, MODE: tl.constexpr, PREC: tl.constexpr):
     """One program per (chunk row, head): the read weights' gradient dw_tj = do_t . (q_eff_t R_j), the decay's
     d exp(gl) = sum_j <R_j, dR'_j>, and in mode 0 the write's: d_local = sum_{j not read} dR'_j,
     dzcols = d_local v^T, dv = zcols^T d_local."""
@@ -281,10 +290,13 @@ def _delta_level_grads_rest(q_eff, zcols, v, lam, wts, rs, drs, dout, row_chunk,
     for j in range(NS):
         _, on = _read_weights(lam, wts, hr, c, j, o_c, NL, NW, C, MODE)
         d_wj = tl.zeros([C], dtype=tl.float32)
-        for v0 in tl.static_range(0, V, BV):
-            state, d_state, dob, _, _ = _level_tiles(rs, drs, dout, base, hr, j, v0, o_k, m_k, o_c, K, V, C, BV)
-            d_wj += tl.sum(tl.dot(qe, state, input_precision=PREC) * dob, 1)
-            acc_decay += tl.sum(state * d_state, 0)
+        for v_lo in range(0, V, VSPAN):  # v_span: one trip, unrolled, up to V = 256; a loop of BV-blocks above
+            for dv0 in tl.static_range(0, VSPAN, BV):
+                # (named, not "_": a name assigned in a loop is loop-carried and must keep one type)
+                state, d_state, dob, _o_v, _m_v = _level_tiles(rs, drs, dout, base, hr, j, v_lo + dv0, o_k, m_k, o_c,
+                                                               K, V, C, BV)
+                d_wj += tl.sum(tl.dot(qe, state, input_precision=PREC) * dob, 1)
+                acc_decay += tl.sum(state * d_state, 0)
         if MODE == 0:
             tl.store(dlam + (hr * C + o_c) * NL + CHUNK_LEVELS_C + 1 + j, d_wj, mask=on)
         else:
@@ -294,18 +306,19 @@ def _delta_level_grads_rest(q_eff, zcols, v, lam, wts, rs, drs, dout, row_chunk,
         # the write: zcols v added to every level not read at c
         dzc = tl.zeros([BK, C], dtype=tl.float32)  # summed over the V-blocks
         zc_t = tl.load(zcols + (hr * K + o_k[None, :]) * C + o_c[:, None], mask=m_k[None, :], other=0.0)
-        for v0 in tl.static_range(0, V, BV):
-            o_v = v0 + tl.arange(0, BV)
-            m_v = o_v < V
-            d_local = tl.zeros([BK, BV], dtype=tl.float32)
-            for j in range(NS):
-                if ((c >> j) & 1) == 0:
-                    off = base + (j * K + o_k[:, None]) * V + o_v[None, :]
-                    d_local += tl.load(drs + off, mask=m_k[:, None] & m_v[None, :], other=0.0).to(tl.float32)
-            vb = tl.load(v + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=m_v[None, :], other=0.0)
-            dzc += tl.dot(d_local, tl.trans(vb), input_precision=PREC)
-            tl.store(dv + (hr * C + o_c[:, None]) * V + o_v[None, :],
-                     tl.dot(zc_t, d_local, input_precision=PREC), mask=m_v[None, :])
+        for v_lo in range(0, V, VSPAN):  # v_span: one trip, unrolled, up to V = 256; a loop of BV-blocks above
+            for dv0 in tl.static_range(0, VSPAN, BV):
+                o_v = v_lo + dv0 + tl.arange(0, BV)
+                m_v = o_v < V
+                d_local = tl.zeros([BK, BV], dtype=tl.float32)
+                for j in range(NS):
+                    if ((c >> j) & 1) == 0:
+                        off = base + (j * K + o_k[:, None]) * V + o_v[None, :]
+                        d_local += tl.load(drs + off, mask=m_k[:, None] & m_v[None, :], other=0.0).to(tl.float32)
+                vb = tl.load(v + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+                dzc += tl.dot(d_local, tl.trans(vb), input_precision=PREC)
+                tl.store(dv + (hr * C + o_c[:, None]) * V + o_v[None, :],
+                         tl.dot(zc_t, d_local, input_precision=PREC), mask=m_v[None, :])
         tl.store(dzcols + (hr * K + o_k[:, None]) * C + o_c[None, :], dzc, mask=m_k[:, None])
 
 
@@ -366,17 +379,27 @@ class DeltaLevelScanFunction(torch.autograd.Function):
             full = dk <= (128 if OPTIONS["grads_block"] == "full" and _smem_optin(v.device) >= _FULL_GRADS_SMEM
                           else 64)
             bkb, bv_g = (pow2(dk) if full else 64), min(pow2(dv_), 32)
+            vspan = v_span(dv_, bv_g)
             wts_ = wts if wts is not None else lam
             _delta_level_grads[(rows, h, triton.cdiv(dk, bkb))](
                 w_wy, kd, lam, wts_, rs, drs, dout, lay.row_chunk, dq_eff, dw_wy, dkd, nl, nw, rows, ns,
-                K=dk, V=dv_, C=CHUNK, BK=pow2(dk), BKB=bkb, BV=bv_g, MODE=mode, PREC=prec,
+                K=dk, V=dv_, C=CHUNK, BK=pow2(dk), BKB=bkb, BV=bv_g, VSPAN=vspan, MODE=mode, PREC=prec,
                 num_warps=8, num_stages=1)  # one stage: pipelined loads would double its staged tiles
             _delta_level_grads_rest[(rows, h)](
                 q_eff, zcols, v, lam, wts_, rs, drs, dout, lay.row_chunk, ddecay, dzcols, dv, dlam,
                 dwts if dwts is not None else dlam, nl, nw, rows, ns, K=dk, V=dv_, C=CHUNK, BK=pow2(dk), BV=bv_g,
-                MODE=mode, PREC=prec, num_warps=8, num_stages=1)
+                VSPAN=vspan, MODE=mode, PREC=prec, num_warps=8, num_stages=1)
         return (dq_eff, dw_wy, dkd, ddecay, (dzcols if mode == 0 else None), (dv if mode == 0 else None),
                 (dlam if mode == 0 else None), dwts, dr0, None, None, None)
+
+
+def v_span(dv: int, bv: int) -> int:
+    """VSPAN of the split backward's gradient kernels, whose loops over the BV-blocks of V are
+    `for v_lo in range(0, V, VSPAN)` around an unrolled `tl.static_range(0, VSPAN, BV)`: up to UNROLL_V columns all
+    of V (one trip, unrolled whole: the form timed on the H200), wider value heads one BV-block (a plain loop).
+    sm_90, Triton 3.6, bf16, K = 256 (benchmarks/triton_resources.py): at V = 512, _delta_level_grads unrolled whole
+    spills 864 B per thread (V = 256: 464 B), in unrolled spans of 256 columns 1,000 B, as a plain loop 104 B."""
+    return triton.cdiv(dv, bv) * bv if dv <= UNROLL_V and OPTIONS["grads_v"] == "unroll" else bv
 
 
 def _smem_optin(device: torch.device) -> int:

@@ -6,6 +6,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from kernels.common.validate import MAX_DELTA_VALUE_DIM, MAX_HEAD_DIM
 from kernels.delta_rule import delta_rule, delta_rule_step
 from models.casts import ProjectionInput
 from models.conv import ShortConv
@@ -13,19 +14,15 @@ from models.gates import a_log_init, dt_bias_init, log_decay
 from models.norms import GatedRMSNorm
 from models.registry import mixer_options, register_mixer
 
-# The kernels take head dims up to 256; wider value heads are run in blocks of this many columns (exact: each
-# column of the K x V state evolves on its own, see GatedDeltaNetMixer._operator).
-MAX_OPERATOR_DIM = 256
-
 
 def default_num_heads(hidden_size: int, head_dim: int) -> int:
     """round(0.75 * hidden_size / head_dim), at least 1: 6 heads of 256 at hidden 2048 (SPEC §5)."""
     return max(1, math.floor(0.75 * hidden_size / head_dim + 0.5))
 
 
-def value_blocks(dv: int) -> list[tuple[int, int]]:
-    """(lo, hi) column ranges of at most MAX_OPERATOR_DIM covering a value head of dv columns."""
-    return [(lo, min(lo + MAX_OPERATOR_DIM, dv)) for lo in range(0, dv, MAX_OPERATOR_DIM)]
+def value_blocks(dv: int, width: int) -> list[tuple[int, int]]:
+    """(lo, hi) column ranges of at most `width` columns covering a value head of dv columns."""
+    return [(lo, min(lo + width, dv)) for lo in range(0, dv, width)]
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -64,6 +61,10 @@ class GatedDeltaNetMixer(nn.Module):
     # Whether the operator takes the delta rule's write strength beta (then b_proj exists); operators without it
     # (the HLA family) leave it out, so no parameter goes untrained.
     USES_BETA: ClassVar[bool] = True
+    # The widest value head the operator takes in one call (kernels.common.validate: 512 for the delta rules, which
+    # covers the default K = 256, V = 512 heads, so their K-only work is done once); wider heads run in blocks of this
+    # many columns (exact: each column of the K x V state evolves on its own, see _operator).
+    VALUE_BLOCK: ClassVar[int] = MAX_DELTA_VALUE_DIM
     DEFAULTS: ClassVar[dict] = {"head_dim": 256, "num_heads": None, "expand_v": 2, "conv_size": 4,
                                 "a_init_range": (1.0, 16.0), "dt_min": 1e-3, "dt_max": 1e-1, "backend": None}
 
@@ -78,8 +79,8 @@ class GatedDeltaNetMixer(nn.Module):
         if self.head_dim < 1 or self.num_heads < 1 or self.head_v_dim < 1:
             raise ValueError(f"gated_deltanet needs positive head_dim, num_heads and expand_v * head_dim, got "
                              f"{self.head_dim}, {self.num_heads}, {self.head_v_dim}")
-        if self.head_dim > MAX_OPERATOR_DIM:
-            raise ValueError(f"gated_deltanet head_dim must be <= {MAX_OPERATOR_DIM} (the kernels' limit), got "
+        if self.head_dim > MAX_HEAD_DIM:
+            raise ValueError(f"gated_deltanet head_dim must be <= {MAX_HEAD_DIM} (the kernels' limit), got "
                              f"{self.head_dim}")
         self.backend = opts["backend"]
         h, dk, dv = self.num_heads, self.head_dim, self.head_v_dim
@@ -137,8 +138,8 @@ class GatedDeltaNetMixer(nn.Module):
         return o
 
     def _operator(self, q, k, v, beta, g, state, output_final_state, cu_seqlens):
-        """delta_rule over value blocks of at most MAX_OPERATOR_DIM columns (exact: the update
-        S <- exp(g) (I - beta k k^T) S + beta k v^T acts on each column of S independently).
+        """delta_rule over value blocks of at most VALUE_BLOCK columns (one call for V <= 512; exact either way: the
+        update S <- exp(g) (I - beta k k^T) S + beta k v^T acts on each column of S independently).
 
         A single decoding token (T == 1, no cu_seqlens, a state to continue) takes the recurrent step, in one call
         over all columns: the step is plain PyTorch with no head-dim limit, and slicing the state into blocks and
@@ -151,7 +152,7 @@ class GatedDeltaNetMixer(nn.Module):
             o, final = delta_rule_step(q[:, 0], k[:, 0], v[:, 0], beta[:, 0], g[:, 0], state)
             return o.unsqueeze(1), final if output_final_state else None
         outs, finals = [], []
-        for lo, hi in value_blocks(self.head_v_dim):
+        for lo, hi in value_blocks(self.head_v_dim, self.VALUE_BLOCK):
             o, s1 = delta_rule(q, k, v[..., lo:hi], beta, g, initial_state=None if state is None else state[..., lo:hi],
                                output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=self.backend)
             outs.append(o)

@@ -311,3 +311,48 @@ def test_triton_custom_op_compiles_into_one_graph():
         return o.float().square().sum() + ht.square().sum()
 
     assert_one_graph_with_eager_values(f, leaves, "delta_rule")
+
+
+
+# ---------------------------------------------------------------- value heads wider than 256 (up to 512)
+
+WITH_TRITON = ["naive", "torch", pytest.param("triton", marks=needs_triton)]
+
+
+@pytest.mark.parametrize("backend", WITH_TRITON[1:])
+@pytest.mark.parametrize("b,t,dk,dv,bounds", [
+    (2, 75, 32, 320, None),
+    (1, 130, 48, 300, [0, 1, 16, 80, 130]),  # lengths 1, 15, 64, 50
+])
+def test_wide_value_heads_match_naive(backend, b, t, dk, dv, bounds):
+    """V > 256 (the delta rule takes up to 512: Gated DeltaNet's K = 256, V = 512 in one call): the chunked path and
+    the Triton kernels (several V-blocks in every launch) against the oracle, with an initial state."""
+    inputs = make(b, t, 2, dk, dv, seed=30, decay="strong")
+    h0 = torch.randn(b if bounds is None else len(bounds) - 1, 2, dk, dv, generator=torch.Generator().manual_seed(31))
+    cu = None if bounds is None else torch.tensor(bounds)
+    if backend == "triton":
+        inputs, h0 = _device_inputs(inputs, h0)
+        cu = None if cu is None else cu.to(inputs[0].device)
+    assert_close(run(backend, inputs, h0, cu=cu), run("naive", inputs, h0, cu=cu), what=f"{backend} V={dv}")
+
+
+@pytest.mark.parametrize("backend", WITH_TRITON)
+def test_head_dim_limits_are_per_operator(backend):
+    """The delta rule takes K up to 256 and V up to 512 on every backend; past them the error names the operator,
+    the limits and the fix. Operators without wide-V kernels (linear_attn) keep V <= 256."""
+    from kernels import linear_attn
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k, v, beta, g = (x.to(dev) for x in make(1, 3, 1, 8, 513, seed=32))
+    with pytest.raises(ValueError, match=r"delta_rule: head dims must be in 1\.\.256 for K and 1\.\.512 for V, got "
+                                         r"K=8, V=513; run wider value heads in column blocks of at most 512"):
+        delta_rule(q, k, v, beta, g, backend=backend)
+    wide_k = torch.randn(1, 3, 1, 257, device=dev)
+    with pytest.raises(ValueError, match=r"delta_rule: head dims must be in 1\.\.256 for K .* got K=257, V=8; "
+                                         r"K > 256 is not supported"):
+        delta_rule(wide_k, wide_k, v[..., :8], beta, g, backend=backend)
+    with pytest.raises(ValueError, match=r"linear_attn: head dims must be in 1\.\.256 for K and 1\.\.256 for V, got "
+                                         r"K=8, V=300"):
+        linear_attn(q, k, v[..., :300], g, backend=backend)
+    o, final = delta_rule(q, k, v[..., :512], beta, g, output_final_state=True, backend=backend)
+    assert o.shape == (1, 3, 1, 512) and final.shape == (1, 1, 8, 512)

@@ -1,6 +1,7 @@
 """On a GPU: the recurrent operators' Triton kernels (linear_attn, delta_rule, the log-linear pair and HLA's fused
 hla2 / ahla) in bf16 at the small and uneven head dims models use (MQAR's Mamba-2 has K = 32, V = 16; GDN at
-width 32 has K = 32, V = 64), against the fp32 chunked path.
+width 32 has K = 32, V = 64) and the delta rules at Gated DeltaNet 340m's K = 256, V = 512, against the fp32
+chunked path.
 
 Triton 3.6 on Hopper miscompiled linear_attn's output kernel at some narrow V tiles (wrong values at K = 64,
 V = 16 / 32, an illegal access at K = 32, V = 16), which the D = 128 checks of test_gpu_bf16 never saw. Skipped
@@ -39,10 +40,8 @@ def _grads(op, backend, dtype, x):
     return [o.float()] + [d.float() for d in grads]
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("op", ["linear_attn", "delta_rule", "loglinear_attn", "loglinear_delta_rule", "hla2", "ahla"])
-@pytest.mark.parametrize("dk,dv", DIMS)
-def test_bf16_triton_small_head_dims(op, dk, dv):
+def _check_bf16(op, dk, dv):
+    """bf16 Triton against the fp32 chunked path: the output and every gradient within SPEC §2's bf16 tolerances."""
     gen = torch.Generator(device="cuda").manual_seed(dk * 1000 + dv)
     b, t, h = 3, 200, 2
     x = {"q": torch.randn(b, t, h, dk, device="cuda", generator=gen),
@@ -59,6 +58,21 @@ def test_bf16_triton_small_head_dims(op, dk, dv):
     bad = [f"{n}: {error_ratio(a, r):.2e} > {tol:.0e}" for n, a, r, tol in zip(names, got, ref, tols)
            if not error_ratio(a, r) <= tol]
     assert not bad, f"{op} K={dk} V={dv}: " + "; ".join(bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["linear_attn", "delta_rule", "loglinear_attn", "loglinear_delta_rule", "hla2", "ahla"])
+@pytest.mark.parametrize("dk,dv", DIMS)
+def test_bf16_triton_small_head_dims(op, dk, dv):
+    _check_bf16(op, dk, dv)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["delta_rule", "loglinear_delta_rule"])
+def test_bf16_triton_wide_value_heads(op):
+    """K = 256, V = 512: Gated DeltaNet 340m's heads, which the delta rules take in one call (V up to 512; the
+    loglinear one's split backward then loops over its V-blocks instead of unrolling them, triton_bwd.v_span)."""
+    _check_bf16(op, 256, 512)
 
 
 @pytest.mark.gpu

@@ -23,10 +23,10 @@ triton_only = pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INT
 NAMES = ("q", "k", "v", "beta", "g", "lam")
 
 
-def make(b, t, seed, decay="mid", nl=None, unit_k=True):
+def make(b, t, seed, decay="mid", nl=None, unit_k=True, dk=DK, dv=DV):
     gen = torch.Generator().manual_seed(seed)
     x = {name: torch.randn(b, t, H, d, generator=gen, dtype=torch.float64)
-         for name, d in (("q", DK), ("k", DK), ("v", DV))}
+         for name, d in (("q", dk), ("k", dk), ("v", dv))}
     if unit_k:
         x["k"] = F.normalize(x["k"], dim=-1)
     else:
@@ -38,11 +38,11 @@ def make(b, t, seed, decay="mid", nl=None, unit_k=True):
     return x
 
 
-def prior_state(tokens, nl, seed):
+def prior_state(tokens, nl, seed, dk=DK, dv=DV):
     """A random LogLinearState (zero levels where tokens == 0)."""
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.tensor(tokens, dtype=torch.int64)
-    levels = torch.randn(len(tokens), H, nl, DK, DV, generator=gen, dtype=torch.float64)
+    levels = torch.randn(len(tokens), H, nl, dk, dv, generator=gen, dtype=torch.float64)
     return LogLinearState(levels * (tokens > 0)[:, None, None, None, None], tokens)
 
 
@@ -315,17 +315,19 @@ def test_level_nodes_continuation_from_final_state(nodes_form, split):
 def test_level_nodes_form_option_errors(monkeypatch):
     from kernels.loglinear_delta_rule import triton_bwd
 
-    for bad in ("form=tree", "inverse=lu", "solver=triton", "bwd=fused", "states=drop", "grads_block=32"):
+    for bad in ("form=tree", "inverse=lu", "solver=triton", "bwd=fused", "states=drop", "grads_block=32",
+                "grads_v=2"):
         monkeypatch.setenv("HILO_LOGLINEAR_DELTA", bad)
         with pytest.raises(ValueError, match=r"expected form=scan\|nodes, inverse=triton\|solve, bwd=atomic\|split, "
-                                             r"states=recompute\|save or grads_block=64\|full"):
+                                             r"states=recompute\|save, grads_block=64\|full or grads_v=unroll\|loop"):
             triton_bwd._read_options()
     # none of them the default
-    monkeypatch.setenv("HILO_LOGLINEAR_DELTA", "form=nodes, inverse=solve,bwd=atomic, states=save,grads_block=64")
+    monkeypatch.setenv("HILO_LOGLINEAR_DELTA", "form=nodes, inverse=solve,bwd=atomic, states=save,grads_block=64,"
+                       "grads_v=loop")
     monkeypatch.setattr(triton_bwd, "OPTIONS", dict(triton_bwd.OPTIONS))
     triton_bwd._read_options()
     assert triton_bwd.OPTIONS == {"form": "nodes", "inverse": "solve", "bwd": "atomic", "states": "save",
-                                  "grads_block": "64"}
+                                  "grads_block": "64", "grads_v": "loop"}
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -408,14 +410,17 @@ def test_atomic_level_scan_backward_and_solve_inverse(monkeypatch, case):
     assert_close(run("triton", x, cu=cu, init=init), ref, f"atomic backward {case}")
 
 
-@pytest.mark.parametrize("dk,grads_block", [(100, "full"), (100, "64"), (150, "full")])
-def test_split_level_scan_backward_wide_heads(monkeypatch, dk, grads_block):
+@pytest.mark.parametrize("dk,grads_block,grads_v", [(100, "full", "unroll"), (100, "64", "unroll"),
+                                                    (150, "full", "unroll"), (100, "full", "loop"),
+                                                    (150, "full", "loop")])
+def test_split_level_scan_backward_wide_heads(monkeypatch, dk, grads_block, grads_v):
     """V = 40 (two V-blocks) and K = 100 in one K-block (grads_block=full: G accumulated alone) or two 64-wide ones,
-    or K = 150 (three 64-wide K-blocks whatever the option: G and G^T slices): the split backward's gradient kernel
-    gives the atomic backward's gradients."""
+    or K = 150 (three 64-wide K-blocks whatever the option: G and G^T slices), the V-blocks unrolled or in a plain
+    loop (grads_v): the split backward's gradient kernel gives the atomic backward's gradients."""
     from kernels.loglinear_delta_rule import triton_bwd
 
     monkeypatch.setitem(triton_bwd.OPTIONS, "grads_block", grads_block)
+    monkeypatch.setitem(triton_bwd.OPTIONS, "grads_v", grads_v)
 
     gen = torch.Generator().manual_seed(41)
     b, t, h, dv = 1, 200, 1, 40
@@ -463,3 +468,45 @@ def test_recomputed_chunk_states_are_saved_ones(monkeypatch):
     rows = sum(-(-n // 64) for n in lengths)  # chunk rows of the packed documents
     chunk_levels = num_levels(140) - 8  # levels above the in-chunk ones that a 140-token document reaches
     assert saved["save"] - saved["recompute"] >= H * rows * chunk_levels * DK * DV * 4
+
+
+# Value heads wider than 256 (the delta rules take up to 512: Gated DeltaNet's K = 256, V = 512 in one call): every
+# backend against the definition, outputs, final levels and every gradient. T = 130 reaches chunk level 2; the packed
+# documents continue priors (the prior levels' scan, mode 1, and the initial levels' gradient). On the Triton path
+# V = 320 is more than UNROLL_V, so the split backward's gradient kernels loop over their V-blocks (v_span).
+WIDE_CASES = {"batch": {"lengths": None, "tokens": None, "dk": 32, "dv": 320},
+              "varlen_prior": {"lengths": [1, 15, 75, 30], "tokens": [0, 5, 64, 100], "dk": 48, "dv": 300}}
+
+
+@pytest.mark.parametrize("backend", ["naive", "torch", pytest.param("triton", marks=triton_only)])
+@pytest.mark.parametrize("case", list(WIDE_CASES))
+def test_wide_value_heads_match_definition(backend, case):
+    lengths, tokens, dk, dv = WIDE_CASES[case].values()
+    if lengths is None:
+        cu, x, init = None, make(2, 130, seed=61, dk=dk, dv=dv), None
+    else:
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+        x = make(1, int(cu[-1]), seed=62, nl=num_levels(max(lengths) + max(tokens)), dk=dk, dv=dv)
+        init = prior_state(tokens, nl=x["lam"].shape[-1], seed=63, dk=dk, dv=dv)
+    ref = run("quadratic", x, cu=cu, init=init, dtype=torch.float64)
+    assert_close(run(backend, x, cu=cu, init=init), ref, f"{backend} {case} V={dv}")
+
+
+def test_head_dim_limits():
+    """V up to 512 (K up to 256); past them the error names the operator, the limits and the fix. loglinear_attn
+    (no wide-V kernels) keeps V <= 256."""
+    from kernels import loglinear_attn
+
+    x = {n: val.float() for n, val in make(1, 5, seed=64, dv=513).items()}
+    with pytest.raises(ValueError, match=r"loglinear_delta_rule: head dims must be in 1\.\.256 for K and 1\.\.512 "
+                                         r"for V, got K=12, V=513; run wider value heads in column blocks"):
+        loglinear_delta_rule(*(x[n] for n in NAMES), backend="torch")
+    wide_k = torch.randn(1, 5, H, 257)
+    with pytest.raises(ValueError, match=r"loglinear_delta_rule: head dims .* got K=257, V=513; K > 256 is not "
+                                         r"supported"):
+        loglinear_delta_rule(wide_k, wide_k, *(x[n] for n in NAMES[2:]), backend="naive")
+    with pytest.raises(ValueError, match=r"loglinear_attn: head dims must be in 1\.\.256 for K and 1\.\.256 for V"):
+        loglinear_attn(x["q"], x["k"], x["v"][..., :300], x["g"], x["lam"], backend="torch")
+    o, st = loglinear_delta_rule(*(x[n] for n in NAMES[:2]), x["v"][..., :512], *(x[n] for n in NAMES[3:]),
+                                 output_final_state=True, backend="torch")
+    assert o.shape == (1, 5, H, 512) and st.levels.shape[-2:] == (12, 512)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from family_checks import causal_conv_silu, perturb
 
+from kernels import delta_rule
 from models import HiloForCausalLM, build_config
 from models.mixers.attention import AttentionMixer
 from models.mixers.gated_deltanet import GatedDeltaNetMixer
@@ -53,13 +54,13 @@ def reference_gdn(mixer: GatedDeltaNetMixer, hidden: torch.Tensor, eps: float) -
     return o.reshape(b, t, h * dv) @ mixer.o_proj.weight.to(d).T
 
 
-@pytest.mark.parametrize("kwargs, t", [(SMALL, 9), ({"head_dim": 144, "num_heads": 1, "expand_v": 2}, 5)])
+@pytest.mark.parametrize("kwargs, t", [(SMALL, 9), ({"head_dim": 144, "num_heads": 1, "expand_v": 4}, 5)])
 def test_layer_equals_token_by_token_reference(kwargs, t):
-    # the second case has value heads of 288 > 256 columns: the mixer runs the operator on column blocks
+    # the second case has value heads of 576 > 512 columns: the mixer runs the operator on column blocks (512, 64)
     model = tiny(seed=1, mixer_kwargs=kwargs)
     perturb(model, seed=2)
     mixer = model.model.layers[0].mixer
-    assert mixer.head_v_dim == 2 * kwargs["head_dim"]
+    assert mixer.head_v_dim == kwargs["expand_v"] * kwargs["head_dim"]
     fc.check_layer_against_reference(model, reference_gdn, t)
 
 
@@ -100,10 +101,31 @@ def test_cached_decode_equals_full_forward():
 
 
 def test_cached_decode_with_wide_value_heads():
-    # V = 288 > 256: the operator and its decode step both run in column blocks
-    model = tiny(seed=3, mixer_kwargs={"head_dim": 144, "num_heads": 1, "expand_v": 2})
+    # V = 576 > 512: the prefill runs the operator in column blocks, the decode step over all columns at once
+    model = tiny(seed=3, mixer_kwargs={"head_dim": 144, "num_heads": 1, "expand_v": 4})
     cache, _ = fc.decode_in_pieces(model, tokens(1, 9, seed=4), 4, [(i, i + 1) for i in range(4, 9)])
-    assert cache[0]["recurrent_state"].shape == (1, 1, 144, 288)
+    assert cache[0]["recurrent_state"].shape == (1, 1, 144, 576)
+
+
+@pytest.mark.parametrize("head_dim, expand_v, widths", [(256, 2, [512]), (144, 4, [512, 64])])
+def test_operator_runs_once_per_layer_up_to_512_value_columns(monkeypatch, head_dim, expand_v, widths):
+    """delta_rule takes V up to 512, so the default K = 256, V = 512 heads take one call per layer (its K-only WY/UT
+    work done once, not once per 256 columns), with or without a cache; wider value heads run in blocks of 512."""
+    import models.mixers.gated_deltanet as gdn_module
+
+    widths_seen = []
+
+    def recording(q, k, v, *args, **kwargs):
+        widths_seen.append(v.shape[-1])
+        return delta_rule(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(gdn_module, "delta_rule", recording)
+    model = tiny(seed=8, num_layers=1, mixer_kwargs={"head_dim": head_dim, "num_heads": 1, "expand_v": expand_v})
+    with torch.no_grad():
+        for use_cache in (False, True):
+            widths_seen.clear()
+            model(tokens(1, 6, seed=9), use_cache=use_cache)
+            assert widths_seen == widths
 
 
 def test_generate_feeds_one_token_per_step_and_equals_greedy():

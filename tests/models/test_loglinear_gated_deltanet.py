@@ -20,7 +20,7 @@ from models.mixers.loglinear_gated_deltanet import LogLinearGatedDeltaNetMixer
 
 VOCAB = 89
 SMALL = {"head_dim": 16, "num_heads": 3, "expand_v": 2}
-WIDE = {"head_dim": 144, "num_heads": 1, "expand_v": 2}  # value heads of 288 > 256: run in column blocks
+WIDE = {"head_dim": 144, "num_heads": 1, "expand_v": 4}  # value heads of 576 > 512: run in column blocks (512, 64)
 TINY = {"vocab_size": VOCAB, "hidden_size": 48, "num_layers": 2, "num_heads": 3, "mixer": "loglinear_gated_deltanet",
             "mixer_kwargs": SMALL, "max_position_embeddings": 16}
 H, LEVELS = 3, 5
@@ -120,6 +120,26 @@ def test_cached_decode_equals_full_forward_and_state_grows_as_log2(kwargs, t):
     shape = (2, mixer.num_heads, (t - 1).bit_length() + 1, mixer.head_dim, mixer.head_v_dim)
     assert slot["recurrent_levels"].shape == shape and slot["recurrent_levels"].dtype == torch.float32
     assert slot["recurrent_tokens"].tolist() == [t, t] and "recurrent_state" not in slot
+
+
+@pytest.mark.parametrize("head_dim, expand_v, widths", [(256, 2, [512]), (144, 4, [512, 64])])
+def test_operator_runs_once_per_layer_up_to_512_value_columns(monkeypatch, head_dim, expand_v, widths):
+    """loglinear_delta_rule takes V up to 512, so the default K = 256, V = 512 heads take one call per layer (its
+    K-only WY/UT work done once), with or without a cache; wider value heads run in blocks of 512."""
+    widths_seen = []
+    operator = loglinear_module.loglinear_delta_rule
+
+    def recording(q, k, v, *args, **kwargs):
+        widths_seen.append(v.shape[-1])
+        return operator(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(loglinear_module, "loglinear_delta_rule", recording)
+    model = tiny(seed=8, num_layers=1, mixer_kwargs={"head_dim": head_dim, "num_heads": 1, "expand_v": expand_v})
+    with torch.no_grad():
+        for use_cache in (False, True):
+            widths_seen.clear()
+            model(tokens(1, 6, seed=9), use_cache=use_cache)
+            assert widths_seen == widths
 
 
 def test_generate_past_max_position_equals_greedy():
