@@ -27,15 +27,20 @@ from kernels.common.compile import dense_outputs
 
 from .naive import positions_in_documents
 
-# Tiles [BT tokens, BC channels] and warps per program, HILO_SHORT_CONV_TILES="BTxBCwW" (read at import; default
-# 32x64w4: sm_90, Triton 3.6, benchmarks/triton_resources.py, 66-225 registers and no spills with or without a state).
-# Addresses are one 64-bit scalar per program (the tile's first token) plus int32 offsets within the tile.
-_TILES = os.environ.get("HILO_SHORT_CONV_TILES", "32x64w4").strip() or "32x64w4"
-_m = re.fullmatch(r"(\d+)x(\d+)w(\d+)", _TILES)
-if not _m or any(int(n) & (int(n) - 1) or int(n) < lo for n, lo in zip(_m.groups(), (16, 16, 1), strict=True)):
+# Tiles [BT tokens, BC channels] and warps per program. H200, bf16, C = 2304, 16K x 2, fwd+bwd (benchmarks/RESULTS.md,
+# session 9, each within the bf16 check): 32x64w4 1.234 ms, 64x64w4 0.908, 128x64w8 1.095, 64x128w8 1.488. So
+# 64x64w4 without an initial state (the training path: 85-112 registers, no spills on sm_90, Triton 3.6), and 32x64w4
+# with one (64x64 spills 144-552 B there, 32x64 none). HILO_SHORT_CONV_TILES="BTxBCwW" sets one for both (read at
+# import). Addresses are one 64-bit scalar per program (the tile's first token) plus int32 offsets within the tile.
+_TILES = os.environ.get("HILO_SHORT_CONV_TILES", "").strip()
+_m = re.fullmatch(r"(\d+)x(\d+)w(\d+)", _TILES) if _TILES else None
+if _TILES and (not _m or any(int(n) & (int(n) - 1) or int(n) < lo
+                             for n, lo in zip(_m.groups(), (16, 16, 1), strict=True))):
     raise ValueError(f"HILO_SHORT_CONV_TILES={_TILES!r}: expected BTxBCwW with powers of two, BT and BC >= 16 "
-                     f"(e.g. 32x64w4, the default)")
-BT, BC, WARPS = (int(n) for n in _m.groups())
+                     f"(e.g. 64x64w4), or unset for the defaults")
+TILES = {False: (64, 64, 4), True: (32, 64, 4)}  # (BT, BC, warps) without / with an initial state
+if _m:
+    TILES = dict.fromkeys((False, True), tuple(int(n) for n in _m.groups()))
 # The backward with SiLU: "split" (the dpre kernel writes dpre = dy * silu'(pre) in fp32, then the backward reads
 # it) or "fused" (one kernel: dpre recomputed where each shift needs it, K^2 tap loads from cache instead of the fp32
 # round trip, at 182 registers instead of 78-80 for the pair at 32x64w4). Read at import (HILO_SHORT_CONV_BWD); H200
@@ -183,11 +188,13 @@ def _short_conv_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     bias = None if bias is None else bias.contiguous()
     state = None if state is None else state.contiguous()
     y = torch.empty_like(x)
+    flags = _flags(weight, bias, state, pos)
+    bt, bc, warps = TILES[flags["HAS_STATE"]]
     if t:
-        _short_conv_fwd[(triton.cdiv(t, BT), triton.cdiv(c, BC), b)](
+        _short_conv_fwd[(triton.cdiv(t, bt), triton.cdiv(c, bc), b)](
             x, weight, bias if bias is not None else weight, state if state is not None else x,
-            pos if pos is not None else x, y, t, C=c, BT=BT, BC=BC, HAS_BIAS=bias is not None, SILU=silu,
-            **_flags(weight, bias, state, pos), num_warps=WARPS)
+            pos if pos is not None else x, y, t, C=c, BT=bt, BC=bc, HAS_BIAS=bias is not None, SILU=silu, **flags,
+            num_warps=warps)
     return y
 
 
@@ -208,25 +215,26 @@ def _short_conv_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Ten
     x, weight = x.contiguous(), weight.contiguous()
     bias = None if bias is None else bias.contiguous()
     state = None if state is None else state.contiguous()
-    grid = (triton.cdiv(t, BT), triton.cdiv(c, BC), b)
     flags = _flags(weight, bias, state, pos)
+    bt, bc, warps = TILES[flags["HAS_STATE"]]
+    grid = (triton.cdiv(t, bt), triton.cdiv(c, bc), b)
     state_arg, pos_arg = (state if state is not None else x), (pos if pos is not None else x)
     dy = dy.contiguous()
     split = silu and t and BWD == "split"
     if split:
         dpre = torch.empty(b, t, c, device=x.device, dtype=torch.float32)
         _short_conv_dpre[grid](x, weight, bias if bias is not None else weight, state_arg, pos_arg, dy, dpre, t,
-                               C=c, BT=BT, BC=BC, HAS_BIAS=bias is not None, **flags, num_warps=WARPS)
+                               C=c, BT=bt, BC=bc, HAS_BIAS=bias is not None, **flags, num_warps=warps)
     else:
         dpre = dy  # the fused form recomputes dpre from x and dy where it needs it
-    nt = triton.cdiv(t, BT)
+    nt = triton.cdiv(t, bt)
     dx = torch.empty_like(x)
     dw_part = torch.zeros(b * nt, k, c, device=x.device, dtype=torch.float32)
     db_part = torch.zeros(b * nt, c, device=x.device, dtype=torch.float32)
     if t:
         _short_conv_bwd[grid](x, weight, bias if bias is not None else weight, state_arg, pos_arg, dpre, dx, dw_part,
-                              db_part, t, nt, C=c, BT=BT, BC=BC, HAS_BIAS=bias is not None,
-                              SILU=bool(silu and not split), **flags, num_warps=WARPS)
+                              db_part, t, nt, C=c, BT=bt, BC=bc, HAS_BIAS=bias is not None,
+                              SILU=bool(silu and not split), **flags, num_warps=warps)
     dweight = dw_part.sum(0).t().contiguous().to(weight.dtype)
     dbias = db_part.sum(0).to(bias.dtype if bias is not None else torch.float32)
     if state is None:

@@ -48,6 +48,7 @@ class GatedDeltaNetMixer(nn.Module):
                  and config.head_dim are the attention layers' (hybrids) and are not used here.
       expand_v   value head dim V = expand_v * head_dim (2).
       conv_size  short conv kernel size (4).
+      value_block  value columns per operator call (256; up to 512 for the delta rule, 256 for the HLA operators).
       a_init_range, dt_min, dt_max   init: exp(A_log) ~ U[1, 16]; softplus(dt_bias) log-uniform in [1e-3, 1e-1].
       backend    the delta_rule backend: None (triton on CUDA, torch otherwise), "triton", "torch", "naive".
 
@@ -61,12 +62,16 @@ class GatedDeltaNetMixer(nn.Module):
     # Whether the operator takes the delta rule's write strength beta (then b_proj exists); operators without it
     # (the HLA family) leave it out, so no parameter goes untrained.
     USES_BETA: ClassVar[bool] = True
-    # The widest value head the operator takes in one call (kernels.common.validate: 512 for the delta rules, which
-    # covers the default K = 256, V = 512 heads, so their K-only work is done once); wider heads run in blocks of this
-    # many columns (exact: each column of the K x V state evolves on its own, see _operator).
-    VALUE_BLOCK: ClassVar[int] = MAX_DELTA_VALUE_DIM
+    # The widest value block the operator takes in one call (kernels.common.validate: 512 for the delta rules, 256 for
+    # the HLA operators). Wider heads run in blocks of mixer_kwargs.value_block columns, exact either way: each column
+    # of the K x V state evolves on its own (see _operator). The default stays 256: one 512-column call does the K-only
+    # WY work once (delta_rule fwd+bwd at H = 3, K = 256, 16K x 2 on the H200: 6.71 ms against 2 x 4.00), but compiled
+    # GDN 340m with it ended 10 steps at loss 7.085 where 256-column calls had given 6.689, and its bf16 GPU test has
+    # not run yet (benchmarks/RESULTS.md, session 9).
+    MAX_VALUE_BLOCK: ClassVar[int] = MAX_DELTA_VALUE_DIM
     DEFAULTS: ClassVar[dict] = {"head_dim": 256, "num_heads": None, "expand_v": 2, "conv_size": 4,
-                                "a_init_range": (1.0, 16.0), "dt_min": 1e-3, "dt_max": 1e-1, "backend": None}
+                                "a_init_range": (1.0, 16.0), "dt_min": 1e-3, "dt_max": 1e-1, "backend": None,
+                                "value_block": MAX_HEAD_DIM}
 
     def __init__(self, config, layer_idx: int):
         super().__init__()
@@ -82,6 +87,10 @@ class GatedDeltaNetMixer(nn.Module):
         if self.head_dim > MAX_HEAD_DIM:
             raise ValueError(f"gated_deltanet head_dim must be <= {MAX_HEAD_DIM} (the kernels' limit), got "
                              f"{self.head_dim}")
+        self.value_block = int(opts["value_block"])
+        if not 1 <= self.value_block <= self.MAX_VALUE_BLOCK:
+            raise ValueError(f"{self.NAME} value_block must be in 1..{self.MAX_VALUE_BLOCK} (the operator's widest value "
+                             f"head per call), got {opts['value_block']}")
         self.backend = opts["backend"]
         h, dk, dv = self.num_heads, self.head_dim, self.head_v_dim
         self.q_proj = nn.Linear(c, h * dk, bias=False)
@@ -138,7 +147,7 @@ class GatedDeltaNetMixer(nn.Module):
         return o
 
     def _operator(self, q, k, v, beta, g, state, output_final_state, cu_seqlens):
-        """delta_rule over value blocks of at most VALUE_BLOCK columns (one call for V <= 512; exact either way: the
+        """delta_rule over value blocks of at most value_block columns (exact whatever the width: the
         update S <- exp(g) (I - beta k k^T) S + beta k v^T acts on each column of S independently).
 
         A single decoding token (T == 1, no cu_seqlens, a state to continue) takes the recurrent step, in one call
@@ -152,7 +161,7 @@ class GatedDeltaNetMixer(nn.Module):
             o, final = delta_rule_step(q[:, 0], k[:, 0], v[:, 0], beta[:, 0], g[:, 0], state)
             return o.unsqueeze(1), final if output_final_state else None
         outs, finals = [], []
-        for lo, hi in value_blocks(self.head_v_dim, self.VALUE_BLOCK):
+        for lo, hi in value_blocks(self.head_v_dim, self.value_block):
             o, s1 = delta_rule(q, k, v[..., lo:hi], beta, g, initial_state=None if state is None else state[..., lo:hi],
                                output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=self.backend)
             outs.append(o)

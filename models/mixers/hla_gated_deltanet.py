@@ -52,7 +52,7 @@ class HLAGatedDeltaNetMixer(GatedDeltaNetMixer):
     NAME: ClassVar[str] = "hla_gated_deltanet"
     DEFAULTS: ClassVar[dict] = {**GatedDeltaNetMixer.DEFAULTS, "decay_convention": "d1"}
     USES_BETA: ClassVar[bool] = False
-    VALUE_BLOCK: ClassVar[int] = MAX_HEAD_DIM  # the HLA operators take V <= 256
+    MAX_VALUE_BLOCK: ClassVar[int] = MAX_HEAD_DIM  # the HLA operators take V <= 256
 
     def __init__(self, config, layer_idx: int):
         if config.operator not in OPERATORS:
@@ -79,7 +79,7 @@ class HLAGatedDeltaNetMixer(GatedDeltaNetMixer):
             write_operator_state(slot, state)
             return o
         outs, finals = [], []
-        for lo, hi in value_blocks(self.head_v_dim, self.VALUE_BLOCK):
+        for lo, hi in value_blocks(self.head_v_dim, self.value_block):
             o, final = run_operator(self.operator, q, k, v[..., lo:hi], g,
                                     None if state is None else value_block(state, lo, hi), slot is not None,
                                     cu_seqlens, decay=self.decay_convention, backend=self.backend)
@@ -96,6 +96,6 @@ class HLAGatedDeltaNetMixer(GatedDeltaNetMixer):
         count as 6 x their params in the model's total). The backward is counted as twice the forward (3x)."""
         c = min(64, seq_len)
         forward = sum(operator_pass_flops(self.operator, c, self.head_dim, hi - lo)
-                      for lo, hi in value_blocks(self.head_v_dim, self.VALUE_BLOCK))
+                      for lo, hi in value_blocks(self.head_v_dim, self.value_block))
         conv = self.q_conv.flops_per_token() + self.k_conv.flops_per_token() + self.v_conv.flops_per_token()
         return float(3 * self.num_heads * forward + conv)

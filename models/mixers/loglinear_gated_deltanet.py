@@ -54,9 +54,8 @@ class LogLinearGatedDeltaNetMixer(FlagsLevelParameter, GatedDeltaNetMixer):
 
     def _mix(self, q, k, v, beta, g, x, cache, cu_seqlens):
         """loglinear_delta_rule with lambda from l_proj(x()) (x: the layer input as a models.casts.ProjectionInput),
-        over value blocks of at most VALUE_BLOCK columns (one call for V <= 512; exact either way, as in
-        GatedDeltaNetMixer); with a cache it continues and stores the slot's per-level state, grown to the levels this
-        call's positions reach. A single decoding token takes the recurrent step, over all columns at once."""
+        over value blocks of at most value_block columns (exact either way, as in GatedDeltaNetMixer); with a cache
+        it continues and stores the slot's per-level state, grown to the levels this call's positions reach. A single decoding token takes the recurrent step, over all columns at once."""
         b, t, h, _ = q.shape
         slot = cache[self.layer_idx] if cache is not None else None
         state = read_level_state(slot)
@@ -74,7 +73,7 @@ class LogLinearGatedDeltaNetMixer(FlagsLevelParameter, GatedDeltaNetMixer):
             write_level_state(slot, state)
             return o.unsqueeze(1)
         outs, finals = [], []
-        for lo, hi in value_blocks(self.head_v_dim, self.VALUE_BLOCK):
+        for lo, hi in value_blocks(self.head_v_dim, self.value_block):
             s0 = None if state is None else LogLinearState(state.levels[..., lo:hi], state.tokens)
             o, s1 = loglinear_delta_rule(q, k, v[..., lo:hi], beta, g, lam, initial_state=s0,
                                          output_final_state=slot is not None, cu_seqlens=cu_seqlens,

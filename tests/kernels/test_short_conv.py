@@ -165,6 +165,29 @@ def test_cuda_default_backend_from_the_environment():
     assert ok.returncode == 0 and ok.stdout.strip() == "torch", ok.stderr
 
 
+def test_triton_tiles_and_backward_form_from_the_environment():
+    """HILO_SHORT_CONV_TILES and HILO_SHORT_CONV_BWD are read at import: bad values stop it with the fix named; a
+    good tile spec replaces both defaults (64x64w4 without an initial state, 32x64w4 with one)."""
+    import os
+    import subprocess
+    import sys
+
+    probe = ("import importlib; m = importlib.import_module('kernels.short_conv.triton'); "
+             "print(m.TILES[False], m.TILES[True], m.BWD)")
+    for name, value, message in (("HILO_SHORT_CONV_TILES", "48x64w4", "expected BTxBCwW with powers of two"),
+                                 ("HILO_SHORT_CONV_TILES", "64x64", "expected BTxBCwW"),
+                                 ("HILO_SHORT_CONV_BWD", "atomic", "expected 'split' (the default) or 'fused'")):
+        bad = subprocess.run([sys.executable, "-c", probe], env=dict(os.environ, **{name: value}), capture_output=True,
+                             text=True, check=False)
+        assert bad.returncode != 0 and f"{name}={value!r}: {message}" in bad.stderr, bad.stderr[-500:]
+    runs = {"": "(64, 64, 4) (32, 64, 4) split", "128x32w8": "(128, 32, 8) (128, 32, 8) split"}
+    for tiles, expected in runs.items():
+        ok = subprocess.run([sys.executable, "-c", probe], env=dict(os.environ, HILO_SHORT_CONV_TILES=tiles,
+                                                                    HILO_SHORT_CONV_BWD=""),
+                            capture_output=True, text=True, check=False)
+        assert ok.returncode == 0 and ok.stdout.strip() == expected, ok.stderr[-500:]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 Triton checks need a CUDA GPU")
 @pytest.mark.parametrize("docs", [None, [0, 1, 16, 300]])

@@ -56,7 +56,7 @@ def reference_gdn(mixer: GatedDeltaNetMixer, hidden: torch.Tensor, eps: float) -
 
 @pytest.mark.parametrize("kwargs, t", [(SMALL, 9), ({"head_dim": 144, "num_heads": 1, "expand_v": 4}, 5)])
 def test_layer_equals_token_by_token_reference(kwargs, t):
-    # the second case has value heads of 576 > 512 columns: the mixer runs the operator on column blocks (512, 64)
+    # the second case has value heads of 576 columns: the mixer runs the operator on column blocks (256, 256, 64)
     model = tiny(seed=1, mixer_kwargs=kwargs)
     perturb(model, seed=2)
     mixer = model.model.layers[0].mixer
@@ -101,16 +101,17 @@ def test_cached_decode_equals_full_forward():
 
 
 def test_cached_decode_with_wide_value_heads():
-    # V = 576 > 512: the prefill runs the operator in column blocks, the decode step over all columns at once
+    # V = 576: the prefill runs the operator in column blocks, the decode step over all columns at once
     model = tiny(seed=3, mixer_kwargs={"head_dim": 144, "num_heads": 1, "expand_v": 4})
     cache, _ = fc.decode_in_pieces(model, tokens(1, 9, seed=4), 4, [(i, i + 1) for i in range(4, 9)])
     assert cache[0]["recurrent_state"].shape == (1, 1, 144, 576)
 
 
-@pytest.mark.parametrize("head_dim, expand_v, widths", [(256, 2, [512]), (144, 4, [512, 64])])
-def test_operator_runs_once_per_layer_up_to_512_value_columns(monkeypatch, head_dim, expand_v, widths):
-    """delta_rule takes V up to 512, so the default K = 256, V = 512 heads take one call per layer (its K-only WY/UT
-    work done once, not once per 256 columns), with or without a cache; wider value heads run in blocks of 512."""
+@pytest.mark.parametrize("head_dim, expand_v, value_block, widths",
+                         [(256, 2, None, [256, 256]), (256, 2, 512, [512]), (144, 4, 512, [512, 64])])
+def test_operator_calls_per_value_block(monkeypatch, head_dim, expand_v, value_block, widths):
+    """delta_rule takes V up to 512: mixer_kwargs.value_block (default 256) sets the columns per call, so
+    value_block=512 runs the default K = 256, V = 512 heads in one call, with or without a cache."""
     import models.mixers.gated_deltanet as gdn_module
 
     widths_seen = []
@@ -120,7 +121,9 @@ def test_operator_runs_once_per_layer_up_to_512_value_columns(monkeypatch, head_
         return delta_rule(q, k, v, *args, **kwargs)
 
     monkeypatch.setattr(gdn_module, "delta_rule", recording)
-    model = tiny(seed=8, num_layers=1, mixer_kwargs={"head_dim": head_dim, "num_heads": 1, "expand_v": expand_v})
+    kwargs = {"head_dim": head_dim, "num_heads": 1, "expand_v": expand_v}
+    model = tiny(seed=8, num_layers=1, mixer_kwargs=kwargs if value_block is None else {**kwargs,
+                                                                                          "value_block": value_block})
     with torch.no_grad():
         for use_cache in (False, True):
             widths_seen.clear()
@@ -172,6 +175,10 @@ def test_bad_options_are_clear_errors():
         tiny(mixer_kwargs={"heads": 4})
     with pytest.raises(ValueError, match="head_dim must be <= 256"):
         tiny(mixer_kwargs={"head_dim": 320})
+    with pytest.raises(ValueError, match=r"gated_deltanet value_block must be in 1\.\.512.*got 513"):
+        tiny(mixer_kwargs={"value_block": 513})
+    with pytest.raises(ValueError, match=r"value_block must be in 1\.\.512.*got 0"):
+        tiny(mixer_kwargs={"value_block": 0})
 
 
 def test_hydra_compose_gated_deltanet_with_sizes_and_overrides():

@@ -260,6 +260,9 @@ def test_errors_are_clear():
             small(shell, "hla2", mixer_kwargs={"decay": True})
         with pytest.raises(ValueError, match=f"unknown mixer_kwargs \\['decay_convention'\\] for mixer '{shell}'"):
             small(shell, None, mixer_kwargs={"decay_convention": "d1"})
+    # the HLA operators take value heads up to 256 per call (the delta rule's 512 is not theirs)
+    with pytest.raises(ValueError, match=r"hla_gated_deltanet value_block must be in 1\.\.256.*got 512"):
+        small("gated_deltanet", "hla2", mixer_kwargs={"value_block": 512})
     with pytest.raises(ValueError, match="set mixer=mamba2 and operator=hla2"):
         build_model({"vocab_size": VOCAB, "hidden_size": 48, "num_layers": 1, "num_heads": 3, "mixer": "hla_mamba2"})
 

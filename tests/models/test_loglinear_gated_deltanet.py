@@ -20,7 +20,7 @@ from models.mixers.loglinear_gated_deltanet import LogLinearGatedDeltaNetMixer
 
 VOCAB = 89
 SMALL = {"head_dim": 16, "num_heads": 3, "expand_v": 2}
-WIDE = {"head_dim": 144, "num_heads": 1, "expand_v": 4}  # value heads of 576 > 512: run in column blocks (512, 64)
+WIDE = {"head_dim": 144, "num_heads": 1, "expand_v": 4}  # value heads of 576: run in column blocks (256, 256, 64)
 TINY = {"vocab_size": VOCAB, "hidden_size": 48, "num_layers": 2, "num_heads": 3, "mixer": "loglinear_gated_deltanet",
             "mixer_kwargs": SMALL, "max_position_embeddings": 16}
 H, LEVELS = 3, 5
@@ -122,10 +122,11 @@ def test_cached_decode_equals_full_forward_and_state_grows_as_log2(kwargs, t):
     assert slot["recurrent_tokens"].tolist() == [t, t] and "recurrent_state" not in slot
 
 
-@pytest.mark.parametrize("head_dim, expand_v, widths", [(256, 2, [512]), (144, 4, [512, 64])])
-def test_operator_runs_once_per_layer_up_to_512_value_columns(monkeypatch, head_dim, expand_v, widths):
-    """loglinear_delta_rule takes V up to 512, so the default K = 256, V = 512 heads take one call per layer (its
-    K-only WY/UT work done once), with or without a cache; wider value heads run in blocks of 512."""
+@pytest.mark.parametrize("head_dim, expand_v, value_block, widths",
+                         [(256, 2, None, [256, 256]), (256, 2, 512, [512]), (144, 4, 512, [512, 64])])
+def test_operator_calls_per_value_block(monkeypatch, head_dim, expand_v, value_block, widths):
+    """loglinear_delta_rule takes V up to 512: mixer_kwargs.value_block (default 256) sets the columns per call, so
+    value_block=512 runs the default K = 256, V = 512 heads in one call, with or without a cache."""
     widths_seen = []
     operator = loglinear_module.loglinear_delta_rule
 
@@ -134,7 +135,9 @@ def test_operator_runs_once_per_layer_up_to_512_value_columns(monkeypatch, head_
         return operator(q, k, v, *args, **kwargs)
 
     monkeypatch.setattr(loglinear_module, "loglinear_delta_rule", recording)
-    model = tiny(seed=8, num_layers=1, mixer_kwargs={"head_dim": head_dim, "num_heads": 1, "expand_v": expand_v})
+    kwargs = {"head_dim": head_dim, "num_heads": 1, "expand_v": expand_v}
+    model = tiny(seed=8, num_layers=1, mixer_kwargs=kwargs if value_block is None else {**kwargs,
+                                                                                          "value_block": value_block})
     with torch.no_grad():
         for use_cache in (False, True):
             widths_seen.clear()
