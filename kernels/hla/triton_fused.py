@@ -72,14 +72,21 @@ def _precision(q: torch.Tensor, kernel: str) -> str:
     rounded to bf16) with OPTIONS["lowp"] or the family's own OPTIONS["lowp_" + kernel]."""
     if q.dtype == torch.float32:
         return "ieee"
-    return "bf16" if OPTIONS["lowp"] or OPTIONS["lowp_" + kernel] else "tf32"
+    if not (OPTIONS["lowp"] or OPTIONS["lowp_" + kernel]):
+        return "tf32"
+    # the interpreter computes tl.dot on bf16 operands wrongly (SPEC §10): there the operands are rounded to bf16 and
+    # multiplied in fp32 instead, the same values up to the order of the fp32 sums, so CPU tests reach this path
+    return "bf16_rounded" if os.environ.get("TRITON_INTERPRET") == "1" else "bf16"
 
 
 @triton.jit
 def _dot(a, b, PREC: tl.constexpr):
-    """a @ b accumulated in fp32: bf16 operands for PREC "bf16", else fp32 operands at input_precision PREC."""
+    """a @ b accumulated in fp32: bf16 operands for PREC "bf16" (or "bf16_rounded": rounded to bf16, multiplied in
+    fp32, for the interpreter), else fp32 operands at input_precision PREC."""
     if PREC == "bf16":  # if / else, not an early return: the code after a return would still be compiled
         out = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    elif PREC == "bf16_rounded":
+        out = tl.dot(a.to(tl.bfloat16).to(tl.float32), b.to(tl.bfloat16).to(tl.float32), input_precision="ieee")
     else:
         out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC)
     return out
