@@ -138,6 +138,28 @@ def assert_all_grads_finite_and_nonzero(model: nn.Module) -> None:
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
 
 
+def check_operator_calls_per_value_block(build, tokens, module, op_name: str, monkeypatch, mixer_kwargs: dict,
+                                         value_block, widths: list) -> None:
+    """The value widths a GDN-style mixer hands `module.op_name` per layer (one layer, with and without a cache) are
+    `widths` when mixer_kwargs.value_block is value_block (None: the default). build(seed, num_layers, mixer_kwargs)
+    makes the model; tokens(b, t, seed) its input."""
+    seen = []
+    operator = getattr(module, op_name)
+
+    def recording(q, k, v, *args, **kwargs):
+        seen.append(v.shape[-1])
+        return operator(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(module, op_name, recording)
+    kwargs = mixer_kwargs if value_block is None else {**mixer_kwargs, "value_block": value_block}
+    model = build(seed=8, num_layers=1, mixer_kwargs=kwargs)
+    with torch.no_grad():
+        for use_cache in (False, True):
+            seen.clear()
+            model(tokens(1, 6, seed=9), use_cache=use_cache)
+            assert seen == widths, (use_cache, seen)
+
+
 def check_forward_backward(model, x, vocab: int, labels_only: bool = False):
     """Training-mode forward with labels: logits [B, T, vocab] (unless labels_only), a finite loss within 0.5 of
     log(vocab), and after backward every parameter with a finite non-zero gradient. Returns the output."""

@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 from family_checks import causal_conv_silu, perturb
 
-from kernels import delta_rule
 from models import HiloForCausalLM, build_config
 from models.mixers.attention import AttentionMixer
 from models.mixers.gated_deltanet import GatedDeltaNetMixer
@@ -114,21 +113,9 @@ def test_operator_calls_per_value_block(monkeypatch, head_dim, expand_v, value_b
     value_block=512 runs the default K = 256, V = 512 heads in one call, with or without a cache."""
     import models.mixers.gated_deltanet as gdn_module
 
-    widths_seen = []
-
-    def recording(q, k, v, *args, **kwargs):
-        widths_seen.append(v.shape[-1])
-        return delta_rule(q, k, v, *args, **kwargs)
-
-    monkeypatch.setattr(gdn_module, "delta_rule", recording)
-    kwargs = {"head_dim": head_dim, "num_heads": 1, "expand_v": expand_v}
-    model = tiny(seed=8, num_layers=1, mixer_kwargs=kwargs if value_block is None else {**kwargs,
-                                                                                          "value_block": value_block})
-    with torch.no_grad():
-        for use_cache in (False, True):
-            widths_seen.clear()
-            model(tokens(1, 6, seed=9), use_cache=use_cache)
-            assert widths_seen == widths
+    fc.check_operator_calls_per_value_block(tiny, tokens, gdn_module, "delta_rule", monkeypatch,
+                                            {"head_dim": head_dim, "num_heads": 1, "expand_v": expand_v},
+                                            value_block, widths)
 
 
 def test_generate_feeds_one_token_per_step_and_equals_greedy():

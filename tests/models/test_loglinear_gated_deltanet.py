@@ -127,22 +127,9 @@ def test_cached_decode_equals_full_forward_and_state_grows_as_log2(kwargs, t):
 def test_operator_calls_per_value_block(monkeypatch, head_dim, expand_v, value_block, widths):
     """loglinear_delta_rule takes V up to 512: mixer_kwargs.value_block (default 256) sets the columns per call, so
     value_block=512 runs the default K = 256, V = 512 heads in one call, with or without a cache."""
-    widths_seen = []
-    operator = loglinear_module.loglinear_delta_rule
-
-    def recording(q, k, v, *args, **kwargs):
-        widths_seen.append(v.shape[-1])
-        return operator(q, k, v, *args, **kwargs)
-
-    monkeypatch.setattr(loglinear_module, "loglinear_delta_rule", recording)
-    kwargs = {"head_dim": head_dim, "num_heads": 1, "expand_v": expand_v}
-    model = tiny(seed=8, num_layers=1, mixer_kwargs=kwargs if value_block is None else {**kwargs,
-                                                                                          "value_block": value_block})
-    with torch.no_grad():
-        for use_cache in (False, True):
-            widths_seen.clear()
-            model(tokens(1, 6, seed=9), use_cache=use_cache)
-            assert widths_seen == widths
+    fc.check_operator_calls_per_value_block(tiny, tokens, loglinear_module, "loglinear_delta_rule", monkeypatch,
+                                            {"head_dim": head_dim, "num_heads": 1, "expand_v": expand_v},
+                                            value_block, widths)
 
 
 def test_generate_past_max_position_equals_greedy():
