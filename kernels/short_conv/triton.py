@@ -32,23 +32,37 @@ from .naive import positions_in_documents
 # 64x64w4 without an initial state (the training path: 85-112 registers, no spills on sm_90, Triton 3.6), and 32x64w4
 # with one (64x64 spills 144-552 B there, 32x64 none). HILO_SHORT_CONV_TILES="BTxBCwW" sets one for both (read at
 # import). Addresses are one 64-bit scalar per program (the tile's first token) plus int32 offsets within the tile.
-_TILES = os.environ.get("HILO_SHORT_CONV_TILES", "").strip()
-_m = re.fullmatch(r"(\d+)x(\d+)w(\d+)", _TILES) if _TILES else None
-if _TILES and (not _m or any(int(n) & (int(n) - 1) or int(n) < lo
-                             for n, lo in zip(_m.groups(), (16, 16, 1), strict=True))):
-    raise ValueError(f"HILO_SHORT_CONV_TILES={_TILES!r}: expected BTxBCwW with powers of two, BT and BC >= 16 "
-                     f"(e.g. 64x64w4), or unset for the defaults")
-TILES = {False: (64, 64, 4), True: (32, 64, 4)}  # (BT, BC, warps) without / with an initial state
-if _m:
-    TILES = dict.fromkeys((False, True), tuple(int(n) for n in _m.groups()))
+DEFAULT_TILES = {False: (64, 64, 4), True: (32, 64, 4)}  # (BT, BC, warps) without / with an initial state
+
+
+def parse_tiles(spec: str) -> dict:
+    """HILO_SHORT_CONV_TILES's value -> {has_state: (BT, BC, warps)}: the defaults when empty, else one shape for
+    both. Raises ValueError naming the expected form."""
+    spec = spec.strip()
+    if not spec:
+        return dict(DEFAULT_TILES)
+    m = re.fullmatch(r"(\d+)x(\d+)w(\d+)", spec)
+    if not m or any(int(n) & (int(n) - 1) or int(n) < lo for n, lo in zip(m.groups(), (16, 16, 1), strict=True)):
+        raise ValueError(f"HILO_SHORT_CONV_TILES={spec!r}: expected BTxBCwW with powers of two, BT and BC >= 16 "
+                         f"(e.g. 64x64w4), or unset for the defaults")
+    return dict.fromkeys((False, True), tuple(int(n) for n in m.groups()))
+
+
+def parse_bwd(value: str) -> str:
+    """HILO_SHORT_CONV_BWD's value -> one of BWD_FORMS ("split" when empty)."""
+    value = value.strip() or "split"
+    if value not in BWD_FORMS:
+        raise ValueError(f"HILO_SHORT_CONV_BWD={value!r}: expected 'split' (the default) or 'fused'")
+    return value
+
+
 # The backward with SiLU: "split" (the dpre kernel writes dpre = dy * silu'(pre) in fp32, then the backward reads
 # it) or "fused" (one kernel: dpre recomputed where each shift needs it, K^2 tap loads from cache instead of the fp32
 # round trip, at 182 registers instead of 78-80 for the pair at 32x64w4). Read at import (HILO_SHORT_CONV_BWD); H200
 # timings in benchmarks/RESULTS.md.
 BWD_FORMS = ("split", "fused")
-BWD = os.environ.get("HILO_SHORT_CONV_BWD", "split").strip() or "split"
-if BWD not in BWD_FORMS:
-    raise ValueError(f"HILO_SHORT_CONV_BWD={BWD!r}: expected 'split' (the default) or 'fused'")
+TILES = parse_tiles(os.environ.get("HILO_SHORT_CONV_TILES", ""))
+BWD = parse_bwd(os.environ.get("HILO_SHORT_CONV_BWD", ""))
 
 
 @triton.jit

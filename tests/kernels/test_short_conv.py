@@ -166,26 +166,27 @@ def test_cuda_default_backend_from_the_environment():
 
 
 def test_triton_tiles_and_backward_form_from_the_environment():
-    """HILO_SHORT_CONV_TILES and HILO_SHORT_CONV_BWD are read at import: bad values stop it with the fix named; a
-    good tile spec replaces both defaults (64x64w4 without an initial state, 32x64w4 with one)."""
+    """HILO_SHORT_CONV_TILES and HILO_SHORT_CONV_BWD: bad values are errors naming the expected form; a tile spec
+    replaces both defaults (64x64w4 without an initial state, 32x64w4 with one); the module reads both at import."""
     import os
     import subprocess
     import sys
 
+    from kernels.short_conv import triton as conv_triton
+
+    for spec in ("48x64w4", "64x64", "8x64w4"):
+        with pytest.raises(ValueError, match=f"HILO_SHORT_CONV_TILES='{spec}': expected BTxBCwW"):
+            conv_triton.parse_tiles(spec)
+    with pytest.raises(ValueError, match="HILO_SHORT_CONV_BWD='atomic': expected 'split' \\(the default\\) or 'fused'"):
+        conv_triton.parse_bwd("atomic")
+    assert conv_triton.parse_tiles("") == {False: (64, 64, 4), True: (32, 64, 4)}
+    assert conv_triton.parse_tiles(" 128x32w8 ") == {False: (128, 32, 8), True: (128, 32, 8)}
+    assert conv_triton.parse_bwd("") == "split" and conv_triton.parse_bwd("fused") == "fused"
     probe = ("import importlib; m = importlib.import_module('kernels.short_conv.triton'); "
              "print(m.TILES[False], m.TILES[True], m.BWD)")
-    for name, value, message in (("HILO_SHORT_CONV_TILES", "48x64w4", "expected BTxBCwW with powers of two"),
-                                 ("HILO_SHORT_CONV_TILES", "64x64", "expected BTxBCwW"),
-                                 ("HILO_SHORT_CONV_BWD", "atomic", "expected 'split' (the default) or 'fused'")):
-        bad = subprocess.run([sys.executable, "-c", probe], env=dict(os.environ, **{name: value}), capture_output=True,
-                             text=True, check=False)
-        assert bad.returncode != 0 and f"{name}={value!r}: {message}" in bad.stderr, bad.stderr[-500:]
-    runs = {"": "(64, 64, 4) (32, 64, 4) split", "128x32w8": "(128, 32, 8) (128, 32, 8) split"}
-    for tiles, expected in runs.items():
-        ok = subprocess.run([sys.executable, "-c", probe], env=dict(os.environ, HILO_SHORT_CONV_TILES=tiles,
-                                                                    HILO_SHORT_CONV_BWD=""),
-                            capture_output=True, text=True, check=False)
-        assert ok.returncode == 0 and ok.stdout.strip() == expected, ok.stderr[-500:]
+    env = dict(os.environ, HILO_SHORT_CONV_TILES="128x32w8", HILO_SHORT_CONV_BWD="fused")
+    ok = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=False)
+    assert ok.returncode == 0 and ok.stdout.strip() == "(128, 32, 8) (128, 32, 8) fused", ok.stderr[-500:]
 
 
 @pytest.mark.gpu
