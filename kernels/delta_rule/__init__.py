@@ -36,7 +36,8 @@ def delta_rule(
     None).
 
     q, k [B, T, H, K] with K <= 256; v [B, T, H, V] with V <= 512 (kernels.common.validate.MAX_DELTA_VALUE_DIM:
-    the Triton kernels tile V, so Gated DeltaNet's K = 256, V = 512 heads run in one call); beta [B, T, H] (the
+    the Triton kernels tile V, so Gated DeltaNet's K = 256, V = 512 heads can run in one call; bf16 on the GPU
+    at V > 256 is not yet checked); beta [B, T, H] (the
     write strength, usually sigmoid outputs); g [B, T, H] natural-log decay (<= 0), or None for no decay; scale
     multiplies q (default K ** -0.5). The operator is exact for any k (the layer L2-normalises k; the op does not
     assume it). initial_state [N, H, K, V] (fp32) with N = B, or N = len(cu_seqlens) - 1 for packed documents

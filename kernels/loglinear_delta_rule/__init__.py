@@ -52,8 +52,8 @@ def loglinear_delta_rule(
 ) -> tuple[torch.Tensor, LogLinearState | None]:
     """Log-linear gated delta rule; returns (o [B, T, H, V] in v's dtype, LogLinearState or None).
 
-    q, k [B, T, H, K] with K <= 256, v [B, T, H, V] with V <= 512 (kernels.common.validate.MAX_DELTA_VALUE_DIM)
-    (one dtype: fp32/fp16/bf16); beta [B, T, H]; g [B, T, H] fp32 log decays
+    q, k [B, T, H, K] with K <= 256, v [B, T, H, V] with V <= 512 (kernels.common.validate.MAX_DELTA_VALUE_DIM;
+    bf16 on the GPU at V > 256 is not yet checked) (one dtype: fp32/fp16/bf16); beta [B, T, H]; g [B, T, H] fp32 log decays
     (<= 0) or None; level_scales [B, T, H, L] with L >= bit_length(last position) + 1 per sequence; scale
     multiplies q (default K ** -0.5). initial_state / final state: LogLinearState(levels [N, H, L, K, V] fp32,
     tokens [N] int64), exactly the recurrent form's per-level states after `tokens` tokens (see
