@@ -48,7 +48,8 @@ class GatedDeltaNetMixer(nn.Module):
                  and config.head_dim are the attention layers' (hybrids) and are not used here.
       expand_v   value head dim V = expand_v * head_dim (2).
       conv_size  short conv kernel size (4).
-      value_block  value columns per operator call (256; up to 512 for the delta rule, 256 for the HLA operators).
+      value_block  value columns per operator call (None: the operator's widest, 512 for the delta rule, 256 for
+                   the HLA operators).
       a_init_range, dt_min, dt_max   init: exp(A_log) ~ U[1, 16]; softplus(dt_bias) log-uniform in [1e-3, 1e-1].
       backend    the delta_rule backend: None (triton on CUDA, torch otherwise), "triton", "torch", "naive".
 
@@ -63,15 +64,17 @@ class GatedDeltaNetMixer(nn.Module):
     # (the HLA family) leave it out, so no parameter goes untrained.
     USES_BETA: ClassVar[bool] = True
     # The widest value block the operator takes in one call (kernels.common.validate: 512 for the delta rules, 256 for
-    # the HLA operators). Wider heads run in blocks of mixer_kwargs.value_block columns, exact either way: each column
-    # of the K x V state evolves on its own (see _operator). The default stays 256: one 512-column call does the K-only
-    # WY work once (delta_rule fwd+bwd at H = 3, K = 256, 16K x 2 on the H200: 6.71 ms against 2 x 4.00), but compiled
-    # GDN 340m with it ended 10 steps at loss 7.085 where 256-column calls had given 6.689, and its bf16 GPU test has
-    # not run yet (benchmarks/RESULTS.md, session 9).
+    # the HLA operators), and the default of mixer_kwargs.value_block (None). Wider heads run in blocks of value_block
+    # columns, exact either way: each column of the K x V state evolves on its own (see _operator). One 512-column
+    # call does the K-only WY work once: delta_rule fwd+bwd at H = 3, K = 256, 16K x 2 on the H200 takes 6.71 ms
+    # against 2 x 4.00, and compiled GDN 340m at 8K trains at 103,659 tokens/s against 90,091 (benchmarks/RESULTS.md,
+    # session 10, where its bf16 GPU tests passed; the 10-step losses that once made it suspect differ as much
+    # between equally exact short conv tilings). Log-linear GDN 340m at 2 x 16K, compiled: 11,582 tokens/s and
+    # 83.2 GiB against 10,780 and 104.7 GiB.
     MAX_VALUE_BLOCK: ClassVar[int] = MAX_DELTA_VALUE_DIM
     DEFAULTS: ClassVar[dict] = {"head_dim": 256, "num_heads": None, "expand_v": 2, "conv_size": 4,
                                 "a_init_range": (1.0, 16.0), "dt_min": 1e-3, "dt_max": 1e-1, "backend": None,
-                                "value_block": MAX_HEAD_DIM}
+                                "value_block": None}
 
     def __init__(self, config, layer_idx: int):
         super().__init__()
@@ -87,7 +90,8 @@ class GatedDeltaNetMixer(nn.Module):
         if self.head_dim > MAX_HEAD_DIM:
             raise ValueError(f"gated_deltanet head_dim must be <= {MAX_HEAD_DIM} (the kernels' limit), got "
                              f"{self.head_dim}")
-        self.value_block = int(opts["value_block"])
+        given = opts["value_block"]
+        self.value_block = self.MAX_VALUE_BLOCK if given is None else int(given)
         if not 1 <= self.value_block <= self.MAX_VALUE_BLOCK:
             raise ValueError(f"{self.NAME} value_block must be in 1..{self.MAX_VALUE_BLOCK} (the operator's widest value "
                              f"head per call), got {opts['value_block']}")

@@ -36,8 +36,8 @@ class LogLinearGatedDeltaNetMixer(FlagsLevelParameter, GatedDeltaNetMixer):
     Past the trained maximum: positions p >= max_position_embeddings need bit_length(p) + 1 levels; the levels
     beyond num_levels - 1 use level num_levels - 1's scale (clamped), so longer sequences and decoding work.
 
-    Options: GatedDeltaNetMixer's; backend is loglinear_delta_rule's (None: the chunked path, also on CUDA until its Triton
-    backward passes a GPU check; "triton", "torch", "naive").
+    Options: GatedDeltaNetMixer's (value_block up to 512, the default); backend is loglinear_delta_rule's (None:
+    Triton on CUDA, the chunked path elsewhere; "triton", "torch", "naive").
 
     Cache slot: "conv_q", "conv_k", "conv_v" as GatedDeltaNetMixer, and the per-level state "recurrent_levels"
     ([B, H, levels, K, V] fp32) with "recurrent_tokens" ([B] int64, tokens consumed): levels =

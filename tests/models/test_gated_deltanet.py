@@ -107,10 +107,10 @@ def test_cached_decode_with_wide_value_heads():
 
 
 @pytest.mark.parametrize("head_dim, expand_v, value_block, widths",
-                         [(256, 2, None, [256, 256]), (256, 2, 512, [512]), (144, 4, 512, [512, 64])])
+                         [(256, 2, None, [512]), (256, 2, 256, [256, 256]), (144, 4, 512, [512, 64]), (144, 4, 100, [100] * 5 + [76])])
 def test_operator_calls_per_value_block(monkeypatch, head_dim, expand_v, value_block, widths):
-    """delta_rule takes V up to 512: mixer_kwargs.value_block (default 256) sets the columns per call, so
-    value_block=512 runs the default K = 256, V = 512 heads in one call, with or without a cache."""
+    """delta_rule takes V up to 512: mixer_kwargs.value_block (default None: 512) sets the columns per call, so the
+    default K = 256, V = 512 heads run in one call, with or without a cache, and value_block=256 in two."""
     import models.mixers.gated_deltanet as gdn_module
 
     fc.check_operator_calls_per_value_block(tiny, tokens, gdn_module, "delta_rule", monkeypatch,

@@ -123,10 +123,11 @@ def test_cached_decode_equals_full_forward_and_state_grows_as_log2(kwargs, t):
 
 
 @pytest.mark.parametrize("head_dim, expand_v, value_block, widths",
-                         [(256, 2, None, [256, 256]), (256, 2, 512, [512]), (144, 4, 512, [512, 64])])
+                         [(256, 2, None, [512]), (256, 2, 256, [256, 256]), (144, 4, 512, [512, 64])])
 def test_operator_calls_per_value_block(monkeypatch, head_dim, expand_v, value_block, widths):
-    """loglinear_delta_rule takes V up to 512: mixer_kwargs.value_block (default 256) sets the columns per call, so
-    value_block=512 runs the default K = 256, V = 512 heads in one call, with or without a cache."""
+    """loglinear_delta_rule takes V up to 512: mixer_kwargs.value_block (default None: 512) sets the columns per
+    call, so the default K = 256, V = 512 heads run in one call, with or without a cache, and value_block=256 in
+    two."""
     fc.check_operator_calls_per_value_block(tiny, tokens, loglinear_module, "loglinear_delta_rule", monkeypatch,
                                             {"head_dim": head_dim, "num_heads": 1, "expand_v": expand_v},
                                             value_block, widths)
