@@ -19,7 +19,7 @@ from kernels.loglinear_attn.chunk import _decay_matrices, loglinear_chunk
 
 from .tril_inverse import unit_lower_inverse
 
-__all__ = ["delta_wy_pieces", "loglinear_delta_rule_chunk", "prepare_delta"]
+__all__ = ["delta_wy_pieces", "loglinear_delta_rule_chunk", "prepare_delta", "wy_after_inverse", "wy_before_inverse"]
 
 
 def prepare_delta(q, k, v, gamma, beta):
@@ -30,21 +30,30 @@ def prepare_delta(q, k, v, gamma, beta):
     return e, q_eff, trans, zcols @ v, zcols
 
 
-def delta_wy_pieces(q, k, gamma, beta, inverse="torch"):
-    """(E, q_eff, W, Kd, zcols) of the docstring: the transition is M = exp(gamma_C) I - Kd^T W. inverse: the
-    backend of (I + A)^{-1} (tril_inverse.unit_lower_inverse: "torch" solves, "triton" runs its kernel)."""
+def wy_before_inverse(q, k, gamma, beta):
+    """(A, Q K^T * Gamma) of the docstring: the pieces before (I + A)^{-1}."""
     decay, causal = _decay_matrices(gamma)
     c = gamma.shape[-1]
-    kk = k @ k.transpose(-1, -2)
     strict = causal & ~torch.eye(c, dtype=torch.bool, device=q.device)
-    a = beta[..., :, None] * kk * decay * strict
-    x = unit_lower_inverse(a, inverse) * beta[..., None, :]  # (I + A)^{-1} diag(beta)
-    qk = (q @ k.transpose(-1, -2)) * decay
+    a = beta[..., :, None] * (k @ k.transpose(-1, -2)) * decay * strict
+    return a, (q @ k.transpose(-1, -2)) * decay
+
+
+def wy_after_inverse(inv, q, k, gamma, beta, qk):
+    """(E, q_eff, W, Kd, zcols) of the docstring from inv = (I + A)^{-1} and qk = Q K^T * Gamma."""
+    x = inv * beta[..., None, :]  # (I + A)^{-1} diag(beta)
     e = qk @ x
     w = x @ (k * gamma.exp()[..., None])
     q_eff = q * gamma.exp()[..., None] - qk @ w
     kd = k * (gamma[..., -1:] - gamma).exp()[..., None]
     return e, q_eff, w, kd, kd.transpose(-1, -2) @ x
+
+
+def delta_wy_pieces(q, k, gamma, beta, inverse="torch"):
+    """(E, q_eff, W, Kd, zcols) of the docstring: the transition is M = exp(gamma_C) I - Kd^T W. inverse: the
+    backend of (I + A)^{-1} (tril_inverse.unit_lower_inverse: "torch" solves, "triton" runs its kernel)."""
+    a, qk = wy_before_inverse(q, k, gamma, beta)
+    return wy_after_inverse(unit_lower_inverse(a, inverse), q, k, gamma, beta, qk)
 
 
 def loglinear_delta_rule_chunk(q, k, v, beta, g, level_scales, scale, initial_state, output_final_state,

@@ -15,14 +15,15 @@ gradient left at the first chunk is the initial levels' gradient.
 
 The "triton" backend (`loglinear_delta_rule_triton`): the per-chunk pieces (E, q_eff, W, Kd, zcols: the WY/UT form
 of chunk.delta_wy_pieces, (I + A)^{-1} from tril_inverse's kernel unless OPTIONS["inverse"] = "solve") and the
-levels 0..6 block (E * Lambda) V are batched torch ops over all chunks at once,
-differentiated by autograd (a first version: only the level scan, the sequential part, is a custom Triton forward
+levels 0..6 block (E * Lambda) V are batched torch ops over all chunks at once (compiled by inductor on CUDA,
+OPTIONS["glue"]), differentiated by autograd (a first version: only the level scan, the sequential part, is a custom Triton forward
 and backward); the prior levels of an initial state run through the same scan kernel in mode 1; the final levels
 0..6 come from the last chunk's zcols. Memory: the backward needs the state entering every chunk (nj K x V matrices
 per chunk and head, in the inputs' dtype, for dW and dKd); by default (OPTIONS["states"] = "recompute") it runs the
 forward scan again for them instead of keeping them from the forward.
 """
 
+import contextlib
 import os
 
 import torch
@@ -43,8 +44,9 @@ from kernels.loglinear_attn.triton_fwd import (
     scan_warps,
 )
 
-from .chunk import delta_wy_pieces
+from .chunk import wy_after_inverse, wy_before_inverse
 from .level_nodes import DeltaLevelNodesFunction
+from .tril_inverse import unit_lower_inverse
 from .triton_fwd import _scan_masks, _scan_program, delta_level_scan_fwd, dot_precision, scan_launches
 
 # How the chunk levels run: "scan" (the Triton level scan above and in triton_fwd) or "nodes" (level_nodes: a tree of
@@ -80,10 +82,22 @@ UNROLL_V = 256  # the widest value head whose V-block loops the split backward's
 # Those loops at V <= UNROLL_V: "unroll" (the form timed on the H200) or "loop" (a plain loop at every V: fewer
 # registers and spills in the AOT audit, e.g. K = 256 464 -> 104 B; not yet timed).
 GRADS_V = ("unroll", "loop")
+# The per-chunk pieces around the level scan (the tokens to chunk-major rows, the WY/UT pieces and the levels 0..6
+# block (E * Lambda) V; about 20 ms of the 53 ms fwd+bwd at 16K x 2, H = 16, K = V = 128, in ~100 batched torch ops
+# and autograd's backward of them, session 8): "eager" (as written), "compiled" (the two parts either side of the
+# Triton inverse through torch.compile(dynamic=True), so inductor fuses their elementwise work and gathers, forward and
+# backward; GLUE_BACKEND) or "auto" (the default: compiled for CUDA tensors, eager elsewhere, where the interpreter
+# runs and a C++ build per shape family would dominate the tests). glue_tf32: "1" (the default) lets 16-bit inputs'
+# fp32 glue products use TF32, as the scan's dots do (fp32 inputs stay exact); "0" keeps them fp32.
+# H200, bf16, 16K x 2, H = 16, K = V = 128, fwd+bwd (benchmarks/RESULTS.md, session 10; all within kernels.py's bf16
+# check): eager 53.05 ms, compiled 46.41, compiled + TF32 45.58. The first call compiles (80 s there, once per
+# process and dtype; other lengths reuse it).
+GLUES = ("auto", "eager", "compiled")
 OPTIONS = {"form": "scan", "inverse": "triton", "bwd": "split", "states": "recompute", "grads_block": "full",
-           "grads_v": "unroll"}
+           "grads_v": "unroll", "glue": "auto", "glue_tf32": "1"}
 _CHOICES = {"form": FORMS, "inverse": INVERSES, "bwd": BWDS, "states": STATES, "grads_block": GRADS_BLOCKS,
-            "grads_v": GRADS_V}
+            "grads_v": GRADS_V, "glue": GLUES, "glue_tf32": ("0", "1")}
+GLUE_BACKEND = "inductor"  # torch.compile backend of glue="compiled" (tests on CPU use "aot_eager": no C++ build)
 
 
 def _read_options() -> None:
@@ -91,9 +105,8 @@ def _read_options() -> None:
     for item in filter(None, (part.strip() for part in spec.split(","))):
         key, _, val = (x.strip() for x in item.partition("="))
         if val not in _CHOICES.get(key, ()):
-            raise ValueError(f"HILO_LOGLINEAR_DELTA: expected form=scan|nodes, inverse=triton|solve, "
-                             f"bwd=atomic|split, states=recompute|save, grads_block=64|full or grads_v=unroll|loop, "
-                             f"got {item!r}")
+            choices = ", ".join(f"{k}={'|'.join(v)}" for k, v in _CHOICES.items())
+            raise ValueError(f"HILO_LOGLINEAR_DELTA: expected one of {choices}, got {item!r}")
         OPTIONS[key] = val
 
 
@@ -409,12 +422,68 @@ def _smem_optin(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
 
 
+def _glue_before(q, k, v, g, beta, lam, chunk_pos, rows: int, scale):
+    """Token-major [TT, H, D] inputs -> their fp32 chunk rows [H, rows, C, D] (chunk_pos: each token's place in the
+    rows; q scaled; g, beta, lam [.., C] / [.., C, L]), gamma (in-chunk cumsum of g) and the pieces before the
+    inverse, A and Q K^T * Gamma."""
+    qc, kc, vc = (_rows(x, chunk_pos, rows) for x in (q.float() * scale, k.float(), v.float()))
+    gamma = _rows(g.float(), chunk_pos, rows)[..., 0].cumsum(-1)
+    bc = _rows(beta.float(), chunk_pos, rows)[..., 0]
+    lc = _rows(lam, chunk_pos, rows)
+    a, qk = wy_before_inverse(qc, kc, gamma, bc)
+    return qc, kc, vc, gamma, bc, lc, a, qk
+
+
+def _glue_after(inv, qc, kc, vc, gamma, bc, lc, qk, lev_in, pad_levels: int):
+    """The pieces after the inverse (E, q_eff, W, Kd, zcols), the levels 0..6 block (E * Lambda) V with Lambda[t, s] =
+    lambda_t[bit_length(t xor s)] (lev_in: those levels; lc padded by pad_levels zero levels), and exp(gamma_C)."""
+    e, q_eff, w_wy, kd, zcols = wy_after_inverse(inv, qc, kc, gamma, bc, qk)
+    h, rows = qc.shape[:2]
+    lam_in = torch.gather(torch.nn.functional.pad(lc, (0, pad_levels)), -1, lev_in.expand(h, rows, CHUNK, CHUNK))
+    return (e * lam_in) @ vc, q_eff, w_wy, kd, zcols, gamma[..., -1].exp()
+
+
+_COMPILED_GLUE: dict = {}
+
+
+def _glue_functions(mode: str):
+    """(before, after): the functions above, or their torch.compile'd forms (built once per backend)."""
+    if mode == "eager":
+        return _glue_before, _glue_after
+    key = GLUE_BACKEND
+    if key not in _COMPILED_GLUE:
+        _COMPILED_GLUE[key] = tuple(torch.compile(f, backend=key, dynamic=True, fullgraph=True)
+                                    for f in (_glue_before, _glue_after))
+    return _COMPILED_GLUE[key]
+
+
+@contextlib.contextmanager
+def _glue_precision(in_dtype: torch.dtype):
+    """OPTIONS glue_tf32 = "1": TF32 products in the glue for 16-bit inputs; otherwise as torch is set (a compiled
+    glue is specialised on the setting: dynamo guards on it)."""
+    if OPTIONS["glue_tf32"] != "1" or in_dtype == torch.float32:
+        yield
+        return
+    flag = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = flag
+
+
+def _rows(x, chunk_pos, rows: int):
+    """[TT, H, D] token-major -> [H, rows, C, D] chunk-major, contiguous, zeros in the padding (chunk_pos: each
+    token's place in the rows)."""
+    h, d = x.shape[1:]
+    flat = x.new_zeros(h, rows * CHUNK, d).index_copy(1, chunk_pos, x.transpose(0, 1))
+    return flat.reshape(h, rows, CHUNK, d)
+
+
 def _to_chunks(x, lay: LevelLayout):
     """[TT, H, D] token-major -> [H, rows, C, D] chunk-major, contiguous, with zeros in the padding (differentiable).
     Contiguous in one pass: a permuted view would be copied again by every batched matmul that reads it."""
-    h, d = x.shape[1:]
-    flat = x.new_zeros(h, lay.rows * CHUNK, d).index_copy(1, lay.chunk_pos, x.transpose(0, 1))
-    return flat.reshape(h, lay.rows, CHUNK, d)
+    return _rows(x, lay.chunk_pos, lay.rows)
 
 
 def _prior_weights(lam, segs, starts, t):
@@ -442,27 +511,25 @@ def loglinear_delta_rule_triton(q, k, v, beta, g, level_scales, scale, initial_s
     if lay.rows == 0:
         o = v.new_zeros(b, t, h, dv)
         return o, (None if not output_final_state else _empty_finals(initial_state, starts, h, nl, dk, dv, q))
-    flat = (lambda x: x.reshape(b * t, h, -1).float())
-    qc = _to_chunks(flat(q) * scale, lay)
-    kc, vc = _to_chunks(flat(k), lay), _to_chunks(flat(v), lay)
-    gc = _to_chunks(flat(g) if g is not None else q.new_zeros(b * t, h, 1, dtype=torch.float32), lay)[..., 0]
-    bc = _to_chunks(flat(beta), lay)[..., 0]
-    lam_tok = flat(level_scales)
-    lc = _to_chunks(lam_tok, lay)
-    gamma = gc.cumsum(-1)
+    flat = (lambda x: x.reshape(b * t, h, -1))
     if OPTIONS["states"] not in STATES:
         raise ValueError(f"loglinear_delta_rule OPTIONS['states'] = {OPTIONS['states']!r}; expected one of {STATES}")
     if OPTIONS["inverse"] not in INVERSES:
         raise ValueError(f"loglinear_delta_rule OPTIONS['inverse'] = {OPTIONS['inverse']!r}; expected one of {INVERSES}")
-    e, q_eff, w_wy, kd, zcols = delta_wy_pieces(qc, kc, gamma, bc,
-                                                "triton" if OPTIONS["inverse"] == "triton" else "torch")
-    decay = gamma[..., -1].exp()  # [H, rows]
-    nl_int = max(nl, CHUNK_LEVELS + 1)
+    if OPTIONS["glue"] not in GLUES:
+        raise ValueError(f"loglinear_delta_rule OPTIONS['glue'] = {OPTIONS['glue']!r}; expected one of {GLUES}")
+    glue = OPTIONS["glue"] if OPTIONS["glue"] != "auto" else ("compiled" if q.is_cuda else "eager")
+    before, after = _glue_functions(glue)
+    g_tok = flat(g) if g is not None else q.new_zeros(b * t, h, 1, dtype=torch.float32)
+    lam_tok = flat(level_scales).float()
     offs = torch.arange(CHUNK, device=q.device)
+    nl_int = max(nl, CHUNK_LEVELS + 1)
     lev_in = level_of(offs[:, None], offs[None, :]).clamp(max=nl_int - 1)
-    lc_int = torch.nn.functional.pad(lc, (0, nl_int - nl))
-    lam_in = torch.gather(lc_int, -1, lev_in.expand(h, lay.rows, CHUNK, CHUNK))
-    o = (e * lam_in) @ vc  # [H, rows, C, V]
+    with _glue_precision(q.dtype):
+        qc, kc, vc, gamma, bc, lc, a, qk = before(flat(q), flat(k), flat(v), g_tok, flat(beta), lam_tok,
+                                                  lay.chunk_pos, lay.rows, scale)
+        inv = unit_lower_inverse(a, "triton" if OPTIONS["inverse"] == "triton" else "torch")
+        o, q_eff, w_wy, kd, zcols, decay = after(inv, qc, kc, vc, gamma, bc, lc, qk, lev_in, nl_int - nl)
     if OPTIONS["form"] not in FORMS:
         raise ValueError(f"loglinear_delta_rule OPTIONS['form'] = {OPTIONS['form']!r}; expected one of {FORMS}")
     has_prior = initial_state is not None and any(p > 0 for p in starts)

@@ -316,18 +316,19 @@ def test_level_nodes_form_option_errors(monkeypatch):
     from kernels.loglinear_delta_rule import triton_bwd
 
     for bad in ("form=tree", "inverse=lu", "solver=triton", "bwd=fused", "states=drop", "grads_block=32",
-                "grads_v=2"):
+                "grads_v=2", "glue=jit", "glue_tf32=yes"):
         monkeypatch.setenv("HILO_LOGLINEAR_DELTA", bad)
-        with pytest.raises(ValueError, match=r"expected form=scan\|nodes, inverse=triton\|solve, bwd=atomic\|split, "
-                                             r"states=recompute\|save, grads_block=64\|full or grads_v=unroll\|loop"):
+        with pytest.raises(ValueError, match=r"expected one of form=scan\|nodes, inverse=triton\|solve, "
+                                             r"bwd=atomic\|split, states=recompute\|save, grads_block=64\|full, "
+                                             r"grads_v=unroll\|loop, glue=auto\|eager\|compiled, glue_tf32=0\|1, got"):
             triton_bwd._read_options()
     # none of them the default
     monkeypatch.setenv("HILO_LOGLINEAR_DELTA", "form=nodes, inverse=solve,bwd=atomic, states=save,grads_block=64,"
-                       "grads_v=loop")
+                       "grads_v=loop,glue=compiled, glue_tf32=0")
     monkeypatch.setattr(triton_bwd, "OPTIONS", dict(triton_bwd.OPTIONS))
     triton_bwd._read_options()
     assert triton_bwd.OPTIONS == {"form": "nodes", "inverse": "solve", "bwd": "atomic", "states": "save",
-                                  "grads_block": "64", "grads_v": "loop"}
+                                  "grads_block": "64", "grads_v": "loop", "glue": "compiled", "glue_tf32": "0"}
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -385,6 +386,40 @@ def test_triton_backend_same_with_either_inverse(monkeypatch):
         results[inverse] = [o.detach().cpu()] + [z.grad.cpu() for z in leaves]
     for got, ref in zip(results["triton"], results["solve"], strict=True):
         assert error_ratio(got, ref) <= 1e-5
+
+
+@triton_only
+def test_compiled_glue_gives_the_eager_glue_values(monkeypatch):
+    """HILO_LOGLINEAR_DELTA=glue=compiled: the pieces either side of the inverse through torch.compile(dynamic=True,
+    fullgraph=True) give the eager pieces' output, final levels and every gradient, over two calls of other lengths
+    and a varlen call with an initial state (one compilation each, no recompilation per length). On CPU the backend
+    is aot_eager (the same capture and AOT autograd, no C++ build); the GPU runs inductor."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from kernels.loglinear_delta_rule import triton_bwd
+
+    counter = CompileCounterWithBackend("aot_eager")
+    monkeypatch.setattr(triton_bwd, "GLUE_BACKEND", counter)
+    monkeypatch.setattr(triton_bwd, "_COMPILED_GLUE", {})
+    torch._dynamo.reset()
+    lengths = [1, 15, 0, 75, 130]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    varlen = make(1, int(cu[-1]), seed=9, nl=num_levels(260))
+    init = prior_state([0, 5, 3, 64, 100], nl=varlen["lam"].shape[-1], seed=10)
+    cases = [(make(2, 150, seed=21), None, None), (make(1, 333, seed=22, decay="strong"), None, None),
+             (varlen, cu, init)]
+    for i, (x, cu_, prior) in enumerate(cases):
+        monkeypatch.setitem(triton_bwd.OPTIONS, "glue", "eager")
+        ref = run("triton", x, cu=cu_, init=prior)
+        monkeypatch.setitem(triton_bwd.OPTIONS, "glue", "compiled")
+        assert_close(run("triton", x, cu=cu_, init=prior), ref, f"compiled glue, case {i}")
+    assert 2 <= counter.frame_count <= 4, counter.frame_count  # before / after, and once more at most for dynamism
+    # the default, "auto": compiled for CUDA tensors, eager for CPU ones (the interpreter's tests)
+    modes, pick = [], triton_bwd._glue_functions
+    monkeypatch.setattr(triton_bwd, "_glue_functions", lambda mode: modes.append(mode) or pick(mode))
+    monkeypatch.setitem(triton_bwd.OPTIONS, "glue", "auto")
+    run("triton", cases[0][0])
+    assert modes == ["compiled" if DEV == "cuda" else "eager"], modes
 
 
 @pytest.mark.parametrize("case", ["batch", "varlen_prior"])
