@@ -171,7 +171,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
     if tr.gradient_checkpointing:  # transformers 5 renamed the method; call whichever this version has
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     if tr.get("compile"):  # the blocks' training forwards through torch.compile, the kernels' operators opaque
-        compile_blocks(model)
+        compile_blocks(model, mode=tr.get("compile_mode"))
     n_params = sum(p.numel() for p in model.parameters())
     flops_per_token = model.num_flops_per_token(int(tr.seq_len))
 

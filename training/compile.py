@@ -45,13 +45,20 @@ def check_compile_available() -> None:
             f"torch {torch.__version__}; set trainer.compile=false")
 
 
-def compile_blocks(model: torch.nn.Module, backend="inductor") -> int:
+# torch.compile modes trainer.compile_mode takes: inductor's default, or its GEMM / kernel autotuning without CUDA
+# graphs (a training step's allocations and the opaque operators between graphs rule CUDA graphs out).
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+
+
+def compile_blocks(model: torch.nn.Module, backend="inductor", mode: str | None = None) -> int:
     """Compile the training forward of every models.Block inside model (in place); return how many were set.
 
     Compiled code from earlier calls in this process is dropped first (torch._dynamo.reset()): all Blocks share
     one code object, whose cache of compiled variants is bounded (dynamo's recompile_limit), so a process training
     several models in turn (sweeps, benchmarks/train_throughput.py) must not keep the previous models' variants.
-    backend: torch.compile's backend, a name or a callable ("inductor"; tests also use "aot_eager").
+    backend: torch.compile's backend, a name or a callable ("inductor"; tests also use "aot_eager"). mode: one of
+    COMPILE_MODES (None: "default"); "max-autotune-no-cudagraphs" benchmarks Triton GEMM templates against cuBLAS for
+    every matmul shape of the block at the first step (minutes), then keeps the fastest.
     Raises CompileUnavailableError when torch.compile cannot run. Triton norms (config.fused_norms) are custom ops,
     one node each in the block graphs.
     """
@@ -60,6 +67,8 @@ def compile_blocks(model: torch.nn.Module, backend="inductor") -> int:
     from kernels.common.compile import make_opaque_in
     from models.blocks import Block
 
+    if mode is not None and mode not in COMPILE_MODES:
+        raise ValueError(f"compile mode {mode!r}: expected one of {', '.join(COMPILE_MODES)} (trainer.compile_mode)")
     check_compile_available()
     blocks = [m for m in model.modules() if isinstance(m, Block)]
     # Operators are called through the names they were imported under: swap the compile-safe ones into the models
@@ -75,7 +84,8 @@ def compile_blocks(model: torch.nn.Module, backend="inductor") -> int:
               if hasattr(torch._dynamo.config, "nested_graph_breaks") else contextlib.nullcontext())
     for block in blocks:
         eager = types.MethodType(type(block).forward, block)
-        block.forward = _TrainingForward(eager, torch.compile(eager, dynamic=False, backend=backend), nested)
+        block.forward = _TrainingForward(eager, torch.compile(eager, dynamic=False, backend=backend,
+                                                                      mode=None if mode == "default" else mode), nested)
     return len(blocks)
 
 

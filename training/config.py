@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
+from .compile import COMPILE_MODES
+
 
 class ConfigError(ValueError):
     pass
@@ -55,6 +57,7 @@ _OPTIONAL_CHECKS = {
     "trainer.early_stop_threshold": (lambda v: v is None or _is_num(v), "null or a number"),
     "trainer.time_phases": (lambda v: v is None or isinstance(v, bool), "true or false"),
     "trainer.compile": (lambda v: v is None or isinstance(v, bool), "true or false"),
+    "trainer.compile_mode": (lambda v: v is None or v in COMPILE_MODES, "null, " + " or ".join(COMPILE_MODES)),
     "trainer.data_hashes": (lambda v: v is None or isinstance(v, bool), "true or false"),
 }
 
@@ -66,6 +69,9 @@ def validate_train_config(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key)
         if not ok(value):
             problems.append(f"{key}={value!r} is invalid: expected {expected} (override it as {key}=...)")
+    if OmegaConf.select(cfg, "trainer.compile_mode") is not None and not OmegaConf.select(cfg, "trainer.compile"):
+        problems.append("trainer.compile_mode is set but trainer.compile is false: add trainer.compile=true (or drop "
+                        "the mode)")
     if OmegaConf.select(cfg, "trainer.early_stop_metric") and OmegaConf.select(cfg, "trainer.early_stop_threshold") \
             is None:
         problems.append("trainer.early_stop_metric is set but trainer.early_stop_threshold is null: give the value "

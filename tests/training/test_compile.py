@@ -201,6 +201,21 @@ def test_config_and_missing_compile_fail_clearly(monkeypatch):
     with pytest.raises(ConfigError, match="trainer.compile"):
         validate_train_config(small_cfg("trainer.compile=yes"))
     validate_train_config(small_cfg("trainer.compile=true", "++model.fused_norms=true"))  # custom ops: allowed
+    # trainer.compile_mode: one of inductor's modes without CUDA graphs, and only with trainer.compile
+    validate_train_config(small_cfg("trainer.compile=true", "trainer.compile_mode=max-autotune-no-cudagraphs"))
+    with pytest.raises(ConfigError, match=r"trainer.compile_mode='reduce-overhead' is invalid: expected null, "
+                                          r"default or max-autotune-no-cudagraphs"):
+        validate_train_config(small_cfg("trainer.compile=true", "trainer.compile_mode=reduce-overhead"))
+    with pytest.raises(ConfigError, match="trainer.compile_mode is set but trainer.compile is false"):
+        validate_train_config(small_cfg("trainer.compile_mode=default"))
+    with pytest.raises(ValueError, match="compile mode 'max-autotune': expected one of default, "
+                                         "max-autotune-no-cudagraphs"):
+        compile_blocks(_model("transformer"), mode="max-autotune")
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw["mode"]) or fn)
+    compile_blocks(_model("transformer"), mode="max-autotune-no-cudagraphs")
+    compile_blocks(_model("transformer"), mode="default")
+    assert seen == ["max-autotune-no-cudagraphs"] * TINY["num_layers"] + [None] * TINY["num_layers"]
     monkeypatch.setattr(torch._dynamo, "is_dynamo_supported", lambda: False)
     with pytest.raises(CompileUnavailableError, match="trainer.compile=false"):
         compile_blocks(_model("transformer"))

@@ -1,0 +1,131 @@
+"""One operator under several build-option variants in one process: for each variant, benchmarks/kernels.py's bf16
+check against the fp32 oracle and the fwd / fwd+bwd time (do_bench medians) at one shape, as one table.
+
+    python benchmarks/option_sweep.py --op loglinear_delta_rule --seq-len 16384 \\
+        --variants "" "HILO_LOGLINEAR=scan_cols=64,scan_levels=4" "HILO_LOGLINEAR_DELTA=glue=eager"
+    python benchmarks/option_sweep.py --op hla2 --variants "" "HILO_HLA=lowp_out=1" --skip-check --append
+
+A variant is what the environment would say at import, as `VAR=spec` entries joined by ";" (VAR one of READERS;
+"" is the defaults). Every variant starts from the defaults the process began with: the OPTIONS dicts are restored,
+the named variables set (the others unset) and each module's own reader applied, so a bad spec fails as it would at
+import. Triton and inductor compile each variant's kernels on its first call; "first call s" is that call's wall time
+(the check's, or the first timing's with --skip-check). --heads, --dim, --dim-v and --tokens as in kernels.py.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import importlib
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+# environment variable -> (module, its reader of that variable, its OPTIONS dict's name)
+READERS = {"HILO_LOGLINEAR": ("kernels.loglinear_attn.triton_fwd", "_apply_env_options"),
+           "HILO_LOGLINEAR_DELTA": ("kernels.loglinear_delta_rule.triton_bwd", "_read_options"),
+           "HILO_HLA": ("kernels.hla.triton_fused", "_read_options"),
+           "HILO_DELTA_RULE": ("kernels.delta_rule.triton_fwd", "_apply_env_options")}
+
+
+def parse_variant(text: str) -> dict[str, str]:
+    """'VAR=spec;VAR2=spec2' -> {VAR: spec}; '' -> {} (the defaults)."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        var, sep, spec = part.partition("=")
+        if not sep or var not in READERS:
+            raise SystemExit(f"option_sweep: variant entry {part!r}: expected VAR=spec with VAR one of "
+                             f"{sorted(READERS)}")
+        out[var] = spec
+    return out
+
+
+class OptionState:
+    """The OPTIONS dicts of READERS' modules, snapshotted at start; apply(variant) restores them, then applies the
+    variant through the modules' own readers."""
+
+    def __init__(self):
+        self.modules = {var: importlib.import_module(mod) for var, (mod, _) in READERS.items()}
+        self.saved = {var: copy.deepcopy(m.OPTIONS) for var, m in self.modules.items()}
+
+    def apply(self, variant: dict[str, str]) -> None:
+        for var, module in self.modules.items():
+            module.OPTIONS.clear()
+            module.OPTIONS.update(copy.deepcopy(self.saved[var]))
+            if var in variant:
+                os.environ[var] = variant[var]
+            else:
+                os.environ.pop(var, None)
+            getattr(module, READERS[var][1])()
+
+
+def main(argv=None) -> int:
+    import torch
+    import triton.testing
+
+    from benchmarks import kernels as kb
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--op", required=True, choices=list(kb.CASES))
+    ap.add_argument("--variants", nargs="+", required=True)
+    ap.add_argument("--seq-len", type=int, default=16384)
+    ap.add_argument("--tokens", type=int, default=32768)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--dim-v", type=int, default=None)
+    ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--append", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    args = ap.parse_args(argv)
+    variants = [(v, parse_variant(v)) for v in args.variants]  # every spec's form before any GPU work
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/option_sweep.py needs a CUDA GPU")
+    state = OptionState()
+    case = kb.CASES[args.op]
+    b = max(args.tokens // args.seq_len, 1)
+    lines = ["| variant | check (worst quantity: ratio / tol) | fwd ms | fwd+bwd ms | first call s |",
+             "|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
+    failed = False
+    for text, variant in variants:
+        state.apply(variant)
+        kb.VALUE_DIM = None  # the check's shapes use V = D
+        t0 = time.time()
+        verdict = "not run"
+        if not args.skip_check:
+            rows = kb.check(args.op, case, "cuda")
+            rows = [r for r in rows if "(" not in r[0]]  # the op's own backend, not its baselines
+            bad = [f"{shape} {q} {r:.2e} > {tol}" for shape, q, r, tol in rows if not r <= tol]
+            failed |= bool(bad)
+            worst = max(rows, key=lambda r: r[2] / r[3])
+            verdict = ("ok" if not bad else "FAIL: " + "; ".join(bad)) + f" ({worst[1]} {worst[2]:.2e} / {worst[3]})"
+        kb.VALUE_DIM = args.dim_v
+        fwd, fwd_bwd, leaves = kb._op_fn(case, b, args.seq_len, args.heads, args.dim, "cuda")
+        fwd()
+        torch.cuda.synchronize()
+        first = time.time() - t0
+        f = triton.testing.do_bench(fwd, warmup=10, rep=60, return_mode="median")
+        fb = triton.testing.do_bench(fwd_bwd, warmup=10, rep=60, grad_to_none=leaves, return_mode="median")
+        lines.append(f"| `{text or '(defaults)'}` | {verdict} | {f:.3f} | {fb:.3f} | {first:.0f} |")
+        print(lines[-1], flush=True)
+        del fwd, fwd_bwd, leaves
+        torch.cuda.empty_cache()
+    if args.append:
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        shape = (f"{args.op}, bf16, T = {args.seq_len}, B = {b}, H = {args.heads}, K = {args.dim}, "
+                 f"V = {args.dim_v or args.dim}")
+        head = (f"\n## Option sweep, {stamp}, {torch.cuda.get_device_name()} (torch {torch.__version__}, triton "
+                f"{triton.__version__})\n\n`python benchmarks/option_sweep.py {shlex.join(sys.argv[1:])}`\n\n{shape}; "
+                f"medians of do_bench.\n\n")
+        with open(REPO / "benchmarks" / "RESULTS.md", "a") as fh:
+            fh.write(head + "\n".join(lines) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
