@@ -229,6 +229,31 @@ def test_triton_unit_level_scales_is_delta_rule():
 
 
 @triton_only
+def test_triton_half_inputs():
+    """fp16 q, k, v, beta (bf16 needs a GPU: the interpreter's bf16 tl.dot is wrong) against the fp32 chunked path on
+    the same values, at SPEC's bf16 tolerances; the output keeps fp16."""
+    x = make(1, 200, seed=24)
+    x["q"] = x["q"] * 0.5
+    outs = {}
+    for backend, dtype in (("torch", torch.float32), ("triton", torch.float16)):
+        dev = DEV if backend == "triton" else "cpu"
+        # the fp16 values for both: the comparison is of the arithmetic, not of the inputs' rounding
+        leaves = [x[n].to(torch.float16 if n in ("q", "k", "v", "beta") else torch.float32).to(
+            dev, dtype if n in ("q", "k", "v", "beta") else torch.float32).requires_grad_() for n in NAMES]
+        o, st = loglinear_delta_rule(*leaves, scale=SCALE, output_final_state=True, backend=backend)
+        gen = torch.Generator().manual_seed(1)
+        do = torch.randn(o.shape, generator=gen).to(o)
+        dl = torch.randn(st.levels.shape, generator=gen).to(st.levels)
+        grads = torch.autograd.grad((o.float() * do).sum() + (st.levels * dl).sum(), leaves)
+        outs[backend] = [o.cpu(), st.levels.cpu(), *(d.cpu() for d in grads)]
+    assert outs["triton"][0].dtype == torch.float16
+    names = ["o", "final levels", "dq", "dk", "dv", "dbeta", "dg", "dlevel_scales"]
+    tols = [5e-3, 5e-3, 1e-2, 1e-2, 1e-2, 1e-2, 2e-2, 2e-2]
+    for name, tol, a, b in zip(names, tols, outs["triton"], outs["torch"], strict=True):
+        assert error_ratio(a, b) <= tol, f"fp16 {name}: {error_ratio(a, b)}"
+
+
+@triton_only
 def test_triton_level_groups(monkeypatch):
     """Two chunk levels per scan program (so T = 300 after a 100-token prior splits its three chunk levels into
     groups of 2 + 1, and the delta rule's prior levels into groups of 2): the groups add up to the definition."""
