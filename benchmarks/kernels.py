@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -382,14 +383,21 @@ def main(argv=None):
     if args.profile:
         profile(args.ops, args.profile, args.tokens, args.heads, args.dim, device)
     if args.append:
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        head = (f"\n## Kernels, {stamp}, {torch.cuda.get_device_name()} (torch {torch.__version__}, triton "
-                f"{__import__('triton').__version__})\n\n`python benchmarks/kernels.py {' '.join(sys.argv[1:])}`"
-                f"\n\nbf16, {args.tokens} tokens per call, H={args.heads}, D={args.dim}"
-                f"{'' if args.dim_v is None else f', V={args.dim_v} (SDPA: V=D)'}; medians of do_bench.\n\n")
-        with open(REPO / "benchmarks" / "RESULTS.md", "a") as fh:
-            fh.write(head + "\n".join(lines) + "\n")
+        append_results("Kernels", "kernels.py", f"bf16, {args.tokens} tokens per call, H={args.heads}, D={args.dim}"
+                       f"{'' if args.dim_v is None else f', V={args.dim_v} (SDPA: V=D)'}; medians of do_bench.", lines)
     return 1 if failed else 0
+
+
+def append_results(title: str, script: str, detail: str, lines: list[str]) -> None:
+    """Append a section to benchmarks/RESULTS.md: "## title, date, GPU (torch, triton)", the command that ran
+    (benchmarks/script and this process's arguments), detail, then the table lines."""
+    import triton
+
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    head = (f"\n## {title}, {stamp}, {torch.cuda.get_device_name()} (torch {torch.__version__}, triton "
+            f"{triton.__version__})\n\n`python benchmarks/{script} {shlex.join(sys.argv[1:])}`\n\n{detail}\n\n")
+    with open(REPO / "benchmarks" / "RESULTS.md", "a") as fh:
+        fh.write(head + "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
 import importlib
 import os
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -116,14 +114,8 @@ def main(argv=None) -> int:
         del fwd, fwd_bwd, leaves
         torch.cuda.empty_cache()
     if args.append:
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        shape = (f"{args.op}, bf16, T = {args.seq_len}, B = {b}, H = {args.heads}, K = {args.dim}, "
-                 f"V = {args.dim_v or args.dim}")
-        head = (f"\n## Option sweep, {stamp}, {torch.cuda.get_device_name()} (torch {torch.__version__}, triton "
-                f"{triton.__version__})\n\n`python benchmarks/option_sweep.py {shlex.join(sys.argv[1:])}`\n\n{shape}; "
-                f"medians of do_bench.\n\n")
-        with open(REPO / "benchmarks" / "RESULTS.md", "a") as fh:
-            fh.write(head + "\n".join(lines) + "\n")
+        kb.append_results("Option sweep", "option_sweep.py", f"{args.op}, bf16, T = {args.seq_len}, B = {b}, "
+                          f"H = {args.heads}, K = {args.dim}, V = {args.dim_v or args.dim}; medians of do_bench.", lines)
     return 1 if failed else 0
 
 
