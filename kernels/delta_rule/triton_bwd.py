@@ -491,7 +491,7 @@ def delta_rule_bwd(q, k, v, beta, g, scale, want_dh0, bounds, table, choff, save
         dh, dh0 if dh0 is not None else gamma, scale,
         H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=sbv, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
         PREC=prec, INTRA=intra_fused, SCALE_V=2 if OPTIONS["state_scale_v"] else 0, num_warps=NUM_WARPS["state_bwd"],
-        num_stages=state_stages(bk, q.element_size()),
+        num_stages=state_stages(bk, q.element_size(), sbv),
     )
     dq = torch.empty_like(q)
     if OPTIONS["fused_bwd"]:

@@ -239,6 +239,20 @@ def test_triton_switches_match_naive(monkeypatch, fused_bwd, intra):
     assert_close(run("triton", inputs, h0), run("naive", inputs, h0), what=f"fused={fused_bwd} intra={intra}")
 
 
+def test_state_pass_stages(monkeypatch):
+    """The state passes' pipelining depth: 3 up to K = 128 in 16-bit (2 for fp32 tiles at K = 128), none at K = 256
+    unless HILO_DELTA_RULE=wide_stages=2, and then only for V-blocks <= 32 (wider ones would overflow sm_90's
+    shared memory in the backward pass: 238 KB at BV = 64)."""
+    from kernels.delta_rule import triton_fwd
+
+    monkeypatch.setattr(triton_fwd, "OPTIONS", dict(triton_fwd.OPTIONS))
+    stages = triton_fwd.state_stages
+    assert (stages(64), stages(128), stages(128, 4), stages(256, 2, 16)) == (3, 3, 2, 1)
+    monkeypatch.setenv("HILO_DELTA_RULE", "wide_stages=2")
+    triton_fwd._apply_env_options()
+    assert (stages(128), stages(256, 2, 16), stages(256, 2, 32), stages(256, 2, 64)) == (3, 2, 2, 1)
+
+
 @needs_triton
 @pytest.mark.parametrize("opts", [
     {"lowp_bwd": False, "prepare_mode": 0, "fused_bwd": False, "intra_in_state_bwd": 0, "output_in_state": 0,
