@@ -3,7 +3,9 @@
 #  1. loglinear_delta_rule's level-scan tiles (16K x 2, H = 16, K = V = 128). The AOT audit for sm_90 (Triton 3.6,
 #     benchmarks/triton_resources.py) has the default (S = 8 stacked levels x BV = 16, 8 warps) spilling 216 B in the
 #     forward scan with reads and 56 B in the backward; scan_cols=64,scan_levels=4 (S = 4 x 16: twice the programs,
-#     half the columns each) spills nothing in any scan. Checked and timed side by side (benchmarks/option_sweep.py).
+#     half the columns each) spills nothing in any scan; HILO_LOGLINEAR_DELTA=scan_rows=32 (the forward scan's
+#     pieces in two row halves) takes its spill from 216 to 16 B and its shared memory from 131 to 82 KB (at K = 256
+#     it spills more, 712 B, so it is timed at K = 128 only). Checked and timed side by side (option_sweep.py).
 #  2. the same at Gated DeltaNet 340m's heads (H = 3, K = 256, V = 512) with this session's compiled glue;
 #  3. log-linear GDN 340m at 8K compiled (value_block 512 and the compiled glue since session 10);
 #  4. the Transformer at 2K with trainer.compile_mode=max-autotune-no-cudagraphs (issue 7's 45% MFU; 41.2% now).
@@ -13,7 +15,8 @@ T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
 mkdir -p $OUT/n; L=$OUT/n/log.txt
 el "scan tiles, H16 K=V=128" | tee -a $L
 timeout 200 python -u benchmarks/option_sweep.py --op loglinear_delta_rule --seq-len 16384 --append --variants "" \
-  "HILO_LOGLINEAR=scan_cols=64,scan_levels=4" "HILO_LOGLINEAR=scan_levels=4" "HILO_LOGLINEAR=scan_cols=64,scan_levels=2" \
+  "HILO_LOGLINEAR=scan_cols=64,scan_levels=4" "HILO_LOGLINEAR=scan_levels=4" "HILO_LOGLINEAR_DELTA=scan_rows=32" \
+  "HILO_LOGLINEAR=scan_cols=64,scan_levels=4;HILO_LOGLINEAR_DELTA=scan_rows=32" \
   > /tmp/o.log 2>&1; echo "rc=$?" >> $L; grep -E "^\| |Error" /tmp/o.log | cut -c1-250 >> $L
 el "scan tiles, H3 K256 V512" | tee -a $L
 timeout 120 python -u benchmarks/option_sweep.py --op loglinear_delta_rule --seq-len 16384 --heads 3 --dim 256 \

@@ -93,10 +93,14 @@ GRADS_V = ("unroll", "loop")
 # check): eager 53.05 ms, compiled 46.41, compiled + TF32 45.58. The first call compiles (80 s there, once per
 # process and dtype; other lengths reuse it).
 GLUES = ("auto", "eager", "compiled")
+# The forward level scan's chunk rows per product: "64" (the chunk's [C, K] pieces whole, the build timed on the H200)
+# or "32" (two row halves, the same sums: at K = 256 the fp32 piece tiles are 64 KB each, and the forward scan with
+# reads spills 472 B per thread on sm_90 with whole tiles; benchmarks/RESULTS.md, session 10). Not yet timed.
+SCAN_ROWS = ("64", "32")
 OPTIONS = {"form": "scan", "inverse": "triton", "bwd": "split", "states": "recompute", "grads_block": "full",
-           "grads_v": "unroll", "glue": "auto", "glue_tf32": "1"}
+           "grads_v": "unroll", "glue": "auto", "glue_tf32": "1", "scan_rows": "64"}
 _CHOICES = {"form": FORMS, "inverse": INVERSES, "bwd": BWDS, "states": STATES, "grads_block": GRADS_BLOCKS,
-            "grads_v": GRADS_V, "glue": GLUES, "glue_tf32": ("0", "1")}
+            "grads_v": GRADS_V, "glue": GLUES, "glue_tf32": ("0", "1"), "scan_rows": SCAN_ROWS}
 GLUE_BACKEND = "inductor"  # torch.compile backend of glue="compiled" (tests on CPU use "aot_eager": no C++ build)
 
 
@@ -139,7 +143,7 @@ def _delta_level_scan_bwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs, dout, 
         i = nchunks - 1 - it
         c = c0 + i
         hr = i_h * ROWS + row0 + i
-        keep, read, w = _scan_masks(lam, wts, hr, c, o_c, col_j, j0, NL, NW, C, S, BV, MODE)
+        keep, read, w = _scan_masks(lam, wts, hr, c, o_c, col_j, j0, NL, NW, C, S, BV, MODE, C)
         do_cols = _tile_levels(tl.load(dout + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=(o_v < V)[None, :],
                                        other=0.0), C, S, BV)
         do_w = do_cols * w
@@ -346,7 +350,7 @@ class DeltaLevelScanFunction(torch.autograd.Function):
         r0 = None if r0 is None else r0.contiguous()
         save = OPTIONS["states"] == "save"
         out, rfin, rs = delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, lay, mode, in_dtype,
-                                             states=save)
+                                             states=save, halves=OPTIONS["scan_rows"] == "32")
         ctx.save_for_backward(q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs if save else r0)
         ctx.lay, ctx.mode, ctx.in_dtype, ctx.has_r0, ctx.saved_states = lay, mode, in_dtype, r0 is not None, save
         return out, rfin
@@ -357,7 +361,7 @@ class DeltaLevelScanFunction(torch.autograd.Function):
         lay, mode = ctx.lay, ctx.mode
         if not ctx.saved_states:  # the forward kept r0 only: the scan runs again for the states entering each chunk
             rs = delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs, lay, mode, ctx.in_dtype,
-                                      reads=False)[2]
+                                      reads=False, halves=OPTIONS["scan_rows"] == "32")[2]
         h, rows, _, dk = q_eff.shape
         dv_ = v.shape[-1]
         nl = lam.shape[-1]

@@ -37,9 +37,10 @@ from kernels.loglinear_attn.triton_fwd import (
 
 @triton.jit
 def _scan_masks(lam, wts, hr, c, o_c, col_j, j0, NL, NW, C: tl.constexpr, S: tl.constexpr, BV: tl.constexpr,
-                MODE: tl.constexpr):
-    """keep [S*BV] (the state survives entering chunk c), read [S*BV] and the read weights w [C, S*BV] of the
-    stacked states j0 .. j0 + S - 1 (col_j: each column's state index)."""
+                MODE: tl.constexpr, R: tl.constexpr):
+    """keep [S*BV] (the state survives entering chunk c), read [S*BV] and the read weights w [R, S*BV] of the
+    stacked states j0 .. j0 + S - 1 (col_j: each column's state index) for the R chunk rows o_c (C: the chunk's
+    row stride)."""
     o_j = j0 + tl.arange(0, S)
     if MODE == 0:
         keep = (c % (2 << col_j)) != 0
@@ -51,7 +52,7 @@ def _scan_masks(lam, wts, hr, c, o_c, col_j, j0, NL, NW, C: tl.constexpr, S: tl.
         keep = col_j >= 0
         read = col_j < NW
         w = tl.load(wts + (hr * C + o_c[:, None]) * NW + o_j[None, :], mask=(o_j < NW)[None, :], other=0.0)
-    return keep, read, _spread_levels(w, C, S, BV)
+    return keep, read, _spread_levels(w, R, S, BV)
 
 
 @triton.jit
@@ -76,15 +77,80 @@ def _scan_program(seq_chunks, J0, K: tl.constexpr, V: tl.constexpr, C: tl.conste
     return i_v, i_nh, i_n, i_h, j0, row0, nchunks, c0, o_k, m_k, o_c, col_j, col_v, m_col, o_v
 
 
+@triton.jit
+def _rows_k(ptr, hr, o_r, o_k, m_k, K: tl.constexpr, C: tl.constexpr):
+    """Rows o_r of a chunk row's [C, K] piece (chunk-major [H, rows, C, K])."""
+    return tl.load(ptr + (hr * C + o_r[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+
+
+@triton.jit
+def _scan_fwd_halves(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, out, rfin, rs, NL, NW, ROWS, NS, j0, row0,
+                     nchunks, c0, i_nh, i_h, o_k, m_k, col_j, col_v, m_col, o_v,
+                     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                     S: tl.constexpr, MODE: tl.constexpr, HAS_R0: tl.constexpr, STORE_FINAL: tl.constexpr,
+                     STORE_STATES: tl.constexpr, READS: tl.constexpr, PREC: tl.constexpr):
+    """_delta_level_scan_fwd's loop with the chunk's rows in two halves: the same sums, with [C / 2, K] piece tiles
+    live at a time instead of [C, K] (at K = 256 fp32, 32 KB a tile instead of 64)."""
+    CH: tl.constexpr = C // 2
+    o_a = tl.arange(0, CH)
+    o_b = CH + o_a
+    st_off = (col_j[None, :] * K + o_k[:, None]) * V + col_v[None, :]
+    m_st = m_k[:, None] & (m_col & (col_j < NS))[None, :]
+    state = tl.zeros([BK, S * BV], dtype=tl.float32)
+    if HAS_R0:
+        state += tl.load(r0 + i_nh.to(tl.int64) * NS * K * V + st_off, mask=m_st, other=0.0)
+    m_v = (o_v < V)[None, :]
+    for i in range(nchunks):
+        c = c0 + i
+        hr = i_h * ROWS + row0 + i
+        keep, read, w_a = _scan_masks(lam, wts, hr, c, o_a, col_j, j0, NL, NW, C, S, BV, MODE, CH)
+        state = tl.where(keep[None, :], state, 0.0)
+        if STORE_STATES:
+            tl.store(rs + hr * NS * K * V + st_off, state.to(rs.dtype.element_ty), mask=m_st)
+        if READS:
+            reads = tl.dot(_rows_k(q_eff, hr, o_a, o_k, m_k, K, C), state, input_precision=PREC) * w_a
+            _accumulate(out + (hr * C + o_a[:, None]) * V + o_v[None, :], tl.sum(tl.reshape(reads, [CH, S, BV]), 1),
+                        mask=m_v)
+            _, _, w_b = _scan_masks(lam, wts, hr, c, o_b, col_j, j0, NL, NW, C, S, BV, MODE, CH)
+            reads = tl.dot(_rows_k(q_eff, hr, o_b, o_k, m_k, K, C), state, input_precision=PREC) * w_b
+            _accumulate(out + (hr * C + o_b[:, None]) * V + o_v[None, :], tl.sum(tl.reshape(reads, [CH, S, BV]), 1),
+                        mask=m_v)
+        # M R = exp(gl) R - Kd^T (W R), the products over the chunk's tokens split at C / 2 (u from the old R)
+        u_a = tl.dot(_rows_k(w_wy, hr, o_a, o_k, m_k, K, C), state, input_precision=PREC)
+        u_b = tl.dot(_rows_k(w_wy, hr, o_b, o_k, m_k, K, C), state, input_precision=PREC)
+        state = state * tl.load(decay + hr) - tl.dot(tl.trans(_rows_k(kd, hr, o_a, o_k, m_k, K, C)), u_a,
+                                                     input_precision=PREC)
+        state -= tl.dot(tl.trans(_rows_k(kd, hr, o_b, o_k, m_k, K, C)), u_b, input_precision=PREC)
+        if MODE == 0:
+            zc = tl.load(zcols + (hr * K + o_k[:, None]) * C + o_a[None, :], mask=m_k[:, None], other=0.0)
+            vb = tl.load(v + (hr * C + o_a[:, None]) * V + o_v[None, :], mask=m_v, other=0.0)
+            local = tl.dot(zc, vb, input_precision=PREC)
+            zc = tl.load(zcols + (hr * K + o_k[:, None]) * C + o_b[None, :], mask=m_k[:, None], other=0.0)
+            vb = tl.load(v + (hr * C + o_b[:, None]) * V + o_v[None, :], mask=m_v, other=0.0)
+            local += tl.dot(zc, vb, input_precision=PREC)
+            state += tl.where(read[None, :], 0.0, _tile_levels(local, BK, S, BV))
+    if STORE_FINAL:
+        if MODE == 0:
+            c_last = c0 + nchunks - 1
+            on = (((c_last >> col_j) & 1) == 1) & (nchunks > 0)
+            state = tl.where(on[None, :], state, 0.0)
+        tl.store(rfin + i_nh.to(tl.int64) * NS * K * V + st_off, state, mask=m_st)
+
+
 @triton.jit(do_not_specialize=["NL", "NW", "ROWS", "NS", "J0"])
 def _delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, out, rfin, rs, seq_chunks, NL, NW, ROWS,
                           NS, J0,
                           K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                           S: tl.constexpr, H: tl.constexpr, MODE: tl.constexpr,
                           HAS_R0: tl.constexpr, STORE_FINAL: tl.constexpr, STORE_STATES: tl.constexpr,
-                          READS: tl.constexpr, PREC: tl.constexpr):
+                          READS: tl.constexpr, PREC: tl.constexpr, HALVES: tl.constexpr):
     (_i_v, i_nh, _i_n, i_h, j0, row0, nchunks, c0, o_k, m_k, o_c, col_j, col_v, m_col,
      o_v) = _scan_program(seq_chunks, J0, K, V, C, BK, BV, S, H)
+    if HALVES:  # OPTIONS["scan_rows"] = 32: the chunk's [C, K] pieces in two [C / 2, K] row blocks (fewer registers)
+        _scan_fwd_halves(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, out, rfin, rs, NL, NW, ROWS, NS, j0, row0,
+                         nchunks, c0, i_nh, i_h, o_k, m_k, col_j, col_v, m_col, o_v, K, V, C, BK, BV, S, MODE, HAS_R0,
+                         STORE_FINAL, STORE_STATES, READS, PREC)
+        return
     # states [NS stored levels, K, V] per (sequence or row, head)
     st_off = (col_j[None, :] * K + o_k[:, None]) * V + col_v[None, :]
     m_st = m_k[:, None] & (m_col & (col_j < NS))[None, :]
@@ -94,7 +160,7 @@ def _delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, out, r
     for i in range(nchunks):
         c = c0 + i
         hr = i_h * ROWS + row0 + i
-        keep, read, w = _scan_masks(lam, wts, hr, c, o_c, col_j, j0, NL, NW, C, S, BV, MODE)
+        keep, read, w = _scan_masks(lam, wts, hr, c, o_c, col_j, j0, NL, NW, C, S, BV, MODE, C)
         state = tl.where(keep[None, :], state, 0.0)
         if STORE_STATES:
             tl.store(rs + hr * NS * K * V + st_off, state.to(rs.dtype.element_ty), mask=m_st)
@@ -134,10 +200,11 @@ def scan_launches(lay: LevelLayout, mode: int, count: int, dk: int, dv: int) -> 
 
 
 def delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, lay: LevelLayout, mode: int, in_dtype,
-                         states: bool = True, reads: bool = True):
+                         states: bool = True, reads: bool = True, halves: bool = False):
     """out [H, rows, C, V] (the scan's reads) and rfin [N, H, NS, K, V] (final states), fp32, and with states=True
     rs [H, rows, NS, K, V] (states entering each chunk, in the inputs' dtype; else None). reads=False runs the scan
-    for rs alone (the backward's recompute: out and rfin are then None)."""
+    for rs alone (the backward's recompute: out and rfin are then None). halves: the chunk's pieces in two row
+    blocks (_scan_fwd_halves; the same sums)."""
     h, rows, _, dk = q_eff.shape
     dv = v.shape[-1]
     nl = lam.shape[-1]
@@ -156,5 +223,5 @@ def delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, lay: Le
             out if reads else dummy, rfin if reads else dummy, rs if states else dummy, lay.seq_chunks, nl, nw, rows,
             ns, j0, K=dk, V=dv, C=CHUNK, BK=pow2(dk), BV=bv, S=s, H=h, MODE=mode, HAS_R0=r0 is not None,
             STORE_FINAL=reads, STORE_STATES=states, READS=reads, PREC=dot_precision(in_dtype),
-            num_warps=scan_warps(pow2(dk), s * bv), num_stages=1)
+            HALVES=halves, num_warps=scan_warps(pow2(dk), s * bv), num_stages=1)
     return out, rfin, rs

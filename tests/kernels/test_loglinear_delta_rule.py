@@ -201,6 +201,22 @@ def test_triton_varlen_short_documents_and_initial_state():
 
 
 @triton_only
+def test_triton_forward_scan_in_row_halves(monkeypatch):
+    """HILO_LOGLINEAR_DELTA=scan_rows=32: the forward level scan (with reads, and the backward's recompute) takes
+    each chunk's pieces in two row blocks: the definition's outputs, final levels and gradients, with packed
+    documents and an initial state (both scan modes)."""
+    from kernels.loglinear_delta_rule import triton_bwd
+
+    monkeypatch.setitem(triton_bwd.OPTIONS, "scan_rows", "32")
+    lengths = [15, 75, 1, 130]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    x = make(1, int(cu[-1]), seed=25, decay="weak", nl=num_levels(200))  # transitions that carry the states
+    init = prior_state([5, 64, 0, 70], nl=x["lam"].shape[-1], seed=26)
+    ref = run("quadratic", x, cu=cu, init=init, dtype=torch.float64)
+    assert_close(run("triton", x, cu=cu, init=init), ref, "triton, scan rows in halves")
+
+
+@triton_only
 def test_triton_rows_at_different_positions_and_no_gate():
     x = make(3, 70, seed=3, nl=9)
     init = prior_state([0, 37, 129], nl=9, seed=4)
@@ -341,19 +357,20 @@ def test_level_nodes_form_option_errors(monkeypatch):
     from kernels.loglinear_delta_rule import triton_bwd
 
     for bad in ("form=tree", "inverse=lu", "solver=triton", "bwd=fused", "states=drop", "grads_block=32",
-                "grads_v=2", "glue=jit", "glue_tf32=yes"):
+                "grads_v=2", "glue=jit", "glue_tf32=yes", "scan_rows=16"):
         monkeypatch.setenv("HILO_LOGLINEAR_DELTA", bad)
         with pytest.raises(ValueError, match=r"expected one of form=scan\|nodes, inverse=triton\|solve, "
                                              r"bwd=atomic\|split, states=recompute\|save, grads_block=64\|full, "
-                                             r"grads_v=unroll\|loop, glue=auto\|eager\|compiled, glue_tf32=0\|1, got"):
+                                             r"grads_v=unroll\|loop, glue=auto\|eager\|compiled, glue_tf32=0\|1, scan_rows=64\|32, got"):
             triton_bwd._read_options()
     # none of them the default
     monkeypatch.setenv("HILO_LOGLINEAR_DELTA", "form=nodes, inverse=solve,bwd=atomic, states=save,grads_block=64,"
-                       "grads_v=loop,glue=compiled, glue_tf32=0")
+                       "grads_v=loop,glue=compiled, glue_tf32=0,scan_rows=32")
     monkeypatch.setattr(triton_bwd, "OPTIONS", dict(triton_bwd.OPTIONS))
     triton_bwd._read_options()
     assert triton_bwd.OPTIONS == {"form": "nodes", "inverse": "solve", "bwd": "atomic", "states": "save",
-                                  "grads_block": "64", "grads_v": "loop", "glue": "compiled", "glue_tf32": "0"}
+                                  "grads_block": "64", "grads_v": "loop", "glue": "compiled", "glue_tf32": "0",
+                                  "scan_rows": "32"}
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
