@@ -3,8 +3,7 @@
 # pipelined loads at K = 256 (HILO_DELTA_RULE=wide_stages=2, new in session 10, AOT-checked only); where Gated
 # DeltaNet's step
 # goes now (issue 7: GDN 340m at 8K is 0.82x the Transformer; delta_rule at its heads, H = 3, K = 256, V = 512, is
-# 6.7 ms fwd+bwd per layer at 16K x 2, about half the compiled step), then compiled decoding of the two HLA shells
-# (issue 7's decode table has them eager only).
+# 6.7 ms fwd+bwd per layer at 16K x 2, about half the compiled step). Compiled decoding of the HLA shells: s11_c.sh.
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | grep -v WARN | tail -1
 export PYTHONPATH=/tmp/site HILO_CACHE=$PWD/.hilo_cache WANDB_MODE=disabled
 T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
@@ -23,13 +22,6 @@ el "GDN 8K compiled step profile" | tee -a $L
 timeout 150 python -u benchmarks/step_profile.py --families gated_deltanet --seq-len 8192 --compile > /tmp/s.log 2>&1
 echo "rc=$?" >> $L; grep -vE "^\s*$|Warn|warn" /tmp/s.log | tail -30 | cut -c1-200 >> $L
 cp benchmarks/RESULTS.md $OUT/n/RESULTS.md
-for fam in hla_mamba2 hla_gated_deltanet; do
-  left=$(( 560 - $(date +%s) + T0 )); [ $left -lt 60 ] && break
-  el "compiled decoding $fam (${left}s)" | tee -a $L
-  timeout $(( left / 2 > 60 ? left / 2 : left )) python -u benchmarks/decode.py --contexts 1024 32768 --families $fam \
-    --compile-decoding --append > /tmp/dc.log 2>&1; echo "rc=$?" >> $L
-  grep -E "^\| $fam |^- |Error" /tmp/dc.log | sort -u | cut -c1-250 >> $L
-done
 cp benchmarks/RESULTS.md $OUT/n/RESULTS.md
 el done | tee -a $L
 cat $L
