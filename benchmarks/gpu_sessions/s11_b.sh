@@ -22,6 +22,5 @@ el "GDN 8K compiled step profile" | tee -a $L
 timeout 150 python -u benchmarks/step_profile.py --families gated_deltanet --seq-len 8192 --compile > /tmp/s.log 2>&1
 echo "rc=$?" >> $L; grep -vE "^\s*$|Warn|warn" /tmp/s.log | tail -30 | cut -c1-200 >> $L
 cp benchmarks/RESULTS.md $OUT/n/RESULTS.md
-cp benchmarks/RESULTS.md $OUT/n/RESULTS.md
 el done | tee -a $L
 cat $L

@@ -8,7 +8,7 @@ mkdir -p $OUT/n; L=$OUT/n/log.txt
 for fam in hla_mamba2 hla_gated_deltanet; do
   left=$(( 400 - $(date +%s) + T0 )); [ $left -lt 60 ] && break
   el "compiled decoding $fam (${left}s)" | tee -a $L
-  timeout $(( left * 2 / 3 > 60 && left > 250 ? 200 : left )) python -u benchmarks/decode.py --contexts 1024 32768 \
+  timeout $(( left > 250 ? 200 : left )) python -u benchmarks/decode.py --contexts 1024 32768 \
     --families $fam --compile-decoding --append > /tmp/dc.log 2>&1; echo "rc=$?" >> $L
   grep -E "^\| $fam |^- |Error" /tmp/dc.log | sort -u | cut -c1-250 >> $L
   cp benchmarks/RESULTS.md $OUT/n/RESULTS.md
