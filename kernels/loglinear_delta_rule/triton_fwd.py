@@ -78,6 +78,29 @@ def _scan_program(seq_chunks, J0, K: tl.constexpr, V: tl.constexpr, C: tl.conste
 
 
 @triton.jit
+def _scan_start(r0, i_nh, o_k, m_k, col_j, col_v, m_col, NS, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                BV: tl.constexpr, S: tl.constexpr, HAS_R0: tl.constexpr):
+    """(offsets and mask of the program's [BK, S * BV] tile in a [NS, K, V] block of states, the initial tile)."""
+    st_off = (col_j[None, :] * K + o_k[:, None]) * V + col_v[None, :]
+    m_st = m_k[:, None] & (m_col & (col_j < NS))[None, :]
+    state = tl.zeros([BK, S * BV], dtype=tl.float32)
+    if HAS_R0:
+        state += tl.load(r0 + i_nh.to(tl.int64) * NS * K * V + st_off, mask=m_st, other=0.0)
+    return st_off, m_st, state
+
+
+@triton.jit
+def _scan_final(rfin, state, i_nh, st_off, m_st, c0, nchunks, col_j, NS, K: tl.constexpr, V: tl.constexpr,
+                MODE: tl.constexpr):
+    """Store the final states (mode 0: the levels whose bit of the last chunk is set)."""
+    if MODE == 0:
+        c_last = c0 + nchunks - 1
+        on = (((c_last >> col_j) & 1) == 1) & (nchunks > 0)
+        state = tl.where(on[None, :], state, 0.0)
+    tl.store(rfin + i_nh.to(tl.int64) * NS * K * V + st_off, state, mask=m_st)
+
+
+@triton.jit
 def _rows_k(ptr, hr, o_r, o_k, m_k, K: tl.constexpr, C: tl.constexpr):
     """Rows o_r of a chunk row's [C, K] piece (chunk-major [H, rows, C, K])."""
     return tl.load(ptr + (hr * C + o_r[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
@@ -94,11 +117,7 @@ def _scan_fwd_halves(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, out, rfin, 
     CH: tl.constexpr = C // 2
     o_a = tl.arange(0, CH)
     o_b = CH + o_a
-    st_off = (col_j[None, :] * K + o_k[:, None]) * V + col_v[None, :]
-    m_st = m_k[:, None] & (m_col & (col_j < NS))[None, :]
-    state = tl.zeros([BK, S * BV], dtype=tl.float32)
-    if HAS_R0:
-        state += tl.load(r0 + i_nh.to(tl.int64) * NS * K * V + st_off, mask=m_st, other=0.0)
+    st_off, m_st, state = _scan_start(r0, i_nh, o_k, m_k, col_j, col_v, m_col, NS, K, V, BK, BV, S, HAS_R0)
     m_v = (o_v < V)[None, :]
     for i in range(nchunks):
         c = c0 + i
@@ -130,11 +149,7 @@ def _scan_fwd_halves(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, out, rfin, 
             local += tl.dot(zc, vb, input_precision=PREC)
             state += tl.where(read[None, :], 0.0, _tile_levels(local, BK, S, BV))
     if STORE_FINAL:
-        if MODE == 0:
-            c_last = c0 + nchunks - 1
-            on = (((c_last >> col_j) & 1) == 1) & (nchunks > 0)
-            state = tl.where(on[None, :], state, 0.0)
-        tl.store(rfin + i_nh.to(tl.int64) * NS * K * V + st_off, state, mask=m_st)
+        _scan_final(rfin, state, i_nh, st_off, m_st, c0, nchunks, col_j, NS, K, V, MODE)
 
 
 @triton.jit(do_not_specialize=["NL", "NW", "ROWS", "NS", "J0"])
@@ -151,12 +166,7 @@ def _delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, out, r
                          nchunks, c0, i_nh, i_h, o_k, m_k, col_j, col_v, m_col, o_v, K, V, C, BK, BV, S, MODE, HAS_R0,
                          STORE_FINAL, STORE_STATES, READS, PREC)
         return
-    # states [NS stored levels, K, V] per (sequence or row, head)
-    st_off = (col_j[None, :] * K + o_k[:, None]) * V + col_v[None, :]
-    m_st = m_k[:, None] & (m_col & (col_j < NS))[None, :]
-    state = tl.zeros([BK, S * BV], dtype=tl.float32)
-    if HAS_R0:
-        state += tl.load(r0 + i_nh.to(tl.int64) * NS * K * V + st_off, mask=m_st, other=0.0)
+    st_off, m_st, state = _scan_start(r0, i_nh, o_k, m_k, col_j, col_v, m_col, NS, K, V, BK, BV, S, HAS_R0)
     for i in range(nchunks):
         c = c0 + i
         hr = i_h * ROWS + row0 + i
@@ -180,11 +190,7 @@ def _delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, out, r
             local = tl.dot(zc, vb, input_precision=PREC)
             state += tl.where(read[None, :], 0.0, _tile_levels(local, BK, S, BV))
     if STORE_FINAL:
-        if MODE == 0:
-            c_last = c0 + nchunks - 1
-            on = (((c_last >> col_j) & 1) == 1) & (nchunks > 0)
-            state = tl.where(on[None, :], state, 0.0)
-        tl.store(rfin + i_nh.to(tl.int64) * NS * K * V + st_off, state, mask=m_st)
+        _scan_final(rfin, state, i_nh, st_off, m_st, c0, nchunks, col_j, NS, K, V, MODE)
 
 
 def dot_precision(dtype: torch.dtype) -> str:
