@@ -456,9 +456,21 @@ def _glue_functions(mode: str):
         return _glue_before, _glue_after
     key = GLUE_BACKEND
     if key not in _COMPILED_GLUE:
-        _COMPILED_GLUE[key] = tuple(torch.compile(f, backend=key, dynamic=True, fullgraph=True)
+        _COMPILED_GLUE[key] = tuple(_named_failure(torch.compile(f, backend=key, dynamic=True, fullgraph=True))
                                     for f in (_glue_before, _glue_after))
     return _COMPILED_GLUE[key]
+
+
+def _named_failure(compiled):
+    """compiled, with a failure to compile (dynamo or the backend, at a first call) raised as an error that names
+    the option that avoids it."""
+    def call(*args):
+        try:
+            return compiled(*args)
+        except torch._dynamo.exc.TorchDynamoException as err:  # BackendCompilerFailed is one
+            raise RuntimeError("loglinear_delta_rule: torch.compile of its per-chunk glue failed (above); "
+                               "HILO_LOGLINEAR_DELTA=glue=eager runs the glue without it") from err
+    return call
 
 
 @contextlib.contextmanager

@@ -200,6 +200,23 @@ def test_triton_varlen_short_documents_and_initial_state():
         assert_close(run("triton", x, cu=cu, init=prior), ref, f"triton varlen prior={prior is not None}")
 
 
+def test_compiled_glue_failure_names_the_eager_option(monkeypatch):
+    """A glue that torch.compile cannot build fails with an error naming HILO_LOGLINEAR_DELTA=glue=eager."""
+    from kernels.loglinear_delta_rule import triton_bwd
+
+    def broken_backend(gm, example_inputs):
+        raise NotImplementedError("this backend builds nothing")
+
+    monkeypatch.setattr(triton_bwd, "GLUE_BACKEND", broken_backend)
+    monkeypatch.setattr(triton_bwd, "_COMPILED_GLUE", {})
+    torch._dynamo.reset()
+    before, _ = triton_bwd._glue_functions("compiled")
+    x = torch.randn(5, 2, 4)
+    with pytest.raises(RuntimeError, match="HILO_LOGLINEAR_DELTA=glue=eager runs the glue without it") as err:
+        before(x, x, x, x[..., :1], x[..., :1], x, torch.arange(5), 1, 0.5)  # 5 tokens in one chunk row
+    assert isinstance(err.value.__cause__, torch._dynamo.exc.BackendCompilerFailed), err.value.__cause__
+
+
 @triton_only
 def test_triton_forward_scan_in_row_halves(monkeypatch):
     """HILO_LOGLINEAR_DELTA=scan_rows=32: the forward level scan (with reads, and the backward's recompute) takes
