@@ -205,7 +205,7 @@ def test_compiled_glue_failure_names_the_eager_option(monkeypatch):
     from kernels.loglinear_delta_rule import triton_bwd
 
     def broken_backend(gm, example_inputs):
-        raise NotImplementedError("this backend builds nothing")
+        raise RuntimeError("this backend builds nothing")
 
     monkeypatch.setattr(triton_bwd, "GLUE_BACKEND", broken_backend)
     monkeypatch.setattr(triton_bwd, "_COMPILED_GLUE", {})
