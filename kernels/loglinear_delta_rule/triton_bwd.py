@@ -88,7 +88,7 @@ GRADS_V = ("unroll", "loop")
 # Triton inverse through torch.compile(dynamic=True), so inductor fuses their elementwise work and gathers, forward and
 # backward; GLUE_BACKEND) or "auto" (the default: compiled for CUDA tensors, eager elsewhere, where the interpreter
 # runs and a C++ build per shape family would dominate the tests). glue_tf32: "1" (the default) lets 16-bit inputs'
-# fp32 glue products use TF32, as the scan's dots do (fp32 inputs stay exact); "0" keeps them fp32.
+# fp32 glue products in the forward use TF32, as the scan's dots do (fp32 inputs stay exact); "0" keeps them fp32.
 # H200, bf16, 16K x 2, H = 16, K = V = 128, fwd+bwd (benchmarks/RESULTS.md, session 10; all within kernels.py's bf16
 # check): eager 53.05 ms, compiled 46.41, compiled + TF32 45.58. The first call compiles (80 s there, once per
 # process and dtype; other lengths reuse it).
@@ -475,8 +475,9 @@ def _named_failure(compiled):
 
 @contextlib.contextmanager
 def _glue_precision(in_dtype: torch.dtype):
-    """OPTIONS glue_tf32 = "1": TF32 products in the glue for 16-bit inputs; otherwise as torch is set (a compiled
-    glue is specialised on the setting: dynamo guards on it)."""
+    """OPTIONS glue_tf32 = "1": TF32 products in the glue's forward for 16-bit inputs; otherwise as torch is set (a
+    compiled glue is specialised on the setting: dynamo guards on it). Its backward runs later, under autograd,
+    with torch's own setting (fp32 products by default), as in the session-10 timing."""
     if OPTIONS["glue_tf32"] != "1" or in_dtype == torch.float32:
         yield
         return
