@@ -80,10 +80,13 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--append", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = ap.parse_args(argv)
-    variants = [(v, parse_variant(v)) for v in args.variants]  # every spec's form before any GPU work
+    variants = [(v, parse_variant(v)) for v in args.variants]
+    state = OptionState()
+    for _, variant in variants:  # every spec through its module's reader before any GPU work: a bad one fails now
+        state.apply(variant)
+    state.apply({})
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/option_sweep.py needs a CUDA GPU")
-    state = OptionState()
     case = kb.CASES[args.op]
     b = max(args.tokens // args.seq_len, 1)
     lines = ["| variant | check (worst quantity: ratio / tol) | fwd ms | fwd+bwd ms | first call s |",
