@@ -303,6 +303,35 @@ def test_compiled_norms_and_mlp_give_eager_gradients(device):
             assert _rel(got[key], ref[key]) < 1e-5, (name, key, _rel(got[key], ref[key]))
 
 
+def test_loglinear_gdn_compiled_glue_inside_compiled_blocks(monkeypatch):
+    """loglinear_delta_rule is opaque to the blocks' compile (torch.compiler.disable), and its Triton path compiles
+    its own per-chunk glue (the default on CUDA): that inner compile still happens inside the compiled blocks, and
+    the model's loss and every gradient are eager's with the eager glue. (aot_eager for both compiles; on CPU the
+    Triton path runs under the interpreter.)"""
+    from kernels.loglinear_delta_rule import triton_bwd
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    eager = models.build_model({"hidden_size": 64, "num_layers": 2, "num_heads": 2, "vocab_size": 128,
+                                "max_position_embeddings": 256, "mixer": "loglinear_gated_deltanet",
+                                "mixer_kwargs": {"head_dim": 16, "backend": "triton"}}).to(dev)
+    compiled = copy.deepcopy(eager)
+    glue = CompileCounterWithBackend("aot_eager")
+    monkeypatch.setattr(triton_bwd, "GLUE_BACKEND", glue)
+    monkeypatch.setattr(triton_bwd, "_COMPILED_GLUE", {})
+    ids = torch.randint(0, 128, (2, 130), generator=torch.Generator().manual_seed(7)).to(dev)
+    monkeypatch.setitem(triton_bwd.OPTIONS, "glue", "eager")
+    ref_loss, ref_grads = _loss_and_grads(eager, ids)
+    ref_grads = {n: g.clone() for n, g in ref_grads.items()}
+    monkeypatch.setitem(triton_bwd.OPTIONS, "glue", "compiled")
+    compile_blocks(compiled, backend="aot_eager")
+    loss, grads = _loss_and_grads(compiled, ids)
+    assert glue.frame_count == 2, glue.frame_count  # the glue's two parts, compiled from inside the blocks
+    assert _rel(loss, ref_loss) < 1e-6
+    for name, g in grads.items():
+        assert _rel(g, ref_grads[name]) < 1e-5, name
+
+
 def test_compiled_blocks_under_cpu_autocast_give_eager_gradients():
     """Under autocast a compiled Gated DeltaNet block (its projections share one autocast copy of their input
     through models.casts.ProjectionInput's alias cast) gives eager's bf16 loss and every gradient, up to bf16
