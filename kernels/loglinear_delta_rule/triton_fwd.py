@@ -101,6 +101,19 @@ def _scan_final(rfin, state, i_nh, st_off, m_st, c0, nchunks, col_j, NS, K: tl.c
 
 
 @triton.jit
+def _enter_chunk(lam, wts, rs, state, hr, c, o_r, col_j, j0, NL, NW, NS, st_off, m_st, K: tl.constexpr,
+                 V: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BV: tl.constexpr, MODE: tl.constexpr,
+                 R: tl.constexpr, STORE_STATES: tl.constexpr):
+    """A chunk's start in a forward scan: (read mask, read weights of rows o_r, the state after the chunk's level
+    resets), storing that state with STORE_STATES."""
+    keep, read, w = _scan_masks(lam, wts, hr, c, o_r, col_j, j0, NL, NW, C, S, BV, MODE, R)
+    state = tl.where(keep[None, :], state, 0.0)
+    if STORE_STATES:
+        tl.store(rs + hr * NS * K * V + st_off, state.to(rs.dtype.element_ty), mask=m_st)
+    return read, w, state
+
+
+@triton.jit
 def _rows_k(ptr, hr, o_r, o_k, m_k, K: tl.constexpr, C: tl.constexpr):
     """Rows o_r of a chunk row's [C, K] piece (chunk-major [H, rows, C, K])."""
     return tl.load(ptr + (hr * C + o_r[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
@@ -122,10 +135,8 @@ def _scan_fwd_halves(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, out, rfin, 
     for i in range(nchunks):
         c = c0 + i
         hr = i_h * ROWS + row0 + i
-        keep, read, w_a = _scan_masks(lam, wts, hr, c, o_a, col_j, j0, NL, NW, C, S, BV, MODE, CH)
-        state = tl.where(keep[None, :], state, 0.0)
-        if STORE_STATES:
-            tl.store(rs + hr * NS * K * V + st_off, state.to(rs.dtype.element_ty), mask=m_st)
+        read, w_a, state = _enter_chunk(lam, wts, rs, state, hr, c, o_a, col_j, j0, NL, NW, NS, st_off, m_st, K, V, C,
+                                        S, BV, MODE, CH, STORE_STATES)
         if READS:
             reads = tl.dot(_rows_k(q_eff, hr, o_a, o_k, m_k, K, C), state, input_precision=PREC) * w_a
             _accumulate(out + (hr * C + o_a[:, None]) * V + o_v[None, :], tl.sum(tl.reshape(reads, [CH, S, BV]), 1),
@@ -170,10 +181,8 @@ def _delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, out, r
     for i in range(nchunks):
         c = c0 + i
         hr = i_h * ROWS + row0 + i
-        keep, read, w = _scan_masks(lam, wts, hr, c, o_c, col_j, j0, NL, NW, C, S, BV, MODE, C)
-        state = tl.where(keep[None, :], state, 0.0)
-        if STORE_STATES:
-            tl.store(rs + hr * NS * K * V + st_off, state.to(rs.dtype.element_ty), mask=m_st)
+        read, w, state = _enter_chunk(lam, wts, rs, state, hr, c, o_c, col_j, j0, NL, NW, NS, st_off, m_st, K, V, C, S,
+                                      BV, MODE, C, STORE_STATES)
         if READS:
             qe = tl.load(q_eff + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
             reads = tl.dot(qe, state, input_precision=PREC) * w
