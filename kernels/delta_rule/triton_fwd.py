@@ -45,15 +45,17 @@ CHUNK = 64
 #                 in the backward) rather than on [C, K] tiles of K and Q, which then feed the products as loaded:
 #                 fewer registers (sm_90, Triton 3.9: forward state at BV 64 spills 96 B instead of 992 B per thread,
 #                 state_bwd 32 B instead of 320 B). Same rounding class (one 16-bit rounding of a scaled tile).
-#   wide_stages:  software-pipelining stages of the state passes at K > 128 and V-blocks <= 32 (state_stages): 1 (no
-#                 pipelining, the build timed on the H200) or 2 (the next chunk's [C, K] tiles load during this
-#                 chunk's products). AOT for sm_90, Triton 3.6, bf16, K = 256: with 2 stages the forward / backward
+#   wide_stages:  software-pipelining stages of the state passes at K > 128 and V-blocks <= 32 for 16-bit inputs
+#                 (state_stages): 2 (the next chunk's [C, K] tiles load during this chunk's products) or 1 (no
+#                 pipelining). AOT for sm_90, Triton 3.6, bf16, K = 256: with 2 stages the forward / backward
 #                 passes take 144 / 207 KB of shared memory at BV = 16 and 156 / 218 KB at BV = 32, no spills but
 #                 64 B in the backward at 32; at BV = 64 the backward would need 238 KB, over sm_90's 227, so wider
-#                 blocks keep 1 stage. Gated DeltaNet's few (sequence, head) pairs get BV 16-32 on the H200. Not yet
-#                 timed.
+#                 blocks keep 1 stage, and so does fp32 (its backward at BV = 16 needs 267 KB: on the H200 the fp32
+#                 K = 256 GPU test failed with 2 stages there). Gated DeltaNet's few (sequence, head) pairs get
+#                 BV 16-32 on the H200: at its 340m heads (B = 2, T = 16K, H = 3, K = 256, V = 512, bf16) fwd+bwd
+#                 6.40 ms against 6.64 with 1 stage (session 11, RESULTS.md), every other delta_rule GPU test passing.
 OPTIONS = {"lowp_bwd": True, "prepare_mode": 2, "fused_bwd": True, "state_bv_min": 16, "intra_in_state_bwd": 0,
-           "output_in_state": 0, "state_scale_v": True, "wide_stages": 1}
+           "output_in_state": 0, "state_scale_v": True, "wide_stages": 2}
 
 
 def _apply_env_options():
@@ -370,11 +372,12 @@ def state_block_v(dv: int, pairs: int, device: torch.device, which: str) -> int:
 
 def state_stages(bk: int, elem_bytes: int = 2, bv: int = 64) -> int:
     """Software-pipelining depth of the state passes: Triton's default 3 up to K = 128 for 16-bit inputs; at K = 256
-    three copies of the per-chunk [C, K] tiles would overflow the 227 KB of shared memory, so the loads are not
-    pipelined (OPTIONS["wide_stages"] = 1; with 2, V-blocks bv <= 32 pipeline them in two stages). fp32 tiles are twice as large: the backward state pass at K = 128 needs 263,176 bytes with 3 stages
-    and 147,972 with 2 (Triton 3.6, sm_90, benchmarks/triton_resources.py), so fp32 takes 2 there."""
+    three copies of the per-chunk [C, K] tiles would overflow the 227 KB of shared memory, so 16-bit V-blocks
+    bv <= 32 take OPTIONS["wide_stages"] (2) and everything else is not pipelined. fp32 tiles are twice as large: the
+    backward state pass at K = 128 needs 263,176 bytes with 3 stages and 147,972 with 2 (Triton 3.6, sm_90,
+    benchmarks/triton_resources.py), so fp32 takes 2 there and 1 at K = 256."""
     if bk > 128:
-        return int(OPTIONS["wide_stages"]) if bv <= 32 else 1
+        return int(OPTIONS["wide_stages"]) if bv <= 32 and elem_bytes == 2 else 1
     return 2 if elem_bytes > 2 and bk >= 128 else 3
 
 

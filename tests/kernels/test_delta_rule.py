@@ -240,17 +240,18 @@ def test_triton_switches_match_naive(monkeypatch, fused_bwd, intra):
 
 
 def test_state_pass_stages(monkeypatch):
-    """The state passes' pipelining depth: 3 up to K = 128 in 16-bit (2 for fp32 tiles at K = 128), none at K = 256
-    unless HILO_DELTA_RULE=wide_stages=2, and then only for V-blocks <= 32 (wider ones would overflow sm_90's
-    shared memory in the backward pass: 238 KB at BV = 64)."""
+    """The state passes' pipelining depth: 3 up to K = 128 in 16-bit (2 for fp32 tiles at K = 128); at K = 256
+    wide_stages (2 by default) for 16-bit V-blocks <= 32 only (wider ones would overflow sm_90's shared memory in
+    the backward pass: 238 KB at BV = 64 in bf16, 267 KB at BV = 16 in fp32), 1 with HILO_DELTA_RULE=wide_stages=1."""
     from kernels.delta_rule import triton_fwd
 
     monkeypatch.setattr(triton_fwd, "OPTIONS", dict(triton_fwd.OPTIONS))
     stages = triton_fwd.state_stages
-    assert (stages(64), stages(128), stages(128, 4), stages(256, 2, 16)) == (3, 3, 2, 1)
-    monkeypatch.setenv("HILO_DELTA_RULE", "wide_stages=2")
+    assert (stages(64), stages(128), stages(128, 4), stages(256, 4, 16)) == (3, 3, 2, 1)
+    assert (stages(256, 2, 16), stages(256, 2, 32), stages(256, 2, 64)) == (2, 2, 1)
+    monkeypatch.setenv("HILO_DELTA_RULE", "wide_stages=1")
     triton_fwd._apply_env_options()
-    assert (stages(128), stages(256, 2, 16), stages(256, 2, 32), stages(256, 2, 64)) == (3, 2, 2, 1)
+    assert (stages(128), stages(256, 2, 16), stages(256, 2, 32), stages(256, 4, 16)) == (3, 1, 1, 1)
 
 
 @needs_triton
