@@ -299,6 +299,22 @@ def test_triton_level_groups(monkeypatch):
     assert_close(run("triton", x, init=init), ref, "triton level groups of 2")
 
 
+def test_scan_launches_keep_32_columns(monkeypatch):
+    """A level-scan program's stacked tile keeps at least 32 columns where V allows (one stacked state of 16 columns
+    at K = 256 faulted on the H200): at K = 256 with scan_cols=64,scan_levels=4 (one level a program) BV becomes 32;
+    the defaults' launches are unchanged."""
+    from kernels.loglinear_attn.triton_fwd import OPTIONS, level_layout
+    from kernels.loglinear_delta_rule.triton_fwd import scan_launches
+
+    lay = level_layout(((0, 0, 64 * 257),), (0,), 64 * 257, torch.device("cpu"))  # nine chunk levels
+    assert scan_launches(lay, 0, lay.nj, 256, 512) == [(0, 2, 4, 16), (8, 1, 1, 32)]
+    assert scan_launches(lay, 0, lay.nj, 128, 128) == [(0, 8, 1, 16), (8, 1, 1, 32)]
+    monkeypatch.setitem(OPTIONS, "scan_cols", 64)
+    monkeypatch.setitem(OPTIONS, "scan_levels", 4)
+    assert scan_launches(lay, 0, lay.nj, 256, 512) == [(0, 1, 9, 32)]
+    assert scan_launches(lay, 0, lay.nj, 256, 16) == [(0, 1, 9, 16)]  # V = 16 has no wider block
+
+
 def test_input_errors():
     x = {n: val.float() for n, val in make(1, 75, seed=2).items()}
     args = [x[n] for n in NAMES[:5]]
