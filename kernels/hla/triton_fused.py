@@ -52,7 +52,16 @@ from .state import STATE_TYPES, decay_powers, split_normalized, with_ones
 # K~, V~ and the chunk states are rounded to bf16 at each product (as linear_attn's bf16 chunk states are).
 # lowp_scan / lowp_out / lowp_dvalues / lowp_dqk do the same in one kernel family only (the state scans, the
 # chunk outputs, the value gradients, the query / key gradients with the gate's partial): lowp=1 is all four.
-OPTIONS = {"lowp": False, "lowp_scan": False, "lowp_out": False, "lowp_dvalues": False, "lowp_dqk": False}
+# HILO_HLA="fp16=1": 16-bit inputs multiply fp16 operands scaled by powers of two (each row of the left operand and
+# each column of the right one to a largest magnitude in [2^14, 2^15), the product rescaled in fp32) instead of tf32
+# products of fp32 tiles. fp16 and tf32 both keep 11 significant bits, and the conversion rounds to nearest where
+# the tensor cores' tf32 path truncates, so the products are as exact as tf32's at the 16-bit tensor-core rate; the
+# exact power-of-two scales keep fp16's narrow exponent range out of the way (a row's entries below 2^-24 of its
+# largest lose bits, which sums at that scale cannot notice). A family's lowp_* flag (bf16) wins over it. Off: on the
+# H200 it was more accurate than tf32 (hla2 o 1.67e-3 against 2.02e-3 at K = 32, V = 64) but slower (hla2 fwd+bwd
+# 12.3 ms against 10.5 at 16K x 2, H = 16, D = 128; session 11): these kernels are not bound by their dot rate.
+OPTIONS = {"lowp": False, "lowp_scan": False, "lowp_out": False, "lowp_dvalues": False, "lowp_dqk": False,
+           "fp16": False}
 
 
 def _read_options() -> None:
@@ -68,23 +77,41 @@ _read_options()
 
 def _precision(q: torch.Tensor, kernel: str) -> str:
     """The dots' precision of one kernel family ("scan", "out", "dvalues", "dqk") for inputs of q's dtype (fp32
-    intermediates such as K~ do not change it): "ieee" for fp32, "tf32" for 16-bit inputs, or "bf16" (operands
-    rounded to bf16) with OPTIONS["lowp"] or the family's own OPTIONS["lowp_" + kernel]."""
+    intermediates such as K~ do not change it): "ieee" for fp32, "tf32" for 16-bit inputs ("fp16", scaled fp16
+    operands, with OPTIONS["fp16"]), or "bf16" (operands rounded to bf16) with OPTIONS["lowp"] or the family's own
+    OPTIONS["lowp_" + kernel]."""
     if q.dtype == torch.float32:
         return "ieee"
     if not (OPTIONS["lowp"] or OPTIONS["lowp_" + kernel]):
-        return "tf32"
+        return "fp16" if OPTIONS["fp16"] else "tf32"
     # the interpreter computes tl.dot on bf16 operands wrongly (SPEC §10): there the operands are rounded to bf16 and
     # multiplied in fp32 instead, the same values up to the order of the fp32 sums, so CPU tests reach this path
     return "bf16_rounded" if os.environ.get("TRITON_INTERPRET") == "1" else "bf16"
 
 
 @triton.jit
+def _pow2_scales(m):
+    """(s, 1 / s) for magnitudes m >= 0: exact powers of two with m / s in [2^14, 2^15), below fp16's largest
+    65504; s is clamped to 2^-126 .. 2^126, so zero or subnormal m keeps zero rows zero and inf / nan stay so."""
+    e = (m.to(tl.int32, bitcast=True) >> 23) & 0xFF  # the biased exponent: m in [2^(e - 127), 2^(e - 126))
+    k = tl.minimum(tl.maximum(e - 141, -126), 126)
+    return ((127 + k) << 23).to(tl.float32, bitcast=True), ((127 - k) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _dot(a, b, PREC: tl.constexpr):
     """a @ b accumulated in fp32: bf16 operands for PREC "bf16" (or "bf16_rounded": rounded to bf16, multiplied in
-    fp32, for the interpreter), else fp32 operands at input_precision PREC."""
+    fp32, for the interpreter), fp16 operands scaled per row of a and per column of b for "fp16" (OPTIONS), else
+    fp32 operands at input_precision PREC."""
     if PREC == "bf16":  # if / else, not an early return: the code after a return would still be compiled
         out = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    elif PREC == "fp16":
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+        s_a, inv_a = _pow2_scales(tl.max(tl.abs(a), 1))
+        s_b, inv_b = _pow2_scales(tl.max(tl.abs(b), 0))
+        out = tl.dot((a * inv_a[:, None]).to(tl.float16), (b * inv_b[None, :]).to(tl.float16))
+        out = out * s_a[:, None] * s_b[None, :]  # in this order: s_a * s_b alone could leave fp32's range
     elif PREC == "bf16_rounded":
         out = tl.dot(a.to(tl.bfloat16).to(tl.float32), b.to(tl.bfloat16).to(tl.float32), input_precision="ieee")
     else:
