@@ -122,7 +122,8 @@ def _summary(consts: dict, opts: dict) -> str:
                 parts.append(name)
         else:
             parts.append(f"{name}={val}")
-    parts.append(f"w{opts.get('num_warps', 4)}s{opts.get('num_stages', 3)}")
+    parts.append(f"w{opts.get('num_warps', 4)}s{opts.get('num_stages', 3)}"
+                 + (f"r{opts['maxnreg']}" if opts.get("maxnreg") else ""))
     return " ".join(parts)
 
 
@@ -134,6 +135,8 @@ def _cuobjdump() -> str:
 def compile_one(fn: JITFunction, sig: dict, consts: dict, attrs: dict, opts: dict) -> dict:
     """Compile for sm_90; shared bytes, registers and spill stack (bytes), or the error."""
     options = {"num_warps": opts.get("num_warps", 4), "num_stages": opts.get("num_stages", 3)}
+    if opts.get("maxnreg"):
+        options["maxnreg"] = opts["maxnreg"]
     try:
         k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=TARGET,
                            options=options)

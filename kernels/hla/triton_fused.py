@@ -62,14 +62,51 @@ from .state import STATE_TYPES, decay_powers, split_normalized, with_ones
 # 12.3 ms against 10.5 at 16K x 2, H = 16, D = 128; session 11): these kernels are not bound by their dot rate.
 OPTIONS = {"lowp": False, "lowp_scan": False, "lowp_out": False, "lowp_dvalues": False, "lowp_dqk": False,
            "fp16": False}
+# Launch configuration of each kernel family (HILO_HLA="out_warps=4,out_stages=3,dqk_bv=64", ...; 0 keeps the
+# default of LAUNCH_DEFAULTS): num_warps ("<family>_warps"), num_stages ("<family>_stages") and the tiles the
+# family's loops step by ("scan_by": the scans' state columns, capped at 64 and halved to 32 on small grids by
+# default; "out_by" / "dvalues_bv": the chunk kernels' output columns; "dqk_bv": _pass_dqk's V loop; "<f>_bk": the
+# K loop of out, dvalues and dqk). Tiles are powers of two in 16..128. "<family>_maxnreg" caps registers a thread
+# (ptxas' .maxnreg; 0: no cap). The defaults were set without a sweep: with 8 warps, 130-160 registers a thread
+# (sm_90, Triton 3.6) leave one program an SM for the chunk kernels; 128 would fit two.
+LAUNCH_DEFAULTS = {"scan_warps": 4, "scan_stages": 2, "scan_by": 0, "scan_maxnreg": 0,
+                   "out_warps": 8, "out_stages": 2, "out_bk": 64, "out_by": 64, "out_maxnreg": 0,
+                   "dvalues_warps": 8, "dvalues_stages": 2, "dvalues_bk": 64, "dvalues_bv": 64, "dvalues_maxnreg": 0,
+                   "dqk_warps": 8, "dqk_stages": 2, "dqk_bk": 64, "dqk_bv": 32,  # dqk_bv: 32 even at V = 16
+                   "dqk_maxnreg": 0}
+OPTIONS.update(dict.fromkeys(LAUNCH_DEFAULTS, 0))
+_TILES = ("scan_by", "out_bk", "out_by", "dvalues_bk", "dvalues_bv", "dqk_bk", "dqk_bv")
 
 
 def _read_options() -> None:
     for item in filter(None, (x.strip() for x in os.environ.get("HILO_HLA", "").split(","))):
-        key, _, val = item.partition("=")
-        if key.strip() not in OPTIONS:
-            raise ValueError(f"HILO_HLA: unknown option {key.strip()!r}; expected one of {sorted(OPTIONS)}")
-        OPTIONS[key.strip()] = val.strip().lower() in ("1", "true", "yes", "on")
+        key, _, val = (part.strip() for part in item.partition("="))
+        if key not in OPTIONS:
+            raise ValueError(f"HILO_HLA: unknown option {key!r}; expected one of {sorted(OPTIONS)}")
+        if key not in LAUNCH_DEFAULTS:
+            OPTIONS[key] = val.lower() in ("1", "true", "yes", "on")
+            continue
+        kind = ("tile" if key in _TILES else key.rpartition("_")[2])
+        allowed = {"tile": ((16, 32, 64, 128), "a tile of 16, 32, 64 or 128"),
+                   "warps": ((1, 2, 4, 8, 16), "1, 2, 4, 8 or 16 warps"),
+                   "stages": (range(1, 6), "1 to 5 stages"),
+                   "maxnreg": (range(64, 256, 8), "a register cap, a multiple of 8 in 64..248")}[kind]
+        if not (val.isdigit() and (int(val) == 0 or int(val) in allowed[0])):
+            raise ValueError(f"HILO_HLA: {key}={val!r}: expected 0 (the default) or {allowed[1]}")
+        OPTIONS[key] = int(val)
+
+
+def _launch(key: str) -> int:
+    """The launch setting `key` of LAUNCH_DEFAULTS: OPTIONS' unless 0."""
+    return int(OPTIONS.get(key) or LAUNCH_DEFAULTS[key])
+
+
+def _launch_kwargs(family: str) -> dict:
+    """num_warps, num_stages and (when capped) maxnreg of one kernel family's launches."""
+    out = {"num_warps": _launch(family + "_warps"), "num_stages": _launch(family + "_stages")}
+    if _launch(family + "_maxnreg"):
+        out["maxnreg"] = _launch(family + "_maxnreg")
+    return out
 
 
 _read_options()
@@ -309,8 +346,11 @@ def _pass_dqk(q, x, y, g, do, hs, dhs, dq_prev, dx_prev, dq, dx, r_parts, table,
 
 
 def _scan_blocks(dx: int, dy: int, programs: int) -> tuple[int, int]:
-    """Tiles of the sequential scans: 64 x 64, or 64 x 32 when that leaves the GPU under-filled."""
+    """Tiles of the sequential scans: 64 x 64, or 64 x 32 when that leaves the GPU under-filled (scan_by sets the
+    columns)."""
     bx, by = _pow2(dx, hi=64), _pow2(dy, hi=64)
+    if OPTIONS["scan_by"]:
+        return bx, _pow2(dy, hi=OPTIONS["scan_by"])
     if programs * triton.cdiv(dx, bx) * triton.cdiv(dy, by) < 256 and by > 32:
         by = 32
     return bx, by
@@ -328,18 +368,18 @@ def _scan(x, y, g, power, h0, lay: Layout, reverse: bool, x_scale: float, store_
                       ht if ht is not None else hs, lay.bounds, lay.offsets, x_scale, lay.seqlen, lay.nt,
                       H=h, DX=dx, DY=dy, BT=BT, BX=bx, BY=by, POWER=power, REVERSE=reverse, HAS_G=g is not None,
                       HAS_H0=h0 is not None, STORE_HT=store_last, IS_VARLEN=lay.varlen, PREC=prec,
-                      num_warps=4, num_stages=2)
+                      **_launch_kwargs("scan"))
     return hs, ht
 
 
 def _out(q, x, y, g, power, hs, scale, lay: Layout, out_dtype, prec):
     dk, dy = q.shape[-1], y.shape[-1]
     o = torch.empty(*y.shape, device=y.device, dtype=out_dtype)
-    by = _pow2(dy, hi=64)
+    by = _pow2(dy, hi=_launch("out_by"))
     grid = (triton.cdiv(dy, by), lay.rows, lay.heads)
     _chunk_out[grid](q, x, y, g if g is not None else q, hs, o, lay.table, scale, lay.seqlen, lay.nt,
-                     H=lay.heads, K=dk, DY=dy, BT=BT, BK=min(_pow2(dk), 64), BY=by, POWER=power,
-                     HAS_G=g is not None, IS_VARLEN=lay.varlen, PREC=prec, num_warps=8, num_stages=2)
+                     H=lay.heads, K=dk, DY=dy, BT=BT, BK=_pow2(dk, hi=_launch("out_bk")), BY=by, POWER=power,
+                     HAS_G=g is not None, IS_VARLEN=lay.varlen, PREC=prec, **_launch_kwargs("out"))
     return o
 
 
@@ -350,21 +390,24 @@ def _pass_grads(q, x, y, g, do, hs, dhs, power, scale, lay: Layout, dtypes, prev
     h = lay.heads
     gate = g if g is not None else q
     dy = torch.empty(y.shape, device=q.device, dtype=dtypes[2]) if dy is None else dy
-    bk, bv = min(_pow2(dk), 64), _pow2(dv, hi=64)  # 64-wide blocks keep the bf16 H200 build free of spills
+    # 64-wide blocks by default keep the bf16 H200 build free of spills
+    bk, bv = _pow2(dk, hi=_launch("dvalues_bk")), _pow2(dv, hi=_launch("dvalues_bv"))
     _pass_dvalues[(triton.cdiv(dv, bv), lay.rows, h)](q, x, do, gate, dhs, dy, lay.table, scale, lay.seqlen,
                                                       lay.nt, H=h, K=dk, V=dv, BT=BT, BK=bk, BV=bv, POWER=power,
                                                       HAS_G=g is not None, IS_VARLEN=lay.varlen,
                                                       PREC=_precision(q, "dvalues"),
-                                                      num_warps=8, num_stages=2)
+                                                      **_launch_kwargs("dvalues"))
     dq, dx = (torch.empty(t.shape, device=q.device, dtype=d) for t, d in zip((q, x), dtypes[:2], strict=True))
+    bk = _pow2(dk, hi=_launch("dqk_bk"))
+    bv = _pow2(dv, hi=OPTIONS["dqk_bv"]) if OPTIONS["dqk_bv"] else 32
     nk = triton.cdiv(dk, bk)
     r_parts = torch.empty(nk, lay.total, h, device=q.device, dtype=torch.float32) if g is not None else None
     dq_prev, dx_prev, r_prev = prev if prev is not None else (dq, dx, None)
     _pass_dqk[(nk, lay.rows, h)](q, x, y, gate, do, hs, dhs, dq_prev, dx_prev, dq, dx,
                                  r_parts if r_parts is not None else dq, lay.table, scale, lay.seqlen, lay.nt,
-                                 lay.total, H=h, K=dk, V=dv, BT=BT, BK=bk, BV=32, POWER=power, HAS_G=g is not None,
-                                 HAS_PREV=prev is not None, IS_VARLEN=lay.varlen, PREC=_precision(q, "dqk"),
-                                 num_warps=8, num_stages=2)
+                                 lay.total, H=h, K=dk, V=dv, BT=BT, BK=bk, BV=bv,
+                                 POWER=power, HAS_G=g is not None, HAS_PREV=prev is not None,
+                                 IS_VARLEN=lay.varlen, PREC=_precision(q, "dqk"), **_launch_kwargs("dqk"))
     r = None
     if g is not None:
         r = r_parts.sum(0) if r_prev is None else r_parts.sum(0) + r_prev

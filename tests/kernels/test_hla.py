@@ -691,6 +691,62 @@ def test_fused_hla2_normalize():
     _fused_vs_references(q, k, v, g, h0, "d1", normalize=True)
 
 
+def test_fused_launch_option_parsing(monkeypatch):
+    """HILO_HLA's launch settings: integers, 0 for the default, tiles 16..128, warps 1..16, stages 1..5; a bad value
+    is an error naming what is allowed."""
+    from kernels.hla import triton_fused
+
+    monkeypatch.setattr(triton_fused, "OPTIONS", dict(triton_fused.OPTIONS))
+    monkeypatch.setenv("HILO_HLA", "out_warps=4, dqk_bv=64, scan_stages=3, fp16=1, dqk_maxnreg=128")
+    triton_fused._read_options()
+    assert (triton_fused._launch("out_warps"), triton_fused._launch("dqk_bv"), triton_fused._launch("scan_stages"),
+            triton_fused._launch("dvalues_warps"), triton_fused.OPTIONS["fp16"]) == (4, 64, 3, 8, True)
+    assert triton_fused._launch_kwargs("dqk") == {"num_warps": 8, "num_stages": 2, "maxnreg": 128}
+    assert triton_fused._launch_kwargs("out") == {"num_warps": 4, "num_stages": 2}
+    for bad, match in (("out_bk=48", "tile of 16, 32, 64 or 128"), ("dqk_warps=3", "1, 2, 4, 8 or 16 warps"),
+                       ("scan_stages=9", "1 to 5 stages"), ("out_by=x", "out_by='x'"),
+                       ("out_maxnreg=100", "multiple of 8 in 64..248")):
+        monkeypatch.setenv("HILO_HLA", bad)
+        with pytest.raises(ValueError, match=match):
+            triton_fused._read_options()
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("tile", [16, 128])
+def test_fused_launch_tiles(monkeypatch, tile):
+    """Every tile setting at 16 (several K- and V-blocks per loop at K = 60, V = 36, masked) and at 128 (one wide
+    masked block), with other warps, stages and a register cap: the kernels launch with those tiles (recorded) and
+    hla2 still matches the float64 references, varlen with an initial state."""
+    from kernels.hla import triton_fused
+
+    options = {"scan_by": tile, "out_bk": tile, "out_by": tile, "dvalues_bk": tile, "dvalues_bv": tile,
+               "dqk_bk": tile, "dqk_bv": tile, "out_warps": 4, "dqk_stages": 3, "dvalues_maxnreg": 128}
+    monkeypatch.setattr(triton_fused, "OPTIONS", {**triton_fused.OPTIONS, **options})
+    seen = {}
+
+    class Recorder:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.setdefault(self.kernel.fn.__name__, set()).add(
+                    tuple(kwargs[n] for n in ("BX", "BY", "BK", "BV") if n in kwargs))
+                return self.kernel[grid](*args, **kwargs)
+            return launch
+
+    for name in ("_state_scan", "_chunk_out", "_pass_dvalues", "_pass_dqk"):
+        monkeypatch.setattr(triton_fused, name, Recorder(getattr(triton_fused, name)))
+    cu = torch.tensor([0, 1, 16, 146])
+    q, k, v, g = make(1, 146, 2, 60, 36, "strong", seed=33)
+    h0 = random_state("hla2", 3, 2, 60, 36, seed=34)
+    _fused_vs_references(0.5 * q, 0.5 * k, v, g, h0, "d1", cu=cu)
+    wide = 64 if tile == 128 else tile  # 128 exceeds K = 60 and V = 36, whose next powers of two are 64
+    assert seen["_state_scan"] == {(64, wide)}  # the scans' K-rows stay 64
+    assert seen["_chunk_out"] == {(wide, wide)}  # BY, BK (keyword order of the recorder: BY before BK)
+    assert seen["_pass_dvalues"] == {(wide, wide)} and seen["_pass_dqk"] == {(wide, wide)}
+
+
 @pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
 @pytest.mark.parametrize("op,decay", [("hla2", "d1"), ("hla2", "d2"), ("ahla", "d1")])
 def test_fused_without_states(op, decay):
