@@ -460,6 +460,15 @@ def _grads_kernel(
         tl.store(dg_ptr + tok * H + pid_h, b_dg, mask=rmask)
 
 
+def grads_launch() -> dict:
+    """num_warps, num_stages and (when capped) maxnreg of the fused backward kernel: OPTIONS' grads_* where set."""
+    out = {"num_warps": int(OPTIONS["grads_warps"]) or NUM_WARPS["grads"],
+           "num_stages": int(OPTIONS["grads_stages"]) or NUM_STAGES["grads"]}
+    if int(OPTIONS["grads_maxnreg"]):
+        out["maxnreg"] = int(OPTIONS["grads_maxnreg"])
+    return out
+
+
 def delta_rule_bwd(q, k, v, beta, g, scale, want_dh0, bounds, table, choff, saved, do, dht):
     """Gradients (dq, dk, dv, dbeta fp32, dg fp32 or None, dh0 fp32 or None unless want_dh0) on the packed
     [L, H, *] layout."""
@@ -505,7 +514,7 @@ def delta_rule_bwd(q, k, v, beta, g, scale, want_dh0, bounds, table, choff, save
             dg if dg is not None else dbeta, scale,
             H=h, K=dk, V=dv, C=CHUNK, KB=min(bk, GRADS_BLOCKS["kb"]), BV=min(bv_full, GRADS_BLOCKS["bv"]),
             BV2=min(bv_full, GRADS_BLOCKS["bv2"]), HAS_G=g is not None, PREC=prec,
-            LOWP=low, num_warps=NUM_WARPS["grads"], num_stages=NUM_STAGES["grads"],
+            LOWP=low, **grads_launch(),
         )
         return dq, dkk, dvv, dbeta, dg, dh0
     dk_part = torch.empty(total, h, dk, device=dev, dtype=mid)

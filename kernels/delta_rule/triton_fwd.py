@@ -54,8 +54,12 @@ CHUNK = 64
 #                 K = 256 GPU test failed with 2 stages there). Gated DeltaNet's few (sequence, head) pairs get
 #                 BV 16-32 on the H200: at its 340m heads (B = 2, T = 16K, H = 3, K = 256, V = 512, bf16) fwd+bwd
 #                 6.40 ms against 6.64 with 1 stage (session 11, RESULTS.md), every other delta_rule GPU test passing.
+#   grads_warps, grads_stages, grads_maxnreg: the fused backward kernel's launch (0: NUM_WARPS / NUM_STAGES below,
+#                 no register cap). At 8 warps it takes 182 registers a thread at K = 256, V = 512 (sm_90, Triton 3.6,
+#                 bf16), one program an SM; grads_maxnreg=128 would fit two (for sweeps; not yet timed).
 OPTIONS = {"lowp_bwd": True, "prepare_mode": 2, "fused_bwd": True, "state_bv_min": 16, "intra_in_state_bwd": 0,
-           "output_in_state": 0, "state_scale_v": True, "wide_stages": 2}
+           "output_in_state": 0, "state_scale_v": True, "wide_stages": 2, "grads_warps": 0, "grads_stages": 0,
+           "grads_maxnreg": 0}
 
 
 def _apply_env_options():
@@ -64,7 +68,8 @@ def _apply_env_options():
         key, _, val = item.partition("=")
         if key not in OPTIONS:
             raise ValueError(f"HILO_DELTA_RULE: unknown option {key!r}; expected one of {sorted(OPTIONS)}")
-        ints = ("state_bv_min", "prepare_mode", "intra_in_state_bwd", "output_in_state", "wide_stages")
+        ints = ("state_bv_min", "prepare_mode", "intra_in_state_bwd", "output_in_state", "wide_stages", "grads_warps",
+                "grads_stages", "grads_maxnreg")
         OPTIONS[key] = int(val) if key in ints else val.strip().lower() in ("1", "true", "yes", "on")
 
 

@@ -254,6 +254,20 @@ def test_state_pass_stages(monkeypatch):
     assert (stages(128), stages(256, 2, 16), stages(256, 2, 32), stages(256, 4, 16)) == (3, 1, 1, 1)
 
 
+def test_grads_launch_options(monkeypatch):
+    """The fused backward kernel's launch: NUM_WARPS / NUM_STAGES and no register cap by default; HILO_DELTA_RULE's
+    grads_warps / grads_stages / grads_maxnreg override them."""
+    from kernels.delta_rule import triton_bwd, triton_fwd
+
+    monkeypatch.setattr(triton_fwd, "OPTIONS", dict(triton_fwd.OPTIONS))
+    monkeypatch.setattr(triton_bwd, "OPTIONS", triton_fwd.OPTIONS)
+    default = {"num_warps": triton_fwd.NUM_WARPS["grads"], "num_stages": triton_fwd.NUM_STAGES["grads"]}
+    assert triton_bwd.grads_launch() == default
+    monkeypatch.setenv("HILO_DELTA_RULE", "grads_maxnreg=128,grads_stages=3")
+    triton_fwd._apply_env_options()
+    assert triton_bwd.grads_launch() == {**default, "num_stages": 3, "maxnreg": 128}
+
+
 @needs_triton
 @pytest.mark.parametrize("opts", [
     {"lowp_bwd": False, "prepare_mode": 0, "fused_bwd": False, "intra_in_state_bwd": 0, "output_in_state": 0,
