@@ -11,7 +11,10 @@ through the model's forward with a fresh HiloCache (timed on its own, after one 
 shape so kernel compilation is not counted), then warm-up + steps greedy tokens are decoded one at a time through
 the path generate() takes (forward on the last token with the cache, logits_to_keep=1, argmax). Reported: the
 median per-token latency of the timed steps (each step synchronised and timed on the host clock, so launch
-overhead counts, as it does for a user), its ratio to the shortest context's, the decoding state the cache holds
+overhead counts, as it does for a user; with --rounds N, default 2, the decode steps of every context are timed N
+times, round after round over all contexts, and the row keeps the lowest median and shows the largest / smallest,
+because batch-1 decoding is host-bound and one slow spell can otherwise land on one context), its ratio to the
+shortest context's, the decoding state the cache holds
 afterwards (HiloCache.state_bytes(): the sum of its tensors) next to models.cache.expected_state_bytes (SPEC's
 arithmetic for L + decoded tokens), and the storage the cache actually keeps alive (HiloCache.held_bytes(): larger
 when a state is a view into a bigger tensor), and on CUDA the peak allocated memory of the timed prefill and decode
@@ -166,11 +169,21 @@ def generate_ms_per_token(model, prompt, steps: int, device, repeats: int = 5) -
     return 1e3 * (min(long) - min(short)) / steps
 
 
+def _retimed_median(model, prompt, decoded: int, warmup: int, device) -> float:
+    """A later round's per-token median (seconds) at one context: prefill again, decode as the first round did."""
+    cache, token = prefill(model, prompt)
+    times: list[float] = []
+    decode_steps(model, cache, token, decoded, _host_timer(device, times))
+    return statistics.median(times[warmup:])
+
+
 def measure_family(family: str, size: str, contexts: list[int], steps: int, warmup: int, batch: int,
                    verify_tokens: int, overrides: list[str], vocab_size: int | None, device, dtype,
-                   time_generate: bool = False, compile_mode: str | None = None) -> list[dict]:
+                   time_generate: bool = False, compile_mode: str | None = None, rounds: int = 1) -> list[dict]:
     """One row per context length for one family (see the module docstring); compile_mode: decode with
-    model.compile_decoding(mode) ("default" for torch.compile's default mode), None eagerly."""
+    model.compile_decoding(mode) ("default" for torch.compile's default mode), None eagerly. rounds > 1 times the
+    decode steps again at every context, round after round over all contexts (so a slow spell of the host or the
+    device does not land on one context only); a row's ms/token is the lowest of its rounds' medians."""
     import torch
 
     from models.cache import expected_state_bytes
@@ -184,10 +197,11 @@ def measure_family(family: str, size: str, contexts: list[int], steps: int, warm
         model.compile_decoding(mode=None if compile_mode == "default" else compile_mode)
     params = sum(p.numel() for p in model.parameters())
     gen = torch.Generator().manual_seed(0)
-    rows = []
+    rows, prompts = [], []
     with torch.no_grad():
         for i, length in enumerate(contexts):
             prompt = torch.randint(0, config.vocab_size, (batch, length), generator=gen).to(device)
+            prompts.append(prompt)
             warm = prefill(model, prompt)  # untimed: compiles / autotunes the prefill kernels for this shape
             del warm
             _sync(device)
@@ -215,7 +229,7 @@ def measure_family(family: str, size: str, contexts: list[int], steps: int, warm
             rows.append({
                 "family": family, "size": size, "params": params, "context": length, "batch": batch,
                 "dtype": str(dtype).removeprefix("torch."), "prefill_ms": 1e3 * prefill_s,
-                "ms_per_token": 1e3 * statistics.median(times[warmup:]), "steps": steps, "warmup": warmup,
+                "round_ms": [1e3 * statistics.median(times[warmup:])], "steps": steps, "warmup": warmup,
                 "tokens_seen": seen, "state_bytes": state,
                 "expected_bytes": expected_state_bytes(config, seen, batch, dtype),
                 "held_bytes": held, "held_after_prefill_bytes": held_after_prefill,
@@ -223,9 +237,23 @@ def measure_family(family: str, size: str, contexts: list[int], steps: int, warm
                 "generate_matches": generate_ok,
                 "generate_ms_per_token": gen_ms,
             })
-    for row in rows:
+        for _ in range(rounds - 1):
+            for row, prompt in zip(rows, prompts, strict=True):
+                row["round_ms"].append(1e3 * _retimed_median(model, prompt, decoded, warmup, device))
+    for row in rows:  # rows[0] first, so its ms_per_token is set before the ratios use it
+        row["ms_per_token"] = min(row["round_ms"])
+        row["round_spread"] = max(row["round_ms"]) / min(row["round_ms"])
         row["latency_ratio"] = row["ms_per_token"] / rows[0]["ms_per_token"]
     return rows
+
+
+NOISY_SPREAD = 1.2  # rounds whose medians differ by more than this make a family's verdict line say so
+
+
+def _rounds(row: dict) -> str:
+    """How many rounds timed the row and how far apart their medians were (largest / smallest)."""
+    n = len(row["round_ms"])
+    return "1" if n == 1 else f"{n}, x{row['round_spread']:.2f}"
 
 
 def _mib(n: int) -> str:
@@ -234,15 +262,15 @@ def _mib(n: int) -> str:
 
 def table(rows: list[dict]) -> str:
     """Markdown table of measure_family rows, then one verdict line per family (latency target and state memory)."""
-    lines = [("| family | size | context | prefill ms | ms/token | x shortest | state MiB | expected MiB | held MiB "
-              "| held after prefill MiB | peak GiB | generate() ms/token | generate() tokens |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [("| family | size | context | prefill ms | ms/token | rounds | x shortest | state MiB | expected MiB "
+              "| held MiB | held after prefill MiB | peak GiB | generate() ms/token | generate() tokens |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         peak = f"{r['peak_mem_gib']:.2f}" if r["peak_mem_gib"] is not None else "n/a"
         gen = {None: "", True: "same tokens", False: "DIFFERS"}[r["generate_matches"]]
         gen_ms = f"{r['generate_ms_per_token']:.3f}" if r.get("generate_ms_per_token") is not None else "n/a"
         lines.append(f"| {r['family']} | {r['size']} | {r['context']} | {r['prefill_ms']:.1f} | "
-                     f"{r['ms_per_token']:.3f} | {r['latency_ratio']:.2f} | {_mib(r['state_bytes'])} | "
+                     f"{r['ms_per_token']:.3f} | {_rounds(r)} | {r['latency_ratio']:.2f} | {_mib(r['state_bytes'])} | "
                      f"{_mib(r['expected_bytes'])} | {_mib(r['held_bytes'])} | {_mib(r['held_after_prefill_bytes'])} "
                      f"| {peak} | {gen_ms} | {gen} |")
     lines.append("")
@@ -257,7 +285,10 @@ def table(rows: list[dict]) -> str:
             verdict = f"latency x{last['latency_ratio']:.2f}, {ok} the x{bound} target"
         mem = "state = expected at every context" if all(r["state_bytes"] == r["expected_bytes"] for r in fam) \
             else "STATE DIFFERS FROM expected_state_bytes"
-        lines.append(f"- {family}: context {first['context']} -> {last['context']}: {verdict}; {mem}.")
+        spread = max(r["round_spread"] for r in fam)
+        noisy = (f"; its rounds differ by up to x{spread:.2f}, so its latencies are noisy" if spread > NOISY_SPREAD
+                 else "")
+        lines.append(f"- {family}: context {first['context']} -> {last['context']}: {verdict}; {mem}{noisy}.")
     return "\n".join(lines)
 
 
@@ -270,6 +301,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                          f"{' '.join(map(str, CPU_CONTEXTS))} on CPU)")
     ap.add_argument("--steps", type=int, default=32, help="timed decode steps per context")
     ap.add_argument("--warmup", type=int, default=8, help="untimed decode steps before them")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="time every context this many times, round after round over all contexts; a row keeps "
+                         "the lowest median and shows the spread (largest / smallest)")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--verify-tokens", type=int, default=8,
                     help="tokens that model.generate must reproduce at the shortest context (0: skip the check)")
@@ -289,8 +323,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                                  "on the command line")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_with_overrides(ap, argv)
-    if args.steps < 1 or args.warmup < 0 or args.batch < 1:
-        ap.error("--steps and --batch must be >= 1 and --warmup >= 0")
+    if args.steps < 1 or args.warmup < 0 or args.batch < 1 or args.rounds < 1:
+        ap.error("--steps, --batch and --rounds must be >= 1 and --warmup >= 0")
 
     import torch
 
@@ -305,7 +339,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for family in args.families:
         rows += measure_family(family, size, contexts, args.steps, args.warmup, args.batch, args.verify_tokens,
                                args.overrides, args.vocab_size, device, dtype, args.time_generate,
-                               args.compile_decoding)
+                               args.compile_decoding, args.rounds)
         print(f"{family}: done", file=sys.stderr, flush=True)
     text = table(rows)
     print(text)

@@ -188,6 +188,22 @@ def test_table_and_latency_ratios(rows):
     assert "STATE DIFFERS FROM expected_state_bytes" in table(broken) and "DIFFERS |" in table(broken)
 
 
+def test_rounds_keep_the_lowest_median(rows):
+    """Two rounds by default: each row keeps the lower of its two medians, shows their spread, and a family whose
+    rounds differ by more than x1.2 is called noisy in its verdict line."""
+    for r in rows:
+        assert len(r["round_ms"]) == 2 and r["ms_per_token"] == min(r["round_ms"])
+        assert r["round_spread"] == max(r["round_ms"]) / min(r["round_ms"])
+    assert f"| 2, x{rows[0]['round_spread']:.2f} |" in table(rows)
+    noisy = [dict(r) for r in rows if r["family"] == "mamba2"]
+    noisy[1]["round_spread"] = 1.6
+    assert "its rounds differ by up to x1.60, so its latencies are noisy" in table(noisy)
+    assert "noisy" not in table([{**r, "round_spread": 1.1} for r in noisy])
+    one = main(["--size", "tiny", "--contexts", "8", "--steps", "1", "--warmup", "0", "--verify-tokens", "0",
+                "--families", "mamba2", "--device", "cpu", "--rounds", "1"])
+    assert len(one[0]["round_ms"]) == 1 and "| 1 |" in table(one)
+
+
 def test_generate_timing_is_reported_only_when_asked(rows):
     assert all(r["generate_ms_per_token"] is None for r in rows)
     timed = main(["--size", "tiny", "--contexts", "8", "--steps", "6", "--warmup", "0", "--verify-tokens", "0",
