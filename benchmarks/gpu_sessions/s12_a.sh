@@ -10,7 +10,7 @@ export PYTHONPATH=/tmp/site HILO_CACHE=$PWD/.hilo_cache WANDB_MODE=disabled
 T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
 mkdir -p $OUT/n; L=$OUT/n/log.txt
 el "hla2 launch-setting sweep, 16K" | tee -a $L
-timeout 300 python -u benchmarks/option_sweep.py --op hla2 --seq-len 16384 --skip-check --append --variants "" \
+timeout -k 20 300 python -u benchmarks/option_sweep.py --op hla2 --seq-len 16384 --skip-check --append --variants "" \
   "HILO_HLA=out_maxnreg=128,dvalues_maxnreg=128,dqk_maxnreg=128" \
   "HILO_HLA=out_warps=4,dvalues_warps=4,dqk_warps=4" \
   "HILO_HLA=out_stages=3,dvalues_stages=3,dqk_stages=3" \
@@ -22,10 +22,10 @@ timeout 300 python -u benchmarks/option_sweep.py --op hla2 --seq-len 16384 --ski
   > /tmp/o.log 2>&1; echo "rc=$?" >> $L; grep -E "^\| |Error" /tmp/o.log | cut -c1-250 >> $L
 cp benchmarks/RESULTS.md $OUT/n/RESULTS.md
 el "hla2 profile, 16K" | tee -a $L
-timeout 120 python -u benchmarks/kernels.py --ops hla2 --seqlens 16384 --skip-check --profile 16384 > /tmp/p.log 2>&1
+timeout -k 20 120 python -u benchmarks/kernels.py --ops hla2 --seqlens 16384 --skip-check --profile 16384 > /tmp/p.log 2>&1
 echo "rc=$?" >> $L; grep -vE "^\s*$|Warn|warn" /tmp/p.log | tail -25 | cut -c1-200 >> $L
 el "hla2 at hla_mamba2 340m's heads (H = 32, K = 128, V = 64), 8K x 4: time and profile" | tee -a $L
-timeout 90 python -u benchmarks/kernels.py --ops hla2 --seqlens 8192 --heads 32 --dim 128 --dim-v 64 --skip-check \
+timeout -k 20 90 python -u benchmarks/kernels.py --ops hla2 --seqlens 8192 --heads 32 --dim 128 --dim-v 64 --skip-check \
   --profile 8192 > /tmp/p2.log 2>&1; echo "rc=$?" >> $L; grep -vE "^\s*$|Warn|warn" /tmp/p2.log | tail -25 | cut -c1-200 >> $L
 el done | tee -a $L
 cat $L

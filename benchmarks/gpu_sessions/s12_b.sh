@@ -8,15 +8,15 @@ export PYTHONPATH=/tmp/site HILO_CACHE=$PWD/.hilo_cache WANDB_MODE=disabled
 T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
 mkdir -p $OUT/n; L=$OUT/n/log.txt
 el "delta_rule's fused backward launch at GDN 340m's heads (182 registers at 8 warps: one program an SM)" | tee -a $L
-timeout 150 python -u benchmarks/option_sweep.py --op delta_rule --seq-len 16384 --heads 3 --dim 256 --dim-v 512 \
+timeout -k 20 150 python -u benchmarks/option_sweep.py --op delta_rule --seq-len 16384 --heads 3 --dim 256 --dim-v 512 \
   --skip-check --append --variants "" "HILO_DELTA_RULE=grads_maxnreg=128" "HILO_DELTA_RULE=grads_warps=4" \
   "HILO_DELTA_RULE=grads_stages=3" > /tmp/o.log 2>&1; echo "rc=$?" >> $L; grep -E "^\| |Error" /tmp/o.log | cut -c1-250 >> $L
 cp benchmarks/RESULTS.md $OUT/n/RESULTS.md
 el "delta_rule profile at GDN 340m's heads" | tee -a $L
-timeout 150 python -u benchmarks/kernels.py --ops delta_rule --seqlens 16384 --heads 3 --dim 256 --dim-v 512 \
+timeout -k 20 150 python -u benchmarks/kernels.py --ops delta_rule --seqlens 16384 --heads 3 --dim 256 --dim-v 512 \
   --skip-check --profile 16384 > /tmp/p.log 2>&1; echo "rc=$?" >> $L; grep -vE "^\s*$|Warn|warn" /tmp/p.log | tail -25 | cut -c1-200 >> $L
 el "GDN 8K compiled step profile" | tee -a $L
-timeout 230 python -u benchmarks/step_profile.py --families gated_deltanet --seq-len 8192 --compile > /tmp/s.log 2>&1
+timeout -k 20 230 python -u benchmarks/step_profile.py --families gated_deltanet --seq-len 8192 --compile > /tmp/s.log 2>&1
 echo "rc=$?" >> $L; grep -vE "^\s*$|Warn|warn" /tmp/s.log | tail -40 | cut -c1-200 >> $L
 el done | tee -a $L
 cat $L

@@ -10,7 +10,7 @@ export PYTHONPATH=/tmp/site HILO_CACHE=$PWD/.hilo_cache WANDB_MODE=disabled
 T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
 mkdir -p $OUT/n; L=$OUT/n/log.txt
 el "loglinear_delta_rule stacked columns at GDN 340m's heads" | tee -a $L
-timeout 300 python -u benchmarks/option_sweep.py --op loglinear_delta_rule --seq-len 16384 --heads 3 --dim 256 \
+timeout -k 20 300 python -u benchmarks/option_sweep.py --op loglinear_delta_rule --seq-len 16384 --heads 3 --dim 256 \
   --dim-v 512 --skip-check --append --variants "" "HILO_LOGLINEAR=scan_cols=256" \
   "HILO_LOGLINEAR=scan_cols=256,scan_levels=16" > /tmp/o.log 2>&1; echo "rc=$?" >> $L
 grep -E "^\| |Error" /tmp/o.log | cut -c1-250 >> $L
