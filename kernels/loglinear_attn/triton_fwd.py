@@ -188,11 +188,11 @@ class LevelLayout:
         return out
 
     @staticmethod
-    def scan_block_v(dv: int, stacked: int, shrink: int = 1) -> int:
+    def scan_block_v(dv: int, stacked: int, shrink: int = 1, cols: int | None = None) -> int:
         """V-block of a level scan whose stacked tile R is [K, stacked * BV]: stacked * BV about
-        OPTIONS["scan_cols"] // shrink columns, BV in 16..32."""
+        cols (OPTIONS["scan_cols"] unless given) // shrink columns, BV in 16..32."""
         # tl.dot needs every dimension >= 16, and the write's [K, BV] dot has N = BV
-        return min(max(OPTIONS["scan_cols"] // shrink // stacked, 16), 32, pow2(dv))
+        return min(max((cols or OPTIONS["scan_cols"]) // shrink // stacked, 16), 32, pow2(dv))
 
 
 def tile_shrink(bk: int, power: int) -> int:

@@ -95,12 +95,18 @@ GRADS_V = ("unroll", "loop")
 GLUES = ("auto", "eager", "compiled")
 # The forward level scan's chunk rows per product: "64" (the chunk's [C, K] pieces whole, the build timed on the H200)
 # or "32" (two row halves, the same sums: at K = 256 the fp32 piece tiles are 64 KB each, and the forward scan with
-# reads spills 472 B per thread on sm_90 with whole tiles; benchmarks/RESULTS.md, session 10). Not yet timed.
+# reads spills 472 B per thread on sm_90 with whole tiles; benchmarks/RESULTS.md, session 10). H200, K = V = 128:
+# 47.9 ms against 45.3 (session 11), so "64" stays.
 SCAN_ROWS = ("64", "32")
+# The backward level scans' stacked-column budget: "same" (HILO_LOGLINEAR's scan_cols, as the forward's) or a budget
+# of their own, so forward and backward tiles can differ: at K = 256, V = 512 (sm_90, Triton 3.6) scan_cols=256
+# takes the forward scan with reads from 472 to 128 B of spills but the backward scans from 0-48 to 512-552 B.
+BWD_SCAN_COLS = ("same", "32", "64", "128", "256")
 OPTIONS = {"form": "scan", "inverse": "triton", "bwd": "split", "states": "recompute", "grads_block": "full",
-           "grads_v": "unroll", "glue": "auto", "glue_tf32": "1", "scan_rows": "64"}
+           "grads_v": "unroll", "glue": "auto", "glue_tf32": "1", "scan_rows": "64", "bwd_scan_cols": "same"}
 _CHOICES = {"form": FORMS, "inverse": INVERSES, "bwd": BWDS, "states": STATES, "grads_block": GRADS_BLOCKS,
-            "grads_v": GRADS_V, "glue": GLUES, "glue_tf32": ("0", "1"), "scan_rows": SCAN_ROWS}
+            "grads_v": GRADS_V, "glue": GLUES, "glue_tf32": ("0", "1"), "scan_rows": SCAN_ROWS,
+            "bwd_scan_cols": BWD_SCAN_COLS}
 GLUE_BACKEND = "inductor"  # torch.compile backend of glue="compiled" (tests on CPU use "aot_eager": no C++ build)
 
 
@@ -381,7 +387,8 @@ class DeltaLevelScanFunction(torch.autograd.Function):
         drs = torch.zeros(rs.shape, device=rs.device, dtype=torch.float32) if split else rs
         dout = dout.contiguous()
         prec = dot_precision(ctx.in_dtype)
-        for j0, s, groups, bv in scan_launches(lay, mode, ns, dk, dv_):
+        bwd_cols = None if OPTIONS["bwd_scan_cols"] == "same" else int(OPTIONS["bwd_scan_cols"])
+        for j0, s, groups, bv in scan_launches(lay, mode, ns, dk, dv_, bwd_cols):
             _delta_level_scan_bwd[(triton.cdiv(dv_, bv), lay.n * h, groups)](
                 q_eff, w_wy, kd, decay, zcols, v, lam, wts if wts is not None else lam, rs, dout,
                 drfin.contiguous() if drfin is not None else rs, dq_eff, dw_wy, dkd, ddecay, dzcols, dv, dlam,

@@ -207,14 +207,16 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def scan_launches(lay: LevelLayout, mode: int, count: int, dk: int, dv: int) -> list[tuple[int, int, int, int]]:
+def scan_launches(lay: LevelLayout, mode: int, count: int, dk: int, dv: int,
+                  cols: int | None = None) -> list[tuple[int, int, int, int]]:
     """(first state j0, stacked states S, programs along the group axis, BV) of each launch of a scan over `count`
-    states (mode 0: the nj chunk levels; mode 1: the L prior levels), grouped as LevelLayout.level_groups."""
+    states (mode 0: the nj chunk levels; mode 1: the L prior levels), grouped as LevelLayout.level_groups; cols:
+    the stacked-column budget (HILO_LOGLINEAR's scan_cols unless given)."""
     shrink = tile_shrink(pow2(dk), 2)
     # at least 32 stacked columns where V allows: on the H200 (Triton 3.6) the backward scan at K = 256 with one
     # stacked state of BV = 16 ([256, 16] tiles, 8 warps; HILO_LOGLINEAR=scan_cols=64,scan_levels=4) faulted with an
     # illegal address, while S = 1 x BV = 32 and S = 2 x BV = 16 ran (s11_crash.py, session 11)
-    return [(j0, s, groups, max(lay.scan_block_v(dv, s, shrink), min(32 // s, pow2(dv))))
+    return [(j0, s, groups, max(lay.scan_block_v(dv, s, shrink, cols), min(32 // s, pow2(dv))))
             for j0, s, groups in lay.level_groups(count, shrink)]
 
 

@@ -313,6 +313,44 @@ def test_scan_launches_keep_32_columns(monkeypatch):
     monkeypatch.setitem(OPTIONS, "scan_levels", 4)
     assert scan_launches(lay, 0, lay.nj, 256, 512) == [(0, 1, 9, 32)]
     assert scan_launches(lay, 0, lay.nj, 256, 16) == [(0, 1, 9, 16)]  # V = 16 has no wider block
+    # a column budget of its own (the backward's bwd_scan_cols): 256 at K = 256 is 64 columns, one level of 32 here
+    monkeypatch.setitem(OPTIONS, "scan_levels", 8)
+    assert scan_launches(lay, 0, lay.nj, 256, 512, 256) == [(0, 2, 4, 32), (8, 1, 1, 32)]
+
+
+@triton_only
+def test_backward_scan_columns_of_their_own(monkeypatch):
+    """HILO_LOGLINEAR_DELTA=bwd_scan_cols=N: the backward scans launch with their own stacked columns (recorded: two
+    stacked levels of BV = 16 against the forward's BV = 32 at V = 32) and the gradients still match the definition;
+    an unknown value is an error naming the choices."""
+    import re
+
+    from kernels.loglinear_attn.triton_fwd import OPTIONS as ATTN_OPTIONS
+    from kernels.loglinear_delta_rule import triton_bwd, triton_fwd
+
+    monkeypatch.setitem(ATTN_OPTIONS, "scan_levels", 2)
+    monkeypatch.setitem(ATTN_OPTIONS, "scan_cols", 64)
+    monkeypatch.setitem(triton_bwd.OPTIONS, "bwd_scan_cols", "32")
+    seen = {"fwd": [], "bwd": []}
+
+    def recorder(real, key):
+        def record(*args):
+            out = real(*args)
+            seen[key] += out
+            return out
+        return record
+
+    monkeypatch.setattr(triton_fwd, "scan_launches", recorder(triton_fwd.scan_launches, "fwd"))
+    monkeypatch.setattr(triton_bwd, "scan_launches", recorder(triton_bwd.scan_launches, "bwd"))
+    x = make(2, 300, seed=19, nl=num_levels(400), dv=32)
+    init = prior_state([0, 100], nl=x["lam"].shape[-1], seed=20, dv=32)
+    ref = run("quadratic", x, init=init, dtype=torch.float64)
+    assert_close(run("triton", x, init=init), ref, "backward scans with 32 columns")
+    assert {(s, bv) for _, s, _, bv in seen["fwd"]} == {(2, 32), (1, 32)}
+    assert {(s, bv) for _, s, _, bv in seen["bwd"]} == {(2, 16), (1, 32)}  # one level keeps 32 columns
+    monkeypatch.setenv("HILO_LOGLINEAR_DELTA", "bwd_scan_cols=48")
+    with pytest.raises(ValueError, match=re.escape("bwd_scan_cols=same|32|64|128|256")):
+        triton_bwd._read_options()
 
 
 def test_input_errors():
