@@ -4,7 +4,8 @@
 # delta_rule against an arithmetic floor of 5.7x). With the default 32 stacked columns (S = 2 x BV = 16) each chunk's
 # [64, 256] fp32 pieces are loaded by 128 programs per (sequence, head); scan_cols=256 gives 64 columns (half the
 # programs and piece loads). AOT for sm_90 (Triton 3.6): its forward scan with reads spills 128 B instead of 472,
-# its backward scan 512-552 B instead of 0-48, shared memory 197 / 147 KB (one program an SM either way).
+# its backward scan 512-552 B instead of 0-48, shared memory 197 / 147 KB (one program an SM either way); the last
+# variant keeps the backward's default 32 columns (HILO_LOGLINEAR_DELTA=bwd_scan_cols=128).
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | grep -v WARN | tail -1
 export PYTHONPATH=/tmp/site HILO_CACHE=$PWD/.hilo_cache WANDB_MODE=disabled
 T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
@@ -12,7 +13,8 @@ mkdir -p $OUT/n; L=$OUT/n/log.txt
 el "loglinear_delta_rule stacked columns at GDN 340m's heads" | tee -a $L
 timeout -k 20 300 python -u benchmarks/option_sweep.py --op loglinear_delta_rule --seq-len 16384 --heads 3 --dim 256 \
   --dim-v 512 --skip-check --append --variants "" "HILO_LOGLINEAR=scan_cols=256" \
-  "HILO_LOGLINEAR=scan_cols=256,scan_levels=16" > /tmp/o.log 2>&1; echo "rc=$?" >> $L
+  "HILO_LOGLINEAR=scan_cols=256,scan_levels=16" "HILO_LOGLINEAR=scan_cols=256;HILO_LOGLINEAR_DELTA=bwd_scan_cols=128" \
+  > /tmp/o.log 2>&1; echo "rc=$?" >> $L
 grep -E "^\| |Error" /tmp/o.log | cut -c1-250 >> $L
 cp benchmarks/RESULTS.md $OUT/n/RESULTS.md
 el done | tee -a $L
