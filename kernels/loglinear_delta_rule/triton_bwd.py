@@ -47,7 +47,16 @@ from kernels.loglinear_attn.triton_fwd import (
 from .chunk import wy_after_inverse, wy_before_inverse
 from .level_nodes import DeltaLevelNodesFunction
 from .tril_inverse import unit_lower_inverse
-from .triton_fwd import _scan_masks, _scan_program, delta_level_scan_fwd, dot_precision, scan_launches
+from .triton_fwd import (
+    _piece,
+    _piece_t,
+    _scan_masks,
+    _scan_program,
+    delta_level_scan_fwd,
+    dot_precision,
+    scaled_fp16,
+    scan_launches,
+)
 
 # How the chunk levels run: "scan" (the Triton level scan above and in triton_fwd) or "nodes" (level_nodes: a tree of
 # aligned chunk blocks in batched matmuls, the same values). HILO_LOGLINEAR_DELTA="form=nodes" picks it; the scan
@@ -102,11 +111,23 @@ SCAN_ROWS = ("64", "32")
 # of their own, so forward and backward tiles can differ: at K = 256, V = 512 (sm_90, Triton 3.6) scan_cols=256
 # takes the forward scan with reads from 472 to 128 B of spills but the backward scans from 0-48 to 512-552 B.
 BWD_SCAN_COLS = ("same", "32", "64", "128", "256")
+# The pieces q_eff, W and Kd as the level scans read them (every scan program reloads a chunk's [C, K] pieces, so at
+# K = 256 with 32 stacked columns of V = 512 each piece is read 128 times per (sequence, head) and chunk): "fp32" (as
+# the glue makes them) or "fp16" (16-bit inputs only: fp16 values with a power-of-two scale per row, half the bytes;
+# the scans' tf32 products see the same 11 significant bits of each, rounded to nearest instead of truncated). The
+# gradient kernels, which load each piece once, read the fp32 pieces. Not yet timed.
+PIECES = ("fp32", "fp16")
+# Software-pipelining stages of the backward level scans' chunk loop: "1" (the build timed so far) or "2" / "3" (the
+# next chunk's pieces load during this chunk's products). sm_90, Triton 3.6, bf16, K = 256, V = 512: with
+# pieces=fp16 and 2 stages the backward scans stage 153-157 KB (fits; the forward scans would need 246-287 KB, over
+# the 227 KB limit, so they keep 1). Not yet timed.
+BWD_SCAN_STAGES = ("1", "2", "3")
 OPTIONS = {"form": "scan", "inverse": "triton", "bwd": "split", "states": "recompute", "grads_block": "full",
-           "grads_v": "unroll", "glue": "auto", "glue_tf32": "1", "scan_rows": "64", "bwd_scan_cols": "same"}
+           "grads_v": "unroll", "glue": "auto", "glue_tf32": "1", "scan_rows": "64", "bwd_scan_cols": "same",
+           "pieces": "fp32", "bwd_scan_stages": "1"}
 _CHOICES = {"form": FORMS, "inverse": INVERSES, "bwd": BWDS, "states": STATES, "grads_block": GRADS_BLOCKS,
             "grads_v": GRADS_V, "glue": GLUES, "glue_tf32": ("0", "1"), "scan_rows": SCAN_ROWS,
-            "bwd_scan_cols": BWD_SCAN_COLS}
+            "bwd_scan_cols": BWD_SCAN_COLS, "pieces": PIECES, "bwd_scan_stages": BWD_SCAN_STAGES}
 GLUE_BACKEND = "inductor"  # torch.compile backend of glue="compiled" (tests on CPU use "aot_eager": no C++ build)
 
 
@@ -124,13 +145,15 @@ _read_options()
 
 
 @triton.jit(do_not_specialize=["NL", "NW", "ROWS", "NS", "J0"])
-def _delta_level_scan_bwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs, dout, drfin, dq_eff, dw_wy, dkd, ddecay,
-                          dzcols, dv, dlam, dwts, dr0, drs, seq_chunks, NL, NW, ROWS, NS, J0,
-                          K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+def _delta_level_scan_bwd(q_eff, w_wy, kd, q_scale, w_scale, kd_scale, decay, zcols, v, lam, wts, rs, dout, drfin,
+                          dq_eff, dw_wy, dkd, ddecay, dzcols, dv, dlam, dwts, dr0, drs, seq_chunks, NL, NW, ROWS, NS,
+                          J0, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                           S: tl.constexpr, H: tl.constexpr, MODE: tl.constexpr,
-                          HAS_DRFIN: tl.constexpr, STORE_DR0: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr):
+                          HAS_DRFIN: tl.constexpr, STORE_DR0: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr,
+                          SCALED: tl.constexpr):
     """SPLIT: only the dR recurrence; dR' of every chunk is stored in drs (the layout of rs) and _delta_level_grads
-    forms every piece's gradient from rs and drs afterwards, chunk-parallel and without atomics."""
+    forms every piece's gradient from rs and drs afterwards, chunk-parallel and without atomics. SCALED: q_eff, w_wy
+    and kd are scaled_fp16 values with their row scales."""
     (_i_v, i_nh, _i_n, i_h, j0, row0, nchunks, c0, o_k, m_k, o_c, col_j, col_v, m_col,
      o_v) = _scan_program(seq_chunks, J0, K, V, C, BK, BV, S, H)
     o_j = j0 + tl.arange(0, S)
@@ -153,7 +176,7 @@ def _delta_level_scan_bwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs, dout, 
         do_cols = _tile_levels(tl.load(dout + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=(o_v < V)[None, :],
                                        other=0.0), C, S, BV)
         do_w = do_cols * w
-        kdb = tl.load(kd + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+        kdb = _piece(kd, kd_scale, hr, o_c, o_k, m_k, K, C, SCALED)
         # dR': dU = -Kd dR' (the transition R' = exp(gl) R - Kd^T U)
         d_u = -tl.dot(kdb, d_state, input_precision=PREC)
         if SPLIT:
@@ -176,9 +199,9 @@ def _delta_level_scan_bwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs, dout, 
             # the [C, K] pieces W and q_eff likewise (their loads as [K, C] for the dR update): 200 KB at K = 128,
             # 208 KB at K = 256 (2 levels).
             # R: U = W R, and the read weights' gradient dw_tj = do_t . (q_eff_t R_j)
-            wb = tl.load(w_wy + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+            wb = _piece(w_wy, w_scale, hr, o_c, o_k, m_k, K, C, SCALED)
             u = tl.dot(wb, state, input_precision=PREC)
-            qe = tl.load(q_eff + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+            qe = _piece(q_eff, q_scale, hr, o_c, o_k, m_k, K, C, SCALED)
             d_w = tl.sum(tl.reshape(tl.dot(qe, state, input_precision=PREC) * do_cols, [C, S, BV]), 2)
             if MODE == 0:
                 lev = CHUNK_LEVELS_C + 1 + o_j
@@ -198,9 +221,9 @@ def _delta_level_scan_bwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs, dout, 
                         tl.dot(do_w, state_t, input_precision=PREC), m_k[None, :])
             tl.atomic_add(ddecay + hr, tl.sum(tl.sum(state * d_state, 1), 0), sem="relaxed")
         # dR = exp(gl) dR' + W^T dU + q_eff^T (w do)
-        wt = tl.load(w_wy + (hr * C + o_c[None, :]) * K + o_k[:, None], mask=m_k[:, None], other=0.0)
+        wt = _piece_t(w_wy, w_scale, hr, o_c, o_k, m_k, K, C, SCALED)
         d_state = d_state * tl.load(decay + hr) + tl.dot(wt, d_u, input_precision=PREC)
-        qt = tl.load(q_eff + (hr * C + o_c[None, :]) * K + o_k[:, None], mask=m_k[:, None], other=0.0)
+        qt = _piece_t(q_eff, q_scale, hr, o_c, o_k, m_k, K, C, SCALED)
         d_state += tl.dot(qt, do_w, input_precision=PREC)
         d_state = tl.where(keep[None, :], d_state, 0.0)
     if STORE_DR0:
@@ -345,6 +368,17 @@ def _delta_level_grads_rest(q_eff, zcols, v, lam, wts, rs, drs, dout, row_chunk,
         tl.store(dzcols + (hr * K + o_k[:, None]) * C + o_c[None, :], dzc, mask=m_k[:, None])
 
 
+def _scan_pieces(q_eff, w_wy, kd, in_dtype):
+    """((q_eff, w_wy, kd) as the level scans read them, their row scales or None): with HILO_LOGLINEAR_DELTA=
+    pieces=fp16 and 16-bit inputs, scaled_fp16 copies (half the bytes of the pieces that every scan program reloads
+    per chunk; the products keep tf32's precision); otherwise the fp32 pieces themselves (fp32 inputs always: their
+    products are exact)."""
+    if OPTIONS["pieces"] != "fp16" or in_dtype == torch.float32:
+        return (q_eff, w_wy, kd), None
+    converted = [scaled_fp16(x) for x in (q_eff, w_wy, kd)]
+    return tuple(x for x, _ in converted), tuple(sc for _, sc in converted)
+
+
 class DeltaLevelScanFunction(torch.autograd.Function):
     """(q_eff, W, Kd, decay, zcols, v, lam or prior weights, r0) -> (reads [H, rows, C, V], final states
     [N, H, NS, K, V])."""
@@ -355,8 +389,10 @@ class DeltaLevelScanFunction(torch.autograd.Function):
         wts = None if wts is None else wts.contiguous()
         r0 = None if r0 is None else r0.contiguous()
         save = OPTIONS["states"] == "save"
-        out, rfin, rs = delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, lay, mode, in_dtype,
-                                             states=save, halves=OPTIONS["scan_rows"] == "32")
+        pieces, scales = _scan_pieces(q_eff, w_wy, kd, in_dtype)
+        out, rfin, rs = delta_level_scan_fwd(*pieces, decay, zcols, v, lam, wts, r0, lay, mode, in_dtype,
+                                             states=save, halves=OPTIONS["scan_rows"] == "32", scales=scales)
+        del pieces, scales  # the backward converts again: the fp32 pieces are saved anyway
         ctx.save_for_backward(q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs if save else r0)
         ctx.lay, ctx.mode, ctx.in_dtype, ctx.has_r0, ctx.saved_states = lay, mode, in_dtype, r0 is not None, save
         return out, rfin
@@ -365,9 +401,10 @@ class DeltaLevelScanFunction(torch.autograd.Function):
     def backward(ctx, dout, drfin):
         q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs = ctx.saved_tensors
         lay, mode = ctx.lay, ctx.mode
+        pieces, scales = _scan_pieces(q_eff, w_wy, kd, ctx.in_dtype)
         if not ctx.saved_states:  # the forward kept r0 only: the scan runs again for the states entering each chunk
-            rs = delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs, lay, mode, ctx.in_dtype,
-                                      reads=False, halves=OPTIONS["scan_rows"] == "32")[2]
+            rs = delta_level_scan_fwd(*pieces, decay, zcols, v, lam, wts, rs, lay, mode, ctx.in_dtype,
+                                      reads=False, halves=OPTIONS["scan_rows"] == "32", scales=scales)[2]
         h, rows, _, dk = q_eff.shape
         dv_ = v.shape[-1]
         nl = lam.shape[-1]
@@ -390,12 +427,13 @@ class DeltaLevelScanFunction(torch.autograd.Function):
         bwd_cols = None if OPTIONS["bwd_scan_cols"] == "same" else int(OPTIONS["bwd_scan_cols"])
         for j0, s, groups, bv in scan_launches(lay, mode, ns, dk, dv_, bwd_cols):
             _delta_level_scan_bwd[(triton.cdiv(dv_, bv), lay.n * h, groups)](
-                q_eff, w_wy, kd, decay, zcols, v, lam, wts if wts is not None else lam, rs, dout,
+                *pieces, *(scales or (q_eff,) * 3), decay, zcols, v, lam, wts if wts is not None else lam, rs, dout,
                 drfin.contiguous() if drfin is not None else rs, dq_eff, dw_wy, dkd, ddecay, dzcols, dv, dlam,
                 dwts if dwts is not None else dlam, dr0 if dr0 is not None else dlam, drs, lay.seq_chunks, nl, nw,
                 rows, ns, j0, K=dk, V=dv_, C=CHUNK, BK=pow2(dk), BV=bv, S=s, H=h, MODE=mode,
                 HAS_DRFIN=drfin is not None, STORE_DR0=dr0 is not None, SPLIT=split, PREC=prec,
-                num_warps=scan_warps(pow2(dk), s * bv), num_stages=1)
+                SCALED=scales is not None, num_warps=scan_warps(pow2(dk), s * bv),
+                num_stages=int(OPTIONS["bwd_scan_stages"]))
         if split and rows:
             # K <= 64, or K <= 128 with grads_block=full: one K-block (G accumulated alone, each state tile loaded
             # once); otherwise 64-wide K-blocks (sm_90, K = V = 128, bf16: 98 KB of shared memory, two programs an

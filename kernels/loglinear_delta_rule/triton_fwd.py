@@ -114,17 +114,41 @@ def _enter_chunk(lam, wts, rs, state, hr, c, o_r, col_j, j0, NL, NW, NS, st_off,
 
 
 @triton.jit
-def _rows_k(ptr, hr, o_r, o_k, m_k, K: tl.constexpr, C: tl.constexpr):
-    """Rows o_r of a chunk row's [C, K] piece (chunk-major [H, rows, C, K])."""
-    return tl.load(ptr + (hr * C + o_r[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+def _piece(ptr, scales, hr, o_r, o_k, m_k, K: tl.constexpr, C: tl.constexpr, SCALED: tl.constexpr):
+    """Rows o_r of a chunk row's [C, K] piece (chunk-major [H, rows, C, K]) as [len(o_r), K]: as stored, or with
+    SCALED fp16 values times their row's power-of-two scale (scales [H, rows, C] fp32; scaled_fp16)."""
+    x = tl.load(ptr + (hr * C + o_r[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+    if SCALED:
+        x = x.to(tl.float32) * tl.load(scales + hr * C + o_r)[:, None]
+    return x
 
 
 @triton.jit
-def _scan_fwd_halves(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, out, rfin, rs, NL, NW, ROWS, NS, j0, row0,
-                     nchunks, c0, i_nh, i_h, o_k, m_k, col_j, col_v, m_col, o_v,
+def _piece_t(ptr, scales, hr, o_r, o_k, m_k, K: tl.constexpr, C: tl.constexpr, SCALED: tl.constexpr):
+    """_piece transposed: [K, len(o_r)]."""
+    x = tl.load(ptr + (hr * C + o_r[None, :]) * K + o_k[:, None], mask=m_k[:, None], other=0.0)
+    if SCALED:
+        x = x.to(tl.float32) * tl.load(scales + hr * C + o_r)[None, :]
+    return x
+
+
+def scaled_fp16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., K] fp32 -> (fp16 values [..., K], fp32 scales [...]) with x ~ values * scales[..., None]: each row
+    scaled by a power of two to a largest magnitude in [2^14, 2^15) (below fp16's 65504), then rounded to fp16's 11
+    significant bits, the bits a tf32 product keeps of it anyway (and to nearest, where tf32 truncates). Zero rows
+    stay zero, inf / nan stay so; entries below 2^-24 of their row's largest lose bits."""
+    _, e = torch.frexp(x.abs().amax(-1))  # largest in [2^(e - 1), 2^e)
+    k = (e - 15).clamp(-126, 126)
+    one = torch.ones_like(x[..., 0])
+    return (x * torch.ldexp(one, -k)[..., None]).to(torch.float16), torch.ldexp(one, k)
+
+
+@triton.jit
+def _scan_fwd_halves(q_eff, w_wy, kd, q_scale, w_scale, kd_scale, decay, zcols, v, lam, wts, r0, out, rfin, rs, NL,
+                     NW, ROWS, NS, j0, row0, nchunks, c0, i_nh, i_h, o_k, m_k, col_j, col_v, m_col, o_v,
                      K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      S: tl.constexpr, MODE: tl.constexpr, HAS_R0: tl.constexpr, STORE_FINAL: tl.constexpr,
-                     STORE_STATES: tl.constexpr, READS: tl.constexpr, PREC: tl.constexpr):
+                     STORE_STATES: tl.constexpr, READS: tl.constexpr, PREC: tl.constexpr, SCALED: tl.constexpr):
     """_delta_level_scan_fwd's loop with the chunk's rows in two halves: the same sums, with [C / 2, K] piece tiles
     live at a time instead of [C, K] (at K = 256 fp32, 32 KB a tile instead of 64)."""
     CH: tl.constexpr = C // 2
@@ -138,19 +162,19 @@ def _scan_fwd_halves(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, out, rfin, 
         read, w_a, state = _enter_chunk(lam, wts, rs, state, hr, c, o_a, col_j, j0, NL, NW, NS, st_off, m_st, K, V, C,
                                         S, BV, MODE, CH, STORE_STATES)
         if READS:
-            reads = tl.dot(_rows_k(q_eff, hr, o_a, o_k, m_k, K, C), state, input_precision=PREC) * w_a
+            reads = tl.dot(_piece(q_eff, q_scale, hr, o_a, o_k, m_k, K, C, SCALED), state, input_precision=PREC) * w_a
             _accumulate(out + (hr * C + o_a[:, None]) * V + o_v[None, :], tl.sum(tl.reshape(reads, [CH, S, BV]), 1),
                         mask=m_v)
             _, _, w_b = _scan_masks(lam, wts, hr, c, o_b, col_j, j0, NL, NW, C, S, BV, MODE, CH)
-            reads = tl.dot(_rows_k(q_eff, hr, o_b, o_k, m_k, K, C), state, input_precision=PREC) * w_b
+            reads = tl.dot(_piece(q_eff, q_scale, hr, o_b, o_k, m_k, K, C, SCALED), state, input_precision=PREC) * w_b
             _accumulate(out + (hr * C + o_b[:, None]) * V + o_v[None, :], tl.sum(tl.reshape(reads, [CH, S, BV]), 1),
                         mask=m_v)
         # M R = exp(gl) R - Kd^T (W R), the products over the chunk's tokens split at C / 2 (u from the old R)
-        u_a = tl.dot(_rows_k(w_wy, hr, o_a, o_k, m_k, K, C), state, input_precision=PREC)
-        u_b = tl.dot(_rows_k(w_wy, hr, o_b, o_k, m_k, K, C), state, input_precision=PREC)
-        state = state * tl.load(decay + hr) - tl.dot(tl.trans(_rows_k(kd, hr, o_a, o_k, m_k, K, C)), u_a,
+        u_a = tl.dot(_piece(w_wy, w_scale, hr, o_a, o_k, m_k, K, C, SCALED), state, input_precision=PREC)
+        u_b = tl.dot(_piece(w_wy, w_scale, hr, o_b, o_k, m_k, K, C, SCALED), state, input_precision=PREC)
+        state = state * tl.load(decay + hr) - tl.dot(tl.trans(_piece(kd, kd_scale, hr, o_a, o_k, m_k, K, C, SCALED)), u_a,
                                                      input_precision=PREC)
-        state -= tl.dot(tl.trans(_rows_k(kd, hr, o_b, o_k, m_k, K, C)), u_b, input_precision=PREC)
+        state -= tl.dot(tl.trans(_piece(kd, kd_scale, hr, o_b, o_k, m_k, K, C, SCALED)), u_b, input_precision=PREC)
         if MODE == 0:
             zc = tl.load(zcols + (hr * K + o_k[:, None]) * C + o_a[None, :], mask=m_k[:, None], other=0.0)
             vb = tl.load(v + (hr * C + o_a[:, None]) * V + o_v[None, :], mask=m_v, other=0.0)
@@ -164,18 +188,18 @@ def _scan_fwd_halves(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, out, rfin, 
 
 
 @triton.jit(do_not_specialize=["NL", "NW", "ROWS", "NS", "J0"])
-def _delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, out, rfin, rs, seq_chunks, NL, NW, ROWS,
-                          NS, J0,
+def _delta_level_scan_fwd(q_eff, w_wy, kd, q_scale, w_scale, kd_scale, decay, zcols, v, lam, wts, r0, out, rfin, rs,
+                          seq_chunks, NL, NW, ROWS, NS, J0,
                           K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                           S: tl.constexpr, H: tl.constexpr, MODE: tl.constexpr,
                           HAS_R0: tl.constexpr, STORE_FINAL: tl.constexpr, STORE_STATES: tl.constexpr,
-                          READS: tl.constexpr, PREC: tl.constexpr, HALVES: tl.constexpr):
+                          READS: tl.constexpr, PREC: tl.constexpr, HALVES: tl.constexpr, SCALED: tl.constexpr):
     (_i_v, i_nh, _i_n, i_h, j0, row0, nchunks, c0, o_k, m_k, o_c, col_j, col_v, m_col,
      o_v) = _scan_program(seq_chunks, J0, K, V, C, BK, BV, S, H)
     if HALVES:  # OPTIONS["scan_rows"] = 32: the chunk's [C, K] pieces in two [C / 2, K] row blocks (fewer registers)
-        _scan_fwd_halves(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, out, rfin, rs, NL, NW, ROWS, NS, j0, row0,
-                         nchunks, c0, i_nh, i_h, o_k, m_k, col_j, col_v, m_col, o_v, K, V, C, BK, BV, S, MODE, HAS_R0,
-                         STORE_FINAL, STORE_STATES, READS, PREC)
+        _scan_fwd_halves(q_eff, w_wy, kd, q_scale, w_scale, kd_scale, decay, zcols, v, lam, wts, r0, out, rfin, rs,
+                         NL, NW, ROWS, NS, j0, row0, nchunks, c0, i_nh, i_h, o_k, m_k, col_j, col_v, m_col, o_v, K, V,
+                         C, BK, BV, S, MODE, HAS_R0, STORE_FINAL, STORE_STATES, READS, PREC, SCALED)
         return
     st_off, m_st, state = _scan_start(r0, i_nh, o_k, m_k, col_j, col_v, m_col, NS, K, V, BK, BV, S, HAS_R0)
     for i in range(nchunks):
@@ -184,13 +208,13 @@ def _delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, out, r
         read, w, state = _enter_chunk(lam, wts, rs, state, hr, c, o_c, col_j, j0, NL, NW, NS, st_off, m_st, K, V, C, S,
                                       BV, MODE, C, STORE_STATES)
         if READS:
-            qe = tl.load(q_eff + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+            qe = _piece(q_eff, q_scale, hr, o_c, o_k, m_k, K, C, SCALED)
             reads = tl.dot(qe, state, input_precision=PREC) * w
             _accumulate(out + (hr * C + o_c[:, None]) * V + o_v[None, :], tl.sum(tl.reshape(reads, [C, S, BV]), 1),
                         mask=(o_v < V)[None, :])
         # the transition M R = exp(gl) R - Kd^T (W R): two dots over the chunk's tokens, never a K x K matrix
-        wb = tl.load(w_wy + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
-        kdb = tl.load(kd + (hr * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+        wb = _piece(w_wy, w_scale, hr, o_c, o_k, m_k, K, C, SCALED)
+        kdb = _piece(kd, kd_scale, hr, o_c, o_k, m_k, K, C, SCALED)
         u = tl.dot(wb, state, input_precision=PREC)
         state = state * tl.load(decay + hr) - tl.dot(tl.trans(kdb), u, input_precision=PREC)
         if MODE == 0:
@@ -221,11 +245,12 @@ def scan_launches(lay: LevelLayout, mode: int, count: int, dk: int, dv: int,
 
 
 def delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, lay: LevelLayout, mode: int, in_dtype,
-                         states: bool = True, reads: bool = True, halves: bool = False):
+                         states: bool = True, reads: bool = True, halves: bool = False, scales=None):
     """out [H, rows, C, V] (the scan's reads) and rfin [N, H, NS, K, V] (final states), fp32, and with states=True
     rs [H, rows, NS, K, V] (states entering each chunk, in the inputs' dtype; else None). reads=False runs the scan
     for rs alone (the backward's recompute: out and rfin are then None). halves: the chunk's pieces in two row
-    blocks (_scan_fwd_halves; the same sums)."""
+    blocks (_scan_fwd_halves; the same sums). scales: (q_eff's, w_wy's, kd's) row scales when those three pieces
+    come as scaled_fp16 values, else None."""
     h, rows, _, dk = q_eff.shape
     dv = v.shape[-1]
     nl = lam.shape[-1]
@@ -240,9 +265,9 @@ def delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, lay: Le
     dummy = q_eff
     for j0, s, groups, bv in scan_launches(lay, mode, ns, dk, dv):
         _delta_level_scan_fwd[(triton.cdiv(dv, bv), lay.n * h, groups)](
-            q_eff, w_wy, kd, decay, zcols, v, lam, wts if wts is not None else lam, r0 if r0 is not None else dummy,
+            q_eff, w_wy, kd, *(scales or (dummy,) * 3), decay, zcols, v, lam, wts if wts is not None else lam, r0 if r0 is not None else dummy,
             out if reads else dummy, rfin if reads else dummy, rs if states else dummy, lay.seq_chunks, nl, nw, rows,
             ns, j0, K=dk, V=dv, C=CHUNK, BK=pow2(dk), BV=bv, S=s, H=h, MODE=mode, HAS_R0=r0 is not None,
             STORE_FINAL=reads, STORE_STATES=states, READS=reads, PREC=dot_precision(in_dtype),
-            HALVES=halves, num_warps=scan_warps(pow2(dk), s * bv), num_stages=1)
+            HALVES=halves, SCALED=scales is not None, num_warps=scan_warps(pow2(dk), s * bv), num_stages=1)
     return out, rfin, rs

@@ -261,10 +261,47 @@ def test_triton_unit_level_scales_is_delta_rule():
     assert error_ratio(st.levels.sum(2), sb) <= TOL
 
 
+def test_scaled_fp16_pieces(monkeypatch):
+    """scaled_fp16: rows 1e-30 .. 1e30 (far outside fp16's range) come back within fp16's rounding of their largest
+    entry, their fp16 values peak in [2^14, 2^15), the scales are powers of two, zero rows stay zero and inf stays
+    inf; the scans get such copies only with pieces=fp16 and 16-bit inputs."""
+    from kernels.loglinear_delta_rule import triton_bwd
+    from kernels.loglinear_delta_rule.triton_fwd import scaled_fp16
+
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(3, 5, 8, generator=gen) * torch.logspace(-30, 30, 15).reshape(3, 5, 1)
+    x[0, 0] = 0.0
+    x[1, 1, 3] = float("inf")
+    vals, sc = scaled_fp16(x)
+    assert vals.dtype == torch.float16 and sc.shape == x.shape[:-1]
+    assert torch.all(torch.frexp(sc)[0] == 0.5)
+    rec = vals.float() * sc[..., None]
+    finite = torch.isfinite(x).all(-1) & (x.abs().amax(-1) > 0)
+    err = (rec - x).abs().amax(-1)
+    assert torch.all(err[finite] <= x.abs().amax(-1)[finite] * 2.0**-11)
+    peak = vals.float().abs().amax(-1)[finite]
+    assert torch.all((peak >= 2.0**14) & (peak < 2.0**15))
+    assert torch.all(rec[0, 0] == 0) and rec[1, 1, 3] == float("inf")
+    pieces = [torch.randn(2, 3, 4, 8, generator=gen) for _ in range(3)]
+    monkeypatch.setitem(triton_bwd.OPTIONS, "pieces", "fp16")
+    got, scales = triton_bwd._scan_pieces(*pieces, torch.bfloat16)
+    assert all(p.dtype == torch.float16 for p in got) and len(scales) == 3
+    assert triton_bwd._scan_pieces(*pieces, torch.float32)[1] is None  # fp32 inputs: exact fp32 products
+    monkeypatch.setitem(triton_bwd.OPTIONS, "pieces", "fp32")
+    assert triton_bwd._scan_pieces(*pieces, torch.bfloat16)[1] is None
+
+
 @triton_only
-def test_triton_half_inputs():
+@pytest.mark.parametrize("pieces,stages", [("fp32", "1"), ("fp16", "1"), ("fp16", "2")])
+def test_triton_half_inputs(monkeypatch, pieces, stages):
     """fp16 q, k, v, beta (bf16 needs a GPU: the interpreter's bf16 tl.dot is wrong) against the fp32 chunked path on
-    the same values, at SPEC's bf16 tolerances; the output keeps fp16."""
+    the same values, at SPEC's bf16 tolerances; the output keeps fp16. pieces=fp16: the level scans read q_eff, W
+    and Kd as scaled fp16 values (HILO_LOGLINEAR_DELTA=pieces=fp16); bwd_scan_stages=2 pipelines the backward scans'
+    chunk loops (a launch setting the interpreter runs as written)."""
+    from kernels.loglinear_delta_rule import triton_bwd
+
+    monkeypatch.setitem(triton_bwd.OPTIONS, "pieces", pieces)
+    monkeypatch.setitem(triton_bwd.OPTIONS, "bwd_scan_stages", stages)
     x = make(1, 200, seed=24)
     x["q"] = x["q"] * 0.5
     outs = {}
@@ -428,20 +465,25 @@ def test_level_nodes_form_option_errors(monkeypatch):
     from kernels.loglinear_delta_rule import triton_bwd
 
     for bad in ("form=tree", "inverse=lu", "solver=triton", "bwd=fused", "states=drop", "grads_block=32",
-                "grads_v=2", "glue=jit", "glue_tf32=yes", "scan_rows=16"):
+                "grads_v=2", "glue=jit", "glue_tf32=yes", "scan_rows=16", "bwd_scan_cols=48", "pieces=bf16",
+                "bwd_scan_stages=4"):
         monkeypatch.setenv("HILO_LOGLINEAR_DELTA", bad)
         with pytest.raises(ValueError, match=r"expected one of form=scan\|nodes, inverse=triton\|solve, "
                                              r"bwd=atomic\|split, states=recompute\|save, grads_block=64\|full, "
-                                             r"grads_v=unroll\|loop, glue=auto\|eager\|compiled, glue_tf32=0\|1, scan_rows=64\|32, got"):
+                                             r"grads_v=unroll\|loop, glue=auto\|eager\|compiled, glue_tf32=0\|1, scan_rows=64\|32, "
+                                             r"bwd_scan_cols=same\|32\|64\|128\|256, pieces=fp32\|fp16, "
+                                             r"bwd_scan_stages=1\|2\|3, got"):
             triton_bwd._read_options()
     # none of them the default
     monkeypatch.setenv("HILO_LOGLINEAR_DELTA", "form=nodes, inverse=solve,bwd=atomic, states=save,grads_block=64,"
-                       "grads_v=loop,glue=compiled, glue_tf32=0,scan_rows=32")
+                       "grads_v=loop,glue=compiled, glue_tf32=0,scan_rows=32,bwd_scan_cols=64,pieces=fp16,"
+                       "bwd_scan_stages=2")
     monkeypatch.setattr(triton_bwd, "OPTIONS", dict(triton_bwd.OPTIONS))
     triton_bwd._read_options()
     assert triton_bwd.OPTIONS == {"form": "nodes", "inverse": "solve", "bwd": "atomic", "states": "save",
                                   "grads_block": "64", "grads_v": "loop", "glue": "compiled", "glue_tf32": "0",
-                                  "scan_rows": "32"}
+                                  "scan_rows": "32", "bwd_scan_cols": "64", "pieces": "fp16",
+                                  "bwd_scan_stages": "2"}
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
