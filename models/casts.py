@@ -1,6 +1,7 @@
 """Autocast's compute dtype, and one autocast copy of a layer input shared by the projections that read it."""
 
 import torch
+import torch.nn.functional as F
 
 # The device types autocast exists for, read once at import: torch.amp.is_autocast_available is a builtin that
 # dynamo (torch 2.11) cannot trace, so calling it in a compiled block broke its graph at every projection.
@@ -50,6 +51,16 @@ class ProjectionInput:
         if dtype != x.dtype:
             with torch.no_grad():
                 self.cast = x.to(dtype)
+
+    def project(self, linears, fused: bool) -> list[torch.Tensor]:
+        """Each of the bias-free nn.Linear `linears` applied to x: one by one, or with fused (config.
+        fused_projections) as one matmul with their weights stacked, its output split back. The same products; x is
+        read once, and the backward forms one input gradient instead of one per projection summed. The parameters
+        stay the projections' own (checkpoints are unchanged); the outputs are then column slices of one tensor."""
+        if not fused or len(linears) == 1:
+            return [linear(self()) for linear in linears]
+        weight = torch.cat([linear.weight for linear in linears])
+        return list(F.linear(self(), weight).split([linear.out_features for linear in linears], dim=-1))
 
     def __call__(self) -> torch.Tensor:
         if self.cast is None:

@@ -10,7 +10,7 @@ CONFIG_KEYS = (
     "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
     "mixer", "operator", "attn_layers", "mixer_kwargs", "attn_backend", "rope_theta", "max_position_embeddings",
     "norm_eps", "initializer_range", "tie_word_embeddings", "use_cache", "bos_token_id", "eos_token_id",
-    "pad_token_id", "mlp", "pre_conv", "fused_loss_chunk", "fused_norms",
+    "pad_token_id", "mlp", "pre_conv", "fused_loss_chunk", "fused_norms", "fused_projections",
 )
 
 
@@ -48,6 +48,10 @@ class HiloConfig(PretrainedConfig):
     fused_norms: run the blocks' RMSNorms, the mixer's residual add fused with the MLP's RMSNorm, and the mixers'
     gated RMSNorms as the Triton kernels of models.fused_norms (the same function; CUDA tensors, or CPU ones under
     TRITON_INTERPRET=1; the torch code elsewhere). Off by default until measured on a GPU.
+    fused_projections: the projections that read the same layer input (attention's q, k, v; the HLA and Gated
+    DeltaNet layers' q, k, v, output gate and decay / beta projections) as one matmul of their stacked weights
+    (models.casts.ProjectionInput.project: the same products and parameters; one read of the input and one input
+    gradient). Off by default until measured on a GPU.
     """
 
     model_type = "hilo"
@@ -85,6 +89,7 @@ class HiloConfig(PretrainedConfig):
         pre_conv: int | None = None,
         fused_loss_chunk: int | None = 4096,
         fused_norms: bool = False,
+        fused_projections: bool = False,
         **kwargs,
     ):
         if num_kv_heads is None:
@@ -116,6 +121,8 @@ class HiloConfig(PretrainedConfig):
                              f"got {fused_loss_chunk!r}")
         if not isinstance(fused_norms, bool):
             raise TypeError(f"fused_norms must be true or false, got {fused_norms!r}")
+        if not isinstance(fused_projections, bool):
+            raise TypeError(f"fused_projections must be true or false, got {fused_projections!r}")
         attn_layers = sorted(int(i) for i in (attn_layers or []))
         bad = [i for i in attn_layers if not 0 <= i < num_layers]
         if bad:
@@ -141,6 +148,7 @@ class HiloConfig(PretrainedConfig):
         self.pre_conv = pre_conv
         self.fused_loss_chunk = fused_loss_chunk
         self.fused_norms = fused_norms
+        self.fused_projections = fused_projections
         super().__init__(
             tie_word_embeddings=tie_word_embeddings,
             bos_token_id=bos_token_id,

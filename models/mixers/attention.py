@@ -34,6 +34,7 @@ class AttentionMixer(nn.Module):
         self.v_proj = nn.Linear(c, hkv * d, bias=False)
         self.o_proj = nn.Linear(h * d, c, bias=False)
         self.o_proj._is_residual_proj = True
+        self.fused_projections = getattr(config, "fused_projections", False)
 
     def forward(
         self,
@@ -44,9 +45,10 @@ class AttentionMixer(nn.Module):
     ) -> torch.Tensor:
         b, t, _ = hidden.shape
         x = ProjectionInput(hidden)  # one autocast copy of hidden saved for the three projections, not one each
-        q = self.q_proj(x()).view(b, t, self.num_heads, self.head_dim)
-        k = self.k_proj(x()).view(b, t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x()).view(b, t, self.num_kv_heads, self.head_dim)
+        q, k, v = x.project([self.q_proj, self.k_proj, self.v_proj], self.fused_projections)
+        q = q.view(b, t, self.num_heads, self.head_dim)
+        k = k.view(b, t, self.num_kv_heads, self.head_dim)
+        v = v.view(b, t, self.num_kv_heads, self.head_dim)
         tables = rope_tables(position_ids, self.head_dim, self.rope_theta)
         q, k = rotate(q, tables), rotate(k, tables)
         if cache is not None and cache.step_prepared:

@@ -113,6 +113,7 @@ class GatedDeltaNetMixer(nn.Module):
         self.norm = GatedRMSNorm(dv, config.norm_eps, norm_before_gate=True, fused=getattr(config, "fused_norms", False))
         self.o_proj = nn.Linear(h * dv, c, bias=False)
         self.o_proj._is_residual_proj = True
+        self.fused_projections = getattr(config, "fused_projections", False)
 
     def forward(
         self,
@@ -125,18 +126,20 @@ class GatedDeltaNetMixer(nn.Module):
         h, dk, dv = self.num_heads, self.head_dim, self.head_v_dim
         slot = cache[self.layer_idx] if cache is not None else None
         x = ProjectionInput(hidden)  # one autocast copy of hidden saved for all the projections, not one each
-        q, conv_q = self.q_conv(self.q_proj(x()), slot.get("conv_q") if slot else None, cu_seqlens)
-        k, conv_k = self.k_conv(self.k_proj(x()), slot.get("conv_k") if slot else None, cu_seqlens)
-        v, conv_v = self.v_conv(self.v_proj(x()), slot.get("conv_v") if slot else None, cu_seqlens)
+        projs = [self.q_proj, self.k_proj, self.v_proj, self.g_proj, self.a_proj]
+        q, k, v, gate, a, *b_in = x.project(projs + ([self.b_proj] if self.USES_BETA else []), self.fused_projections)
+        q, conv_q = self.q_conv(q, slot.get("conv_q") if slot else None, cu_seqlens)
+        k, conv_k = self.k_conv(k, slot.get("conv_k") if slot else None, cu_seqlens)
+        v, conv_v = self.v_conv(v, slot.get("conv_v") if slot else None, cu_seqlens)
         q = l2_normalize(q.view(b, t, h, dk))
         k = l2_normalize(k.view(b, t, h, dk))
         v = v.view(b, t, h, dv)
-        beta = torch.sigmoid(self.b_proj(x()).float()) if self.USES_BETA else None
-        _, g = log_decay(self.A_log, self.a_proj(x()), self.dt_bias)
+        beta = torch.sigmoid(b_in[0].float()) if self.USES_BETA else None
+        _, g = log_decay(self.A_log, a, self.dt_bias)
         o = self._mix(q, k, v, beta, g, x, cache, cu_seqlens)
         if slot is not None:
             slot.update(conv_q=conv_q, conv_k=conv_k, conv_v=conv_v)
-        o = self.norm(o, self.g_proj(x()).view(b, t, h, dv))
+        o = self.norm(o, gate.view(b, t, h, dv))
         return self.o_proj(o.reshape(b, t, h * dv))
 
     def _mix(self, q, k, v, beta, g, x, cache, cu_seqlens):

@@ -136,6 +136,7 @@ class HLAMixer(nn.Module):
         self.norm = GatedRMSNorm(d, config.norm_eps, norm_before_gate=True, fused=getattr(config, "fused_norms", False))
         self.o_proj = nn.Linear(h * d, c, bias=False)
         self.o_proj._is_residual_proj = True
+        self.fused_projections = getattr(config, "fused_projections", False)
 
     def forward(
         self,
@@ -148,7 +149,8 @@ class HLAMixer(nn.Module):
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         slot = cache[self.layer_idx] if cache is not None else None
         x = ProjectionInput(hidden)  # one autocast copy of hidden saved for all the projections, not one each
-        q, k, v = self.q_proj(x()), self.k_proj(x()), self.v_proj(x())
+        projs = [self.q_proj, self.k_proj, self.v_proj, self.g_proj] + ([self.a_proj] if self.decay else [])
+        q, k, v, gate, *a = x.project(projs, self.fused_projections)
         if self.conv_size is not None:
             q, conv_q = self.q_conv(q, slot.get("conv_q") if slot is not None else None, cu_seqlens)
             k, conv_k = self.k_conv(k, slot.get("conv_k") if slot is not None else None, cu_seqlens)
@@ -163,9 +165,9 @@ class HLAMixer(nn.Module):
         q, k = l2_normalize(q), l2_normalize(k)
         if hkv != h:
             k, v = k.repeat_interleave(h // hkv, dim=2), v.repeat_interleave(h // hkv, dim=2)
-        g = log_decay(self.A_log, self.a_proj(x()), self.dt_bias)[1] if self.decay else None
+        g = log_decay(self.A_log, a[0], self.dt_bias)[1] if self.decay else None
         o = self._operator(q, k, v, g, slot, cu_seqlens)
-        o = self.norm(o, self.g_proj(x()).view(b, t, h, d))
+        o = self.norm(o, gate.view(b, t, h, d))
         return self.o_proj(o.reshape(b, t, h * d))
 
     def _operator(self, q, k, v, g, slot, cu_seqlens):

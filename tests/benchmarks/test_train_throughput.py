@@ -107,3 +107,25 @@ def test_accumulation_shows_in_the_batch_column():
            "compiled": True, **{f"{p}_frac": 0.1 for p in tt.PHASES}}
     assert "| mamba2 | 760m | 16384 | 1x32 | 1,000 |" in tt.table([row])
     assert "| mamba2 | 760m | 16384 | 1 | 1,000 |" in tt.table([{**row, "grad_accum": 1}])
+
+
+def test_fused_flags_reach_the_model_config(monkeypatch):
+    """--fused-norms and --fused-projections become model.fused_norms / model.fused_projections of the runs."""
+    import train
+
+    seen = []
+
+    def fake_run(cfg, run_dir):
+        seen.append((cfg.model.get("fused_norms"), cfg.model.get("fused_projections")))
+        row = {"step": 1, "train/loss": 1.0, "perf/tokens_per_s": 10.0, "perf/step_time_s": 0.5,
+               "perf/data_wait_frac": 0.1, "perf/forward_s": 0.1, "perf/backward_s": 0.2, "perf/optimizer_s": 0.05,
+               "perf/mem_peak_gib": 1.0}
+        (Path(run_dir) / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+        return {}
+
+    monkeypatch.setattr(train, "run", fake_run)
+    common = ["--model", "gated_deltanet", "--sizes", "tiny", "--seq-len", "32", "--batch-size", "1", "--steps", "1"]
+    tt.main(common)
+    tt.main([*common, "--fused-projections"])
+    tt.main([*common, "--fused-norms", "--fused-projections"])
+    assert seen == [(None, None), (None, True), (True, True)]

@@ -155,6 +155,14 @@ def test_fused_norms_compile_into_the_block_graph(family):
     _assert_one_block_graph({**TINY, **mixer}, norm, seed=6)
 
 
+def test_fused_projections_compile_into_the_block_graph():
+    """model.fused_projections with trainer.compile: Gated DeltaNet's six projections as one matmul of stacked
+    weights inside the one block graph, with its Triton delta_rule, and eager's loss and gradients."""
+    mixer = _mixer("gated_deltanet")
+    mixer = {**mixer, "mixer_kwargs": {**mixer["mixer_kwargs"], "backend": "triton"}, "fused_projections": True}
+    _assert_one_block_graph({**TINY, "num_layers": 2, **mixer}, "hilo.delta_rule", seed=7)
+
+
 def test_packed_documents_compile_once():
     """varlen packing: cu_seqlens changes length from batch to batch; that length is dynamic, so the graphs are not
     recompiled for each document layout, and the packed losses equal eager's."""
