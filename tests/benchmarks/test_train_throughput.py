@@ -50,6 +50,14 @@ def test_one_row_per_family_and_seq_len_with_breakdown(run):
         assert res["step_ms"] > 0 and res["forward_frac"] + res["backward_frac"] + res["optimizer_frac"] <= 1.0
 
 
+def _write_one_step_metrics(run_dir):
+    """What a one-step train.run leaves in run_dir/metrics.jsonl (0.5 s a step, split 10/20/40/10%)."""
+    row = {"step": 1, "train/loss": 1.0, "perf/tokens_per_s": 10.0, "perf/step_time_s": 0.5,
+           "perf/data_wait_frac": 0.1, "perf/forward_s": 0.1, "perf/backward_s": 0.2, "perf/optimizer_s": 0.05,
+           "perf/mem_peak_gib": 1.0}
+    (Path(run_dir) / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+
+
 def test_oom_is_a_row_and_the_rest_still_run(monkeypatch, tmp_path):
     import torch
 
@@ -61,10 +69,7 @@ def test_oom_is_a_row_and_the_rest_still_run(monkeypatch, tmp_path):
         calls.append((cfg.model.name, int(cfg.trainer.seq_len), int(cfg.trainer.batch_size)))
         if cfg.trainer.seq_len == 64:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
-        row = {"step": 1, "train/loss": 1.0, "perf/tokens_per_s": 10.0, "perf/step_time_s": 0.5,
-               "perf/data_wait_frac": 0.1, "perf/forward_s": 0.1, "perf/backward_s": 0.2, "perf/optimizer_s": 0.05,
-               "perf/mem_peak_gib": 1.0}
-        (Path(run_dir) / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+        _write_one_step_metrics(run_dir)
         return {}
 
     monkeypatch.setattr(train, "run", fake_run)
@@ -117,10 +122,7 @@ def test_fused_flags_reach_the_model_config(monkeypatch):
 
     def fake_run(cfg, run_dir):
         seen.append((cfg.model.get("fused_norms"), cfg.model.get("fused_projections")))
-        row = {"step": 1, "train/loss": 1.0, "perf/tokens_per_s": 10.0, "perf/step_time_s": 0.5,
-               "perf/data_wait_frac": 0.1, "perf/forward_s": 0.1, "perf/backward_s": 0.2, "perf/optimizer_s": 0.05,
-               "perf/mem_peak_gib": 1.0}
-        (Path(run_dir) / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+        _write_one_step_metrics(run_dir)
         return {}
 
     monkeypatch.setattr(train, "run", fake_run)
