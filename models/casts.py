@@ -56,8 +56,10 @@ class ProjectionInput:
         """Each of the bias-free nn.Linear `linears` applied to x: one by one, or with fused (config.
         fused_projections) as one matmul with their weights stacked, its output split back. The same products; x is
         read once, and the backward forms one input gradient instead of one per projection summed. The parameters
-        stay the projections' own (checkpoints are unchanged); the outputs are then column slices of one tensor."""
-        if not fused or len(linears) == 1:
+        stay the projections' own (checkpoints are unchanged); the outputs are then column slices of one tensor.
+        Without autograd (evaluation, generate()) the projections run one by one: there is no input gradient to
+        save, and stacking the weights again at every decoded token would copy them all once per token."""
+        if not fused or len(linears) == 1 or not torch.is_grad_enabled():
             return [linear(self()) for linear in linears]
         weight = torch.cat([linear.weight for linear in linears])
         return list(F.linear(self(), weight).split([linear.out_features for linear in linears], dim=-1))

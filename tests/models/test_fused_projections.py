@@ -58,10 +58,16 @@ def test_fused_projections_equal_separate(monkeypatch, mixer, operator, mixer_kw
     for name, want in want_grads.items():
         assert_rel(got_grads[name], want)
     prompt = ids[:1, :9]
+    calls.clear()
     with torch.no_grad():
         tokens = [m.eval().generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0)
                   for m in (plain, fused_model)]
     assert torch.equal(tokens[0], tokens[1])
+    # without autograd (here: decoding) the fused model's projections run one by one, so no per-token weight copy
+    assert any(fused for _, fused in calls)
+    with torch.no_grad():
+        x = ProjectionInput(torch.randn(1, 3, 48))
+        assert [o.is_contiguous() for o in x.project([torch.nn.Linear(48, 5, bias=False)] * 2, True)] == [True, True]
 
 
 def test_fused_projections_must_be_a_bool():
