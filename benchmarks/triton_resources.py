@@ -1,5 +1,6 @@
 """Ahead-of-time resource audit of every Triton kernel in kernels/ for sm_90 (the H200): shared memory, registers and
-spills of each launch configuration the wrappers actually use, with no GPU.
+spills of each launch configuration the wrappers actually use, with no GPU; "/SM" is how many such programs fit on
+one multiprocessor at once (benchmarks/occupancy.py).
 
 Run it with the H200's Triton (3.6.0; the venv's newer Triton allocates shared memory differently, e.g. the
 log-linear delta rule's backward scan: 197 KB under 3.9, 288 KB under 3.6):
@@ -50,6 +51,7 @@ import kernels.delta_rule.triton_bwd
 import kernels.hla.triton_fused
 import kernels.linear_attn.triton_bwd
 import kernels.short_conv.triton  # noqa: F401
+from benchmarks.occupancy import programs_per_sm
 from kernels import delta_rule, linear_attn, loglinear_attn, loglinear_delta_rule
 from kernels.hla import ahla, hla2
 from kernels.loglinear_attn import LogLinearState, num_levels
@@ -67,6 +69,7 @@ delta_rule, linear_attn, loglinear_attn, loglinear_delta_rule, ahla, hla2 = (
 os.environ["TRITON_INTERPRET"] = "1"
 
 MAX_SHARED = 232448
+
 TARGET = GPUTarget("cuda", 90, 64)
 DIMS = ((128, 128), (64, 64), (128, 64), (256, 512), (32, 16), (32, 64), (16, 32))
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -272,7 +275,8 @@ def main():
           f"H={args.heads}")
     if not triton.__version__.startswith("3.6"):
         print(f"WARNING: Triton {triton.__version__}, not the H200's 3.6: shared memory may differ (see docstring)")
-    header = f"{'kernel':<26} {'dtype':<5} {'K':>4} {'V':>4}  {'shared':>7} {'regs':>4} {'spill':>5}  {'':4} config"
+    header = (f"{'kernel':<26} {'dtype':<5} {'K':>4} {'V':>4}  {'shared':>7} {'regs':>4} {'spill':>5} {'/SM':>3}  "
+              f"{'':4} config")
     print(header)
     print("-" * len(header))
     n_over = n_err = 0
@@ -295,15 +299,16 @@ def main():
                     cfg = _summary(consts, opts)
                     if "error" in r:
                         n_err += 1
-                        print(f"{fn.__name__:<26} {dname:<5} {dk:>4} {dv:>4}  {'ERROR':>7} {'':>4} {'':>5}  {'':4} "
-                              f"{cfg}  {r['error']}")
+                        print(f"{fn.__name__:<26} {dname:<5} {dk:>4} {dv:>4}  {'ERROR':>7} {'':>4} {'':>5} {'':>3}  "
+                              f"{'':4} {cfg}  {r['error']}")
                         continue
                     over = r["shared"] > MAX_SHARED
                     n_over += over
                     if args.over_only and not over:
                         continue
+                    per_sm = programs_per_sm(r["regs"], r["shared"], opts.get("num_warps", 4))
                     print(f"{fn.__name__:<26} {dname:<5} {dk:>4} {dv:>4}  {r['shared']:>7} {r['regs']:>4} "
-                          f"{r['spill']:>5}  {'OVER' if over else '':4} {cfg}", flush=True)
+                          f"{r['spill']:>5} {per_sm:>3}  {'OVER' if over else '':4} {cfg}", flush=True)
     print(f"{n_over} launch(es) over {MAX_SHARED} B of shared memory, {n_err} error(s)")
     return 1 if n_over or n_err else 0
 
