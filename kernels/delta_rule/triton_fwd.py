@@ -55,8 +55,8 @@ CHUNK = 64
 #                 BV 16-32 on the H200: at its 340m heads (B = 2, T = 16K, H = 3, K = 256, V = 512, bf16) fwd+bwd
 #                 6.40 ms against 6.64 with 1 stage (session 11, RESULTS.md), every other delta_rule GPU test passing.
 #   grads_warps, grads_stages, grads_maxnreg: the fused backward kernel's launch (0: NUM_WARPS / NUM_STAGES below,
-#                 no register cap). At 8 warps it takes 182 registers a thread at K = 256, V = 512 (sm_90, Triton 3.6,
-#                 bf16), one program an SM; grads_maxnreg=128 would fit two (for sweeps; not yet timed).
+#                 no register cap). At 8 warps it took 182 registers a thread at K = 256, V = 512 (sm_90, Triton 3.6,
+#                 bf16), one program an SM; a 128-register cap measured slower than 4 warps (session 12).
 OPTIONS = {"lowp_bwd": True, "prepare_mode": 2, "fused_bwd": True, "state_bv_min": 16, "intra_in_state_bwd": 0,
            "output_in_state": 0, "state_scale_v": True, "wide_stages": 2, "grads_warps": 0, "grads_stages": 0,
            "grads_maxnreg": 0}
@@ -79,10 +79,12 @@ _apply_env_options()
 def lowp(dtype: torch.dtype, option: str) -> bool:
     """Whether a 16-bit path is on for inputs of `dtype` (never for fp32)."""
     return dtype != torch.float32 and bool(OPTIONS[option])
-# Warps per program of each launch (forward and backward), chosen on an H200 at K = V = 128.
+# Warps per program of each launch (forward and backward), chosen on an H200 at K = V = 128. The fused backward
+# ("grads") at 4 warps and 3 stages (session 12, bf16 fwd+bwd at 16K x 2): 5.45 ms against 6.49 with 8 warps and 2
+# stages at GDN 340m's heads (H = 3, K = 256, V = 512), 4.38 against 5.90 at H = 16, K = V = 128.
 NUM_WARPS = {"prepare": 4, "state": 4, "output": 4, "intra": 4, "state_bwd": 8, "grads_qk": 8, "grads_wy": 8,
-             "grads": 8}
-NUM_STAGES = {"grads_qk": 3, "grads_wy": 2, "grads": 2}  # "grads" (the fused backward): not yet tuned on the GPU
+             "grads": 4}
+NUM_STAGES = {"grads_qk": 3, "grads_wy": 2, "grads": 3}
 # Tiles of the fused backward kernel (upper bounds; powers of two >= 16): its K-block, the V-block of its first pass
 # (dP, dY, dA) and of its inner pass per K-block (dq, dW, state terms).
 # 32/32/32: 220 registers and no spill at 8 warps on sm_90 (Triton 3.9); 64/64/32 spilled 112 bytes per thread.

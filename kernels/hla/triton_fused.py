@@ -31,8 +31,8 @@ the whole dF in one program (dK~ sums over all value columns); here the scans do
 the heavy products run chunk-parallel. The cost is the per-chunk states in memory (fp32: K~ and the states grow
 with t, and bf16 copies would use up most of the bf16 error budget). Dots run on fp32 operands ("ieee" for fp32
 inputs, tf32 for fp16/bf16). Chunk tables come from kernels.common.varlen (no host sync) and T is not
-specialised on, so a new T never recompiles. Every kernel loops over or grids K and V in blocks of <= 64, so
-any head dim up to SPEC §2's 256 works.
+specialised on, so a new T never recompiles. Every kernel loops over or grids K and V in blocks (of <= 128 by
+default), so any head dim up to SPEC §2's 256 works.
 """
 
 import os
@@ -67,12 +67,14 @@ OPTIONS = {"lowp": False, "lowp_scan": False, "lowp_out": False, "lowp_dvalues":
 # family's loops step by ("scan_by": the scans' state columns, capped at 64 and halved to 32 on small grids by
 # default; "out_by" / "dvalues_bv": the chunk kernels' output columns; "dqk_bv": _pass_dqk's V loop; "<f>_bk": the
 # K loop of out, dvalues and dqk). Tiles are powers of two in 16..128. "<family>_maxnreg" caps registers a thread
-# (ptxas' .maxnreg; 0: no cap). The defaults were set without a sweep: with 8 warps, 130-160 registers a thread
-# (sm_90, Triton 3.6) leave one program an SM for the chunk kernels; 128 would fit two.
+# (ptxas' .maxnreg; 0: no cap). Session 12's sweeps on the H200 (bf16 fwd+bwd, RESULTS.md): the chunk kernels at 4
+# warps with 128-wide K loops, hla2 7.57 ms against 10.50 (8 warps, 64-wide) at 16K x 2, H = 16, D = 128, ahla 7.07
+# against 11.08, hla2 at hla_mamba2's heads (8K x 4, H = 32, K = 128, V = 64) 12.18 against 17.20; a 128-register
+# cap, 3 stages, wider output tiles or dqk_bv=64 on top of that were slower, and the scans' settings did not pay.
 LAUNCH_DEFAULTS = {"scan_warps": 4, "scan_stages": 2, "scan_by": 0, "scan_maxnreg": 0,
-                   "out_warps": 8, "out_stages": 2, "out_bk": 64, "out_by": 64, "out_maxnreg": 0,
-                   "dvalues_warps": 8, "dvalues_stages": 2, "dvalues_bk": 64, "dvalues_bv": 64, "dvalues_maxnreg": 0,
-                   "dqk_warps": 8, "dqk_stages": 2, "dqk_bk": 64, "dqk_bv": 32,  # dqk_bv: 32 even at V = 16
+                   "out_warps": 4, "out_stages": 2, "out_bk": 128, "out_by": 64, "out_maxnreg": 0,
+                   "dvalues_warps": 4, "dvalues_stages": 2, "dvalues_bk": 128, "dvalues_bv": 64, "dvalues_maxnreg": 0,
+                   "dqk_warps": 4, "dqk_stages": 2, "dqk_bk": 128, "dqk_bv": 32,  # dqk_bv: 32 even at V = 16
                    "dqk_maxnreg": 0}
 OPTIONS.update(dict.fromkeys(LAUNCH_DEFAULTS, 0))
 _TILES = ("scan_by", "out_bk", "out_by", "dvalues_bk", "dvalues_bv", "dqk_bk", "dqk_bv")
@@ -390,7 +392,6 @@ def _pass_grads(q, x, y, g, do, hs, dhs, power, scale, lay: Layout, dtypes, prev
     h = lay.heads
     gate = g if g is not None else q
     dy = torch.empty(y.shape, device=q.device, dtype=dtypes[2]) if dy is None else dy
-    # 64-wide blocks by default keep the bf16 H200 build free of spills
     bk, bv = _pow2(dk, hi=_launch("dvalues_bk")), _pow2(dv, hi=_launch("dvalues_bv"))
     _pass_dvalues[(triton.cdiv(dv, bv), lay.rows, h)](q, x, do, gate, dhs, dy, lay.table, scale, lay.seqlen,
                                                       lay.nt, H=h, K=dk, V=dv, BT=BT, BK=bk, BV=bv, POWER=power,

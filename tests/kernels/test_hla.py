@@ -693,12 +693,12 @@ def test_fused_launch_option_parsing(monkeypatch):
     from kernels.hla import triton_fused
 
     monkeypatch.setattr(triton_fused, "OPTIONS", dict(triton_fused.OPTIONS))
-    monkeypatch.setenv("HILO_HLA", "out_warps=4, dqk_bv=64, scan_stages=3, fp16=1, dqk_maxnreg=128")
+    monkeypatch.setenv("HILO_HLA", "out_warps=8, dqk_bv=64, scan_stages=3, fp16=1, dqk_maxnreg=128")
     triton_fused._read_options()
     assert (triton_fused._launch("out_warps"), triton_fused._launch("dqk_bv"), triton_fused._launch("scan_stages"),
-            triton_fused._launch("dvalues_warps"), triton_fused.OPTIONS["fp16"]) == (4, 64, 3, 8, True)
-    assert triton_fused._launch_kwargs("dqk") == {"num_warps": 8, "num_stages": 2, "maxnreg": 128}
-    assert triton_fused._launch_kwargs("out") == {"num_warps": 4, "num_stages": 2}
+            triton_fused._launch("dvalues_warps"), triton_fused.OPTIONS["fp16"]) == (8, 64, 3, 4, True)
+    assert triton_fused._launch_kwargs("dqk") == {"num_warps": 4, "num_stages": 2, "maxnreg": 128}
+    assert triton_fused._launch_kwargs("out") == {"num_warps": 8, "num_stages": 2}
     for bad, match in (("out_bk=48", "tile of 16, 32, 64 or 128"), ("dqk_warps=3", "1, 2, 4, 8 or 16 warps"),
                        ("scan_stages=9", "1 to 5 stages"), ("out_by=x", "out_by='x'"),
                        ("out_maxnreg=100", "multiple of 8 in 64..248")):
