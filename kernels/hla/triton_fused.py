@@ -36,7 +36,7 @@ default), so any head dim up to SPEC §2's 256 works.
 """
 
 import os
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -60,8 +60,13 @@ from .state import STATE_TYPES, decay_powers, split_normalized, with_ones
 # largest lose bits, which sums at that scale cannot notice). A family's lowp_* flag (bf16) wins over it. Off: on the
 # H200 it was more accurate than tf32 (hla2 o 1.67e-3 against 2.02e-3 at K = 32, V = 64) but slower (hla2 fwd+bwd
 # 12.3 ms against 10.5 at 16K x 2, H = 16, D = 128; session 11): these kernels are not bound by their dot rate.
+# HILO_HLA="states16=1": 16-bit inputs store the per-chunk states (and their gradients) as fp16 with a power-of-two
+# scale per state row and scan column block (_pow2_scales: the row's largest magnitude in [2^14, 2^15)) instead of
+# fp32, half the bytes the scans write and the chunk kernels read. The chunk kernels only use those states as tf32
+# dot operands, which keep the same 11 significant bits (truncated where fp16 rounds to nearest); the scans carry
+# the running state in fp32 registers either way, so nothing compounds. fp32 inputs keep fp32 states.
 OPTIONS = {"lowp": False, "lowp_scan": False, "lowp_out": False, "lowp_dvalues": False, "lowp_dqk": False,
-           "fp16": False}
+           "fp16": False, "states16": False}
 # Launch configuration of each kernel family (HILO_HLA="out_warps=4,out_stages=3,dqk_bv=64", ...; 0 keeps the
 # default of LAUNCH_DEFAULTS): num_warps ("<family>_warps"), num_stages ("<family>_stages") and the tiles the
 # family's loops step by ("scan_by": the scans' state columns, capped at 64 and halved to 32 on small grids by
@@ -158,14 +163,29 @@ def _dot(a, b, PREC: tl.constexpr):
     return out
 
 
+@triton.jit
+def _load_state(hs, hs_scale, base, o_row, o_col, mask, DY: tl.constexpr, SBY: tl.constexpr, STATE16: tl.constexpr):
+    """The fp32 tile of a per-chunk state at rows o_row (its DX index) and columns o_col (its DY index), any
+    broadcastable pair of index tiles (a transposed tile passes them transposed); base: the (chunk, head) offset in
+    elements of the state (DX * DY per chunk and head). STATE16: fp16 values times the scale of their row and
+    SBY-column block (hs_scale [rows, H, DX, cdiv(DY, SBY)], based at base // DY * cdiv(DY, SBY))."""
+    x = tl.load(hs + base + o_row * DY + o_col, mask=mask, other=0.0)
+    if STATE16:
+        ny: tl.constexpr = (DY + SBY - 1) // SBY
+        x = x.to(tl.float32) * tl.load(hs_scale + base // DY * ny + o_row * ny + o_col // SBY, mask=mask, other=0.0)
+    return x
+
+
 @triton.jit(do_not_specialize=["T", "NT"])
-def _state_scan(x, y, g, h0, hs, ht, bounds, offsets, x_scale, T, NT,
+def _state_scan(x, y, g, h0, hs, hs_scale, ht, bounds, offsets, x_scale, T, NT,
                 H: tl.constexpr, DX: tl.constexpr, DY: tl.constexpr, BT: tl.constexpr, BX: tl.constexpr,
                 BY: tl.constexpr, POWER: tl.constexpr, REVERSE: tl.constexpr, HAS_G: tl.constexpr,
-                HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
+                HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
+                STATE16: tl.constexpr):
     """Forward: hs[c] = state entering chunk c, state <- e^{p l_C} state + (x e^{p (l_C - l)})^T y.
     REVERSE: hs[c] = gradient of the state leaving chunk c, state <- e^{p l_C} state + (x_scale x e^{p l})^T y.
-    x [TT, H, DX], y [TT, H, DY]; h0 / ht [N, H, DX, DY] (initial and last value), hs [rows, H, DX, DY] fp32."""
+    x [TT, H, DX], y [TT, H, DY]; h0 / ht [N, H, DX, DY] (initial and last value), hs [rows, H, DX, DY] fp32, or
+    with STATE16 fp16 times hs_scale [rows, H, DX, cdiv(DY, BY)] (a power of two per row and BY-column block)."""
     i_xy, i_nh = tl.program_id(0), tl.program_id(1)
     NY: tl.constexpr = triton.cdiv(DY, BY)
     i_x, i_y = i_xy // NY, i_xy % NY
@@ -184,7 +204,14 @@ def _state_scan(x, y, g, h0, hs, ht, bounds, offsets, x_scale, T, NT,
             c = nchunks - 1 - it
         else:
             c = it
-        tl.store(hs + ((c0 + c) * H + i_h) * DX * DY + xy_off, state, mask=m_xy)
+        if STATE16:
+            s_row, inv_row = _pow2_scales(tl.max(tl.abs(state), 1))
+            tl.store(hs + ((c0 + c) * H + i_h) * DX * DY + xy_off, (state * inv_row[:, None]).to(tl.float16),
+                     mask=m_xy)
+            tl.store(hs_scale + ((c0 + c) * H + i_h) * DX * tl.cdiv(DY, BY) + o_x * tl.cdiv(DY, BY) + i_y, s_row,
+                     mask=o_x < DX)
+        else:
+            tl.store(hs + ((c0 + c) * H + i_h) * DX * DY + xy_off, state, mask=m_xy)
         o_t = bos + c * BT + tl.arange(0, BT)
         m_t = o_t < eos
         xb = tl.load(x + (o_t[:, None] * H + i_h) * DX + o_x[None, :], mask=m_t[:, None] & (o_x[None, :] < DX),
@@ -208,10 +235,10 @@ def _state_scan(x, y, g, h0, hs, ht, bounds, offsets, x_scale, T, NT,
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
-def _chunk_out(q, x, y, g, hs, o, table, scale, T, NT,
+def _chunk_out(q, x, y, g, hs, hs_scale, o, table, scale, T, NT,
                H: tl.constexpr, K: tl.constexpr, DY: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                BY: tl.constexpr, POWER: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr,
-               PREC: tl.constexpr):
+               PREC: tl.constexpr, SBY: tl.constexpr, STATE16: tl.constexpr):
     """o = scale (e^{p l} (q hs_in) + (Gamma^(p) * q x^T) y) for one (DY-block, chunk, head):
     q, x [TT, H, K], y [TT, H, DY], hs [rows, H, K, DY] (the state entering each chunk)."""
     i_y, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -228,8 +255,8 @@ def _chunk_out(q, x, y, g, hs, o, table, scale, T, NT,
         m_tk = m_t[:, None] & (o_k[None, :] < K)
         qb = tl.load(q + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
         xb = tl.load(x + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
-        hb = tl.load(hs + (i_c.to(tl.int64) * H + i_h) * K * DY + o_k[:, None] * DY + o_y[None, :],
-                     mask=(o_k[:, None] < K) & (o_y[None, :] < DY), other=0.0)
+        hb = _load_state(hs, hs_scale, (i_c.to(tl.int64) * H + i_h) * K * DY, o_k[:, None], o_y[None, :],
+                         (o_k[:, None] < K) & (o_y[None, :] < DY), DY, SBY, STATE16)
         acc += _dot(qb, hb, PREC)
         scores += _dot(qb, tl.trans(xb), PREC)
     o_i = tl.arange(0, BT)
@@ -247,10 +274,10 @@ def _chunk_out(q, x, y, g, hs, o, table, scale, T, NT,
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
-def _pass_dvalues(q, x, do, g, dhs, dy, table, scale, T, NT,
+def _pass_dvalues(q, x, do, g, dhs, dhs_scale, dy, table, scale, T, NT,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                   BV: tl.constexpr, POWER: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr,
-                  PREC: tl.constexpr):
+                  PREC: tl.constexpr, SBY: tl.constexpr, STATE16: tl.constexpr):
     """dY of one pass O = LA(Q^, X, Y; p g) for one (V-block, chunk, head), given dO and dS_out (the gradient of
     the state leaving each chunk, dhs [rows, H, K, V] fp32):  dy = e^{p (l_C - l)} (X dS_out) + (Gamma * Q^ X^T)^T dO.
     q, x [TT, H, K], do, dy [TT, H, V]."""
@@ -269,8 +296,8 @@ def _pass_dvalues(q, x, do, g, dhs, dy, table, scale, T, NT,
         m_tk = m_t[:, None] & (o_k[None, :] < K)
         xb = tl.load(x + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
         q_t = tl.load(q + (o_t[None, :] * H + i_h) * K + o_k[:, None], mask=m_tk.T, other=0.0).to(tl.float32)
-        dsb = tl.load(dhs + (i_c.to(tl.int64) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
-                      mask=(o_k[:, None] < K) & (o_v[None, :] < V), other=0.0)
+        dsb = _load_state(dhs, dhs_scale, (i_c.to(tl.int64) * H + i_h) * K * V, o_k[:, None], o_v[None, :],
+                          (o_k[:, None] < K) & (o_v[None, :] < V), V, SBY, STATE16)
         acc += _dot(xb, dsb, PREC)
         scores_t += _dot(xb, q_t, PREC)
     o_i = tl.arange(0, BT)
@@ -287,10 +314,10 @@ def _pass_dvalues(q, x, do, g, dhs, dy, table, scale, T, NT,
 
 
 @triton.jit(do_not_specialize=["T", "NT", "TT"])
-def _pass_dqk(q, x, y, g, do, hs, dhs, dq_prev, dx_prev, dq, dx, r_parts, table, scale, T, NT, TT,
-              H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+def _pass_dqk(q, x, y, g, do, hs, hs_scale, dhs, dhs_scale, dq_prev, dx_prev, dq, dx, r_parts, table, scale, T,
+              NT, TT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
               BV: tl.constexpr, POWER: tl.constexpr, HAS_G: tl.constexpr, HAS_PREV: tl.constexpr,
-              IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
+              IS_VARLEN: tl.constexpr, PREC: tl.constexpr, SBY: tl.constexpr, STATE16: tl.constexpr):
     """dq, dX (X as keys) and the gate partial p (q^.dq^ - x.dx) of one pass O = LA(Q^, X, Y; p g) for one
     (K-block, chunk, head), given dO; with HAS_PREV, dq_prev and dx_prev are added (a later pass's partials, or
     X's gradient from its other role). With dA = Gamma * (dO Y^T):
@@ -318,8 +345,8 @@ def _pass_dqk(q, x, y, g, do, hs, dhs, dq_prev, dx_prev, dq, dx, r_parts, table,
         y_t = tl.load(y + (o_t[None, :] * H + i_h) * V + o_v[:, None], mask=m_tv.T, other=0.0).to(tl.float32)
         # states as [BV, BK] tiles (transposed addressing)
         m_vk = (o_v[:, None] < V) & (o_k[None, :] < K)
-        sb_t = tl.load(hs + state_base + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0)
-        dsb_t = tl.load(dhs + state_base + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0)
+        sb_t = _load_state(hs, hs_scale, state_base, o_k[None, :], o_v[:, None], m_vk, V, SBY, STATE16)
+        dsb_t = _load_state(dhs, dhs_scale, state_base, o_k[None, :], o_v[:, None], m_vk, V, SBY, STATE16)
         d_scores += _dot(dob, y_t, PREC)
         acc_q += _dot(dob, sb_t, PREC)
         acc_x += _dot(yb, dsb_t, PREC)
@@ -358,34 +385,70 @@ def _scan_blocks(dx: int, dy: int, programs: int) -> tuple[int, int]:
     return bx, by
 
 
-def _scan(x, y, g, power, h0, lay: Layout, reverse: bool, x_scale: float, store_last: bool, prec: str):
-    """Per-chunk states hs [rows, H, DX, DY] fp32 and the last state [N, H, DX, DY] fp32 (or None)."""
+class ChunkStates(NamedTuple):
+    """The per-chunk states of one scan: values [rows, H, DX, DY], fp32, or fp16 times scales [rows, H, DX,
+    cdiv(DY, by)] (states16; scales None otherwise), by: the scan's column block."""
+    values: torch.Tensor
+    scales: Optional[torch.Tensor]  # noqa: UP045
+    by: int
+
+    def kernel_args(self) -> tuple:
+        """(values, scales or a placeholder) for a kernel's (hs, hs_scale) arguments."""
+        return self.values, (self.scales if self.scales is not None else self.values)
+
+    def kernel_consts(self) -> dict:
+        """SBY (unused for fp32 states: a fixed 16, so fp32 builds do not vary with the scans' blocks) and STATE16."""
+        half = self.scales is not None
+        return {"SBY": self.by if half else 16, "STATE16": half}
+
+
+def _states16(q: torch.Tensor) -> bool:
+    """Whether inputs of q's dtype store their per-chunk states as scaled fp16 (OPTIONS["states16"]; 16-bit only)."""
+    return bool(OPTIONS["states16"]) and q.dtype != torch.float32
+
+
+def _states_from(values: torch.Tensor, scales: torch.Tensor) -> ChunkStates:
+    """ChunkStates from a custom op's tensors: scales empty for fp32 values; the column block follows from the
+    shapes (by is a power of two >= 16 and the scales have cdiv(DY, by) columns, so by = next_pow2(ceil(DY / ny)))."""
+    if scales.numel() == 0:
+        return ChunkStates(values, None, 16)
+    dy, ny = values.shape[-1], scales.shape[-1]
+    return ChunkStates(values, scales, max(16, triton.next_power_of_2(triton.cdiv(dy, ny))))
+
+
+def _scan(x, y, g, power, h0, lay: Layout, reverse: bool, x_scale: float, store_last: bool, prec: str,
+          half: bool = False):
+    """Per-chunk states (ChunkStates: fp32, or scaled fp16 with `half`) and the last state [N, H, DX, DY] fp32 (or
+    None)."""
     dx, dy = x.shape[-1], y.shape[-1]
     h = lay.heads
-    hs = torch.empty(lay.rows, h, dx, dy, device=x.device, dtype=torch.float32)
-    ht = torch.empty(lay.n, h, dx, dy, device=x.device, dtype=torch.float32) if store_last else None
     bx, by = _scan_blocks(dx, dy, lay.n * h)
+    hs = torch.empty(lay.rows, h, dx, dy, device=x.device, dtype=torch.float16 if half else torch.float32)
+    scales = torch.empty(lay.rows, h, dx, triton.cdiv(dy, by), device=x.device, dtype=torch.float32) if half else None
+    ht = torch.empty(lay.n, h, dx, dy, device=x.device, dtype=torch.float32) if store_last else None
     grid = (triton.cdiv(dx, bx) * triton.cdiv(dy, by), lay.n * h)
     _state_scan[grid](x, y, g if g is not None else x, h0 if h0 is not None else hs, hs,
-                      ht if ht is not None else hs, lay.bounds, lay.offsets, x_scale, lay.seqlen, lay.nt,
-                      H=h, DX=dx, DY=dy, BT=BT, BX=bx, BY=by, POWER=power, REVERSE=reverse, HAS_G=g is not None,
-                      HAS_H0=h0 is not None, STORE_HT=store_last, IS_VARLEN=lay.varlen, PREC=prec,
-                      **_launch_kwargs("scan"))
-    return hs, ht
+                      scales if half else hs, ht if ht is not None else hs, lay.bounds, lay.offsets, x_scale,
+                      lay.seqlen, lay.nt, H=h, DX=dx, DY=dy, BT=BT, BX=bx, BY=by, POWER=power, REVERSE=reverse,
+                      HAS_G=g is not None, HAS_H0=h0 is not None, STORE_HT=store_last, IS_VARLEN=lay.varlen,
+                      PREC=prec, STATE16=half, **_launch_kwargs("scan"))
+    return ChunkStates(hs, scales, by), ht
 
 
-def _out(q, x, y, g, power, hs, scale, lay: Layout, out_dtype, prec):
+def _out(q, x, y, g, power, hs: ChunkStates, scale, lay: Layout, out_dtype, prec):
     dk, dy = q.shape[-1], y.shape[-1]
     o = torch.empty(*y.shape, device=y.device, dtype=out_dtype)
     by = _pow2(dy, hi=_launch("out_by"))
     grid = (triton.cdiv(dy, by), lay.rows, lay.heads)
-    _chunk_out[grid](q, x, y, g if g is not None else q, hs, o, lay.table, scale, lay.seqlen, lay.nt,
+    _chunk_out[grid](q, x, y, g if g is not None else q, *hs.kernel_args(), o, lay.table, scale, lay.seqlen, lay.nt,
                      H=lay.heads, K=dk, DY=dy, BT=BT, BK=_pow2(dk, hi=_launch("out_bk")), BY=by, POWER=power,
-                     HAS_G=g is not None, IS_VARLEN=lay.varlen, PREC=prec, **_launch_kwargs("out"))
+                     HAS_G=g is not None, IS_VARLEN=lay.varlen, PREC=prec, **hs.kernel_consts(),
+                     **_launch_kwargs("out"))
     return o
 
 
-def _pass_grads(q, x, y, g, do, hs, dhs, power, scale, lay: Layout, dtypes, prev=None, dy=None):
+def _pass_grads(q, x, y, g, do, hs: ChunkStates, dhs: ChunkStates, power, scale, lay: Layout, dtypes, prev=None,
+                dy=None):
     """(dq, dx, dy, gate partial or None) of one pass O = LA(Q^, X, Y; p g), in dtypes (dq, dx, dy); prev: the
     (dq, dx, gate partial) to add (a later pass's, or X's gradient from its other role); dy: a buffer for dY."""
     dk, dv = q.shape[-1], y.shape[-1]
@@ -393,10 +456,10 @@ def _pass_grads(q, x, y, g, do, hs, dhs, power, scale, lay: Layout, dtypes, prev
     gate = g if g is not None else q
     dy = torch.empty(y.shape, device=q.device, dtype=dtypes[2]) if dy is None else dy
     bk, bv = _pow2(dk, hi=_launch("dvalues_bk")), _pow2(dv, hi=_launch("dvalues_bv"))
-    _pass_dvalues[(triton.cdiv(dv, bv), lay.rows, h)](q, x, do, gate, dhs, dy, lay.table, scale, lay.seqlen,
-                                                      lay.nt, H=h, K=dk, V=dv, BT=BT, BK=bk, BV=bv, POWER=power,
-                                                      HAS_G=g is not None, IS_VARLEN=lay.varlen,
-                                                      PREC=_precision(q, "dvalues"),
+    _pass_dvalues[(triton.cdiv(dv, bv), lay.rows, h)](q, x, do, gate, *dhs.kernel_args(), dy, lay.table, scale,
+                                                      lay.seqlen, lay.nt, H=h, K=dk, V=dv, BT=BT, BK=bk, BV=bv,
+                                                      POWER=power, HAS_G=g is not None, IS_VARLEN=lay.varlen,
+                                                      PREC=_precision(q, "dvalues"), **dhs.kernel_consts(),
                                                       **_launch_kwargs("dvalues"))
     dq, dx = (torch.empty(t.shape, device=q.device, dtype=d) for t, d in zip((q, x), dtypes[:2], strict=True))
     bk = _pow2(dk, hi=_launch("dqk_bk"))
@@ -404,11 +467,14 @@ def _pass_grads(q, x, y, g, do, hs, dhs, power, scale, lay: Layout, dtypes, prev
     nk = triton.cdiv(dk, bk)
     r_parts = torch.empty(nk, lay.total, h, device=q.device, dtype=torch.float32) if g is not None else None
     dq_prev, dx_prev, r_prev = prev if prev is not None else (dq, dx, None)
-    _pass_dqk[(nk, lay.rows, h)](q, x, y, gate, do, hs, dhs, dq_prev, dx_prev, dq, dx,
+    # the forward and the backward scans of one pass have the same (DX, DY) and programs, hence the same blocks
+    assert hs.kernel_consts() == dhs.kernel_consts(), (hs.kernel_consts(), dhs.kernel_consts())
+    _pass_dqk[(nk, lay.rows, h)](q, x, y, gate, do, *hs.kernel_args(), *dhs.kernel_args(), dq_prev, dx_prev, dq, dx,
                                  r_parts if r_parts is not None else dq, lay.table, scale, lay.seqlen, lay.nt,
                                  lay.total, H=h, K=dk, V=dv, BT=BT, BK=bk, BV=bv,
                                  POWER=power, HAS_G=g is not None, HAS_PREV=prev is not None,
-                                 IS_VARLEN=lay.varlen, PREC=_precision(q, "dqk"), **_launch_kwargs("dqk"))
+                                 IS_VARLEN=lay.varlen, PREC=_precision(q, "dqk"), **hs.kernel_consts(),
+                                 **_launch_kwargs("dqk"))
     r = None
     if g is not None:
         r = r_parts.sum(0) if r_prev is None else r_parts.sum(0) + r_prev
@@ -436,15 +502,16 @@ def _final_state_gate_terms(r, finals, d_finals, powers, lay: Layout):
 def fused_fwd(op, q, k, v, g, scale, powers, h0, lay: Layout, store_final: bool, out_dtype):
     """q, k [TT, H, K], v [TT, H, V] contiguous, g [TT, H] fp32 or None, h0 (inner, outer) initial states or
     (None, None) -> (o [TT, H, V] in out_dtype, (inner, outer) final states (fp32 or None), saved), saved =
-    (the inner pass's output K~ or V~, the inner and outer chunk states), all fp32, for the backward.
+    (the inner pass's output K~ or V~ (fp32), the inner and outer ChunkStates), for the backward.
     hla2: K~ = LA(Q^, K, K; a g), O = LA(Q^, K~, V; b g);  ahla: V~ = LA(Q^, K, V; g), O = LA(Q^, K, V~; g)."""
     p_in, p_out = powers
     prec, prec_out = _precision(q, "scan"), _precision(q, "out")
     inner_value = k if op == "hla2" else v
-    in_states, in_last = _scan(k, inner_value, g, p_in, h0[0], lay, False, 1.0, store_final, prec)
+    half = _states16(q)
+    in_states, in_last = _scan(k, inner_value, g, p_in, h0[0], lay, False, 1.0, store_final, prec, half)
     mid = _out(q, k, inner_value, g, p_in, in_states, scale, lay, torch.float32, prec_out)
     outer_key, outer_value = (mid, v) if op == "hla2" else (k, mid)
-    out_states, out_last = _scan(outer_key, outer_value, g, p_out, h0[1], lay, False, 1.0, store_final, prec)
+    out_states, out_last = _scan(outer_key, outer_value, g, p_out, h0[1], lay, False, 1.0, store_final, prec, half)
     o = _out(q, outer_key, outer_value, g, p_out, out_states, scale, lay, out_dtype, prec_out)
     return o, (in_last, out_last), (mid, in_states, out_states)
 
@@ -454,14 +521,15 @@ def fused_bwd(op, q, k, v, g, saved, finals, do, d_finals, scale, powers, lay: L
     p_in, p_out = powers
     mid, in_states, out_states = saved
     prec = _precision(q, "scan")
-    d_out_states, d_out_h0 = _scan(q, do, g, p_out, d_finals[1], lay, True, scale, need_h0, prec)
+    half = in_states.scales is not None  # the gradient states as the forward's
+    d_out_states, d_out_h0 = _scan(q, do, g, p_out, d_finals[1], lay, True, scale, need_h0, prec, half)
     f32 = torch.float32
     if op == "hla2":
         # outer pass: keys K~, values V;  then the inner pass K~ = LA(Q^, K, K), whose k is key and value: its
         # value gradient (written first) is added to its key gradient
         dq_outer, dmid, dv, r = _pass_grads(q, mid, v, g, do, out_states, d_out_states, p_out, scale, lay,
                                             (f32, f32, v.dtype))
-        d_in_states, d_in_h0 = _scan(q, dmid, g, p_in, d_finals[0], lay, True, scale, need_h0, prec)
+        d_in_states, d_in_h0 = _scan(q, dmid, g, p_in, d_finals[0], lay, True, scale, need_h0, prec, half)
         dk_as_value = torch.empty(k.shape, device=k.device, dtype=f32)
         dq, dk, _, r_all = _pass_grads(q, k, k, g, dmid, in_states, d_in_states, p_in, scale, lay,
                                        (q.dtype, k.dtype, f32), prev=(dq_outer, dk_as_value, r), dy=dk_as_value)
@@ -469,13 +537,28 @@ def fused_bwd(op, q, k, v, g, saved, finals, do, d_finals, scale, powers, lay: L
         # outer pass: keys K, values V~;  then the inner pass V~ = LA(Q^, K, V), adding the outer partials
         dq_outer, dk_outer, dmid, r = _pass_grads(q, k, mid, g, do, out_states, d_out_states, p_out, scale, lay,
                                                   (f32, f32, f32))
-        d_in_states, d_in_h0 = _scan(q, dmid, g, p_in, d_finals[0], lay, True, scale, need_h0, prec)
+        d_in_states, d_in_h0 = _scan(q, dmid, g, p_in, d_finals[0], lay, True, scale, need_h0, prec, half)
         dq, dk, dv, r_all = _pass_grads(q, k, v, g, dmid, in_states, d_in_states, p_in, scale, lay,
                                         (q.dtype, k.dtype, v.dtype), prev=(dq_outer, dk_outer, r))
     dg = None
     if g is not None:
         dg = _segment_reverse_cumsum(_final_state_gate_terms(r_all, finals, d_finals, powers, lay), lay)
     return dq, dk, dv, dg, (d_in_h0, d_out_h0)
+
+
+def _saved_tensors(saved) -> tuple:
+    """fused_fwd's saved (mid, inner ChunkStates, outer ChunkStates) as 5 tensors (no scales: an empty tensor)."""
+    mid, *states = saved
+    out = [mid]
+    for st in states:
+        out += [st.values, st.scales if st.scales is not None else st.values.new_empty(0, dtype=torch.float32)]
+    return tuple(out)
+
+
+def _saved_from(tensors) -> tuple:
+    """The inverse of _saved_tensors."""
+    mid, in_values, in_scales, out_values, out_scales = tensors
+    return mid, _states_from(in_values, in_scales), _states_from(out_values, out_scales)
 
 
 def _flat(q, k, v, g, cu_seqlens=None):
@@ -495,7 +578,7 @@ class FusedFunction(torch.autograd.Function):
         qf, kf, vf, gf, lay = _flat(q, k, v, g, cu_seqlens)
         h0 = tuple(None if x is None else x.contiguous().float() for x in (h0_inner, h0_outer))
         o, finals, saved = fused_fwd(op, qf, kf, vf, gf, scale, powers, h0, lay, output_final_state, out_dtype)
-        ctx.save_for_backward(qf, kf, vf, gf, *saved, *finals)
+        ctx.save_for_backward(qf, kf, vf, gf, *_saved_tensors(saved), *finals)
         ctx.lay, ctx.op, ctx.scale, ctx.powers, ctx.shape = lay, op, scale, powers, (b, t, h, dk, dv)
         ctx.h0_dtypes = tuple(None if x is None else x.dtype for x in (h0_inner, h0_outer))
         ctx.g_dtype = None if g is None else g.dtype
@@ -504,7 +587,7 @@ class FusedFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, d_final_inner, d_final_outer):
         qf, kf, vf, gf, *rest = ctx.saved_tensors
-        saved, finals = rest[:3], rest[3:]
+        saved, finals = _saved_from(rest[:5]), rest[5:]
         b, t, h, dk, dv = ctx.shape
         do = do.reshape(b * t, h, dv).contiguous()
         d_finals = tuple(None if x is None else x.contiguous().float() for x in (d_final_inner, d_final_outer))
@@ -518,19 +601,20 @@ class FusedFunction(torch.autograd.Function):
 
 # Fixed-length calls without an initial or a final state (what training makes) are also a torch.library custom op
 # pair: a compiled graph holds the operator as one node instead of breaking around it. The forward returns what the
-# backward needs (the inner pass's output K~ or V~ and both passes' chunk states, fp32) as outputs of its own, so the
-# backward recomputes nothing; their shapes follow from the inputs' (rows = B * ceil(T / BT) chunk rows).
+# backward needs (the inner pass's output K~ or V~ and both passes' chunk states with their scales) as outputs of its
+# own, so the backward recomputes nothing; their shapes follow from the inputs' (rows = B * ceil(T / BT) chunk rows).
 @torch.library.custom_op("hilo::hla_fused", mutates_args=())
 @dense_outputs
 def _hla_fused_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],  # noqa: UP045
                   op: str, scale: float, p_in: int, p_out: int, out_fp32: bool
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o [B, T, H, V] in v's dtype, or fp32 with out_fp32; the inner output K~ [B*T, H, K] (hla2) or V~ [B*T, H, V]
-    (ahla), the inner and outer chunk states [rows, H, K, K or V] and [rows, H, K, V], fp32)."""
+    (ahla), fp32; the inner chunk states [rows, H, K, K or V] and their scales, the outer ones [rows, H, K, V] and
+    theirs: fp32 states and empty scales, or with states16 fp16 states and fp32 scales (ChunkStates))."""
     qf, kf, vf, gf, lay = _flat(q, k, v, g)
-    o, _, (mid, in_states, out_states) = fused_fwd(op, qf, kf, vf, gf, scale, (p_in, p_out), (None, None), lay,
-                                                   False, torch.float32 if out_fp32 else v.dtype)
-    return o.reshape(v.shape), mid, in_states, out_states
+    o, _, saved = fused_fwd(op, qf, kf, vf, gf, scale, (p_in, p_out), (None, None), lay, False,
+                            torch.float32 if out_fp32 else v.dtype)
+    return o.reshape(v.shape), *_saved_tensors(saved)
 
 
 @_hla_fused_op.register_fake
@@ -540,42 +624,50 @@ def _(q, k, v, g, op, scale, p_in, p_out, out_fp32):
     rows = b * triton.cdiv(t, BT)
     inner = dk if op == "hla2" else dv
     f32 = torch.float32
+    half = _states16(q)
+
+    def states(dy):
+        by = _scan_blocks(dk, dy, b * h)[1]
+        return (q.new_empty(rows, h, dk, dy, dtype=torch.float16 if half else f32),
+                q.new_empty((rows, h, dk, triton.cdiv(dy, by)) if half else (0,), dtype=f32))
+
     return (v.new_empty(v.shape, dtype=f32 if out_fp32 else v.dtype), q.new_empty(b * t, h, inner, dtype=f32),
-            q.new_empty(rows, h, dk, inner, dtype=f32), q.new_empty(rows, h, dk, dv, dtype=f32))
+            *states(inner), *states(dv))
 
 
 @torch.library.custom_op("hilo::hla_fused_backward", mutates_args=())
 @dense_outputs
 def _hla_fused_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            g: Optional[torch.Tensor], mid: torch.Tensor, in_states: torch.Tensor,  # noqa: UP045
-                           out_states: torch.Tensor, op: str, scale: float, p_in: int, p_out: int
+                           in_scales: torch.Tensor, out_states: torch.Tensor, out_scales: torch.Tensor, op: str,
+                           scale: float, p_in: int, p_out: int
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv in their inputs' dtypes, dg in g's dtype (empty without g))."""
     qf, kf, vf, gf, lay = _flat(q, k, v, g)
     b, t, h, _ = q.shape
     dof = do.reshape(b * t, h, do.shape[-1]).contiguous()
-    dq, dk, dv, dg, _ = fused_bwd(op, qf, kf, vf, gf, (mid, in_states, out_states), (None, None), dof, (None, None),
-                                  scale, (p_in, p_out), lay, need_h0=False)
+    saved = _saved_from((mid, in_states, in_scales, out_states, out_scales))
+    dq, dk, dv, dg, _ = fused_bwd(op, qf, kf, vf, gf, saved, (None, None), dof, (None, None), scale, (p_in, p_out), lay,
+                                  need_h0=False)
     dg = q.new_empty(0, dtype=torch.float32) if g is None else dg.reshape(g.shape).to(g.dtype)
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), dg
 
 
 @_hla_fused_backward_op.register_fake
-def _(do, q, k, v, g, mid, in_states, out_states, op, scale, p_in, p_out):
+def _(do, q, k, v, g, mid, in_states, in_scales, out_states, out_scales, op, scale, p_in, p_out):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             q.new_empty(0, dtype=torch.float32) if g is None else g.new_empty(g.shape))
 
 
 def _hla_fused_setup(ctx, inputs, output):
     q, k, v, g, op, scale, p_in, p_out, _ = inputs
-    _, mid, in_states, out_states = output
-    ctx.save_for_backward(q, k, v, g, mid, in_states, out_states)
+    ctx.save_for_backward(q, k, v, g, *output[1:])
     ctx.args = (op, scale, p_in, p_out)
 
 
-def _hla_fused_grads(ctx, do, _dmid, _din, _dout):
-    q, k, v, g, mid, in_states, out_states = ctx.saved_tensors
-    dq, dk, dv, dg = _hla_fused_backward_op(do, q, k, v, g, mid, in_states, out_states, *ctx.args)
+def _hla_fused_grads(ctx, do, *_d_saved):
+    q, k, v, g, *saved = ctx.saved_tensors
+    dq, dk, dv, dg = _hla_fused_backward_op(do, q, k, v, g, *saved, *ctx.args)
     return dq, dk, dv, (dg if g is not None else None), None, None, None, None, None
 
 

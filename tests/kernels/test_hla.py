@@ -853,3 +853,61 @@ def test_fused_backend_errors():
         hla3(q.float(), k.float(), v.float(), backend="fused")
     with pytest.raises(TypeError, match="float32"):
         hla2(q, k, v, backend="fused")
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("op", ["hla2", "ahla"])
+@pytest.mark.parametrize("value_scale", [1.0, 1e6, 1e-6])
+def test_fused_states16(monkeypatch, op, value_scale):
+    """HILO_HLA=states16=1 (per-chunk states stored as fp16 with a power-of-two scale per row and column block):
+    bf16 inputs against the float64 recurrence within SPEC §2's bf16 tolerances and within 1.25x of the fp32-state
+    run's error plus 2e-4 (one rounding to 11 significant bits of an operand the GPU truncates to 11 bits anyway),
+    for values 1e6 and 1e-6 times as large too (unscaled fp16 states overflow at 1e6 and lose the 1e-6 ones'
+    bits). The option is in effect (o differs)."""
+    errors, half, full = _option_against_tf32(monkeypatch, op, _bf16_case(81, value_scale), "states16")
+    for name, tol in BF16_TOLS.items():
+        s16_err, f32_err = errors[name]
+        assert s16_err <= tol and s16_err <= 1.25 * f32_err + 2e-4, f"{op} {name}: {s16_err:.2e} ({f32_err:.2e})"
+    assert not torch.equal(half, full)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
+def test_fused_states16_paths_and_dtypes(monkeypatch):
+    """states16 through both entry points: the custom op pair (no states) and the autograd.Function (a final state
+    asked for) give the same output and gradients (their saved fp16 states and scales travel intact); fp32 inputs
+    ignore the option (bit-identical to the fp32 states); the stored states are fp16 with scales for bf16 inputs."""
+    from kernels.hla import triton_fused
+
+    q, k, v, g, do = _bf16_case(83)
+    dev = FUSED_DEV
+
+    def run(dtype, final):
+        leaves = [x.to(device=dev, dtype=dtype).requires_grad_() for x in (q, k, v)]
+        leaves.append(g.to(device=dev, dtype=torch.float32).requires_grad_())
+        o, _ = hla2(*leaves, backend="fused", output_final_state=final)
+        return [x.double().cpu() for x in (o, *torch.autograd.grad((o.double() * do.to(dev)).sum(), leaves))]
+
+    monkeypatch.setattr(triton_fused, "OPTIONS", {**triton_fused.OPTIONS, "states16": True})
+    op_path, fn_path, fp32_on = run(torch.bfloat16, False), run(torch.bfloat16, True), run(torch.float32, False)
+    assert all(torch.equal(a, b) for a, b in zip(op_path, fn_path, strict=True))
+    qf, kf, vf, gf, lay = triton_fused._flat(*(x.to(dev, torch.bfloat16) for x in (q, k, v)), g.to(dev).float())
+    _, _, (_, inner, outer) = triton_fused.fused_fwd("hla2", qf, kf, vf, gf, 1.0, (2, 1), (None, None), lay, False,
+                                                     torch.bfloat16)
+    assert inner.values.dtype == outer.values.dtype == torch.float16 and inner.scales.dtype == torch.float32
+    assert inner.scales.shape == (lay.rows, 2, 32, -(-32 // inner.by))
+    monkeypatch.setattr(triton_fused, "OPTIONS", {**triton_fused.OPTIONS, "states16": False})
+    assert all(torch.equal(a, b) for a, b in zip(fp32_on, run(torch.float32, False), strict=True))
+
+
+def test_states16_column_block_from_shapes():
+    """The custom op's backward rebuilds each ChunkStates' column block from the shapes (values [.., DY], scales
+    [.., cdiv(DY, by)]): for every DY up to 256 and every block the scans use, it maps each column to the same
+    scale column as the scan's own block did."""
+    from kernels.hla.triton_fused import _states_from
+
+    for by in (16, 32, 64, 128):
+        for dy in range(1, 257):
+            got = _states_from(torch.empty(1, 1, 1, dy), torch.empty(1, 1, 1, -(-dy // by))).by
+            cols = torch.arange(dy)
+            assert torch.equal(cols // got, cols // by), (by, dy, got)
+    assert _states_from(torch.empty(1, 1, 1, 8), torch.empty(0)).scales is None
