@@ -6,7 +6,8 @@
 #  - dqk_bk=64: _pass_dqk at 4 warps with 128-wide K loops takes 255 registers and spills 744-848 B (AOT, sm_90,
 #    Triton 3.6); at 64 it takes 238-242 and spills nothing;
 #  - out_bk=64 / dvalues_bk=64 for the other chunk kernels (the inner _chunk_out takes 242 registers at 128).
-# Then ahla and hla2 at hla_mamba2's heads with the leaders, and log-linear GDN's operator (from s12_c.sh, unrun).
+# Then ahla and hla2 at hla_mamba2's heads with the leaders, delta_rule's state-pass warps (new options) at GDN's
+# heads, and log-linear GDN's operator (from s12_c.sh, unrun).
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | grep -v WARN | tail -1
 export PYTHONPATH=/tmp/site WANDB_MODE=disabled
 T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
@@ -23,6 +24,9 @@ el "ahla 16K x 2 and hla2 at hla_mamba2's heads" | tee -a $L
 sweep 70 --op ahla --seq-len 16384 --skip-check --variants "" "HILO_HLA=states16=1" "HILO_HLA=states16=1,dqk_bk=64"
 sweep 70 --op hla2 --seq-len 8192 --tokens 32768 --heads 32 --dim 128 --dim-v 64 --skip-check --variants "" \
   "HILO_HLA=states16=1" "HILO_HLA=states16=1,dqk_bk=64"
+el "delta_rule's state passes at GDN 340m's heads (AOT at BV = 64: the forward pass spills 248 B at 4 warps, none at 8)" | tee -a $L
+sweep 70 --op delta_rule --seq-len 16384 --heads 3 --dim 256 --dim-v 512 --skip-check --variants "" \
+  "HILO_DELTA_RULE=state_warps=8" "HILO_DELTA_RULE=state_bwd_warps=4" "HILO_DELTA_RULE=state_bv_min=32"
 left=$(( 520 - $(date +%s) + T0 )); el "loglinear_delta_rule at GDN 340m's heads (${left}s)" | tee -a $L
 sweep $left --op loglinear_delta_rule --seq-len 16384 --heads 3 --dim 256 --dim-v 512 --skip-check --variants "" \
   "HILO_LOGLINEAR=scan_cols=256;HILO_LOGLINEAR_DELTA=bwd_scan_cols=128" "HILO_LOGLINEAR_DELTA=pieces=fp16" \

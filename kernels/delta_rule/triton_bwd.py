@@ -37,6 +37,7 @@ from .triton_fwd import (
     block_sizes,
     delta_rule_fwd,
     dot_precision,
+    launch_warps,
     lowp,
     state_block_v,
     state_stages,
@@ -462,7 +463,7 @@ def _grads_kernel(
 
 def grads_launch() -> dict:
     """num_warps, num_stages and (when capped) maxnreg of the fused backward kernel: OPTIONS' grads_* where set."""
-    out = {"num_warps": int(OPTIONS["grads_warps"]) or NUM_WARPS["grads"],
+    out = {"num_warps": launch_warps("grads"),
            "num_stages": int(OPTIONS["grads_stages"]) or NUM_STAGES["grads"]}
     if int(OPTIONS["grads_maxnreg"]):
         out["maxnreg"] = int(OPTIONS["grads_maxnreg"])
@@ -499,7 +500,7 @@ def delta_rule_bwd(q, k, v, beta, g, scale, want_dh0, bounds, table, choff, save
         q, k, gamma, w, do, du, bounds, choff, dht if dht is not None else gamma,
         dh, dh0 if dh0 is not None else gamma, scale,
         H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=sbv, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
-        PREC=prec, INTRA=intra_fused, SCALE_V=2 if OPTIONS["state_scale_v"] else 0, num_warps=NUM_WARPS["state_bwd"],
+        PREC=prec, INTRA=intra_fused, SCALE_V=2 if OPTIONS["state_scale_v"] else 0, num_warps=launch_warps("state_bwd"),
         num_stages=state_stages(bk, q.element_size(), sbv),
     )
     dq = torch.empty_like(q)

@@ -57,9 +57,12 @@ CHUNK = 64
 #   grads_warps, grads_stages, grads_maxnreg: the fused backward kernel's launch (0: NUM_WARPS / NUM_STAGES below,
 #                 no register cap). At 8 warps it took 182 registers a thread at K = 256, V = 512 (sm_90, Triton 3.6,
 #                 bf16), one program an SM; a 128-register cap measured slower than 4 warps (session 12).
+#   state_warps, state_bwd_warps: warps of the sequential state passes (0: NUM_WARPS, 4 and 8), for sweeps: the two
+#                 passes take 41 of Gated DeltaNet 340m's 306 kernel-ms a compiled 8K step (session 12).
 OPTIONS = {"lowp_bwd": True, "prepare_mode": 2, "fused_bwd": True, "state_bv_min": 16, "intra_in_state_bwd": 0,
            "output_in_state": 0, "state_scale_v": True, "wide_stages": 2, "grads_warps": 0, "grads_stages": 0,
-           "grads_maxnreg": 0}
+           "grads_maxnreg": 0, "state_warps": 0, "state_bwd_warps": 0}
+_WARPS_OPTIONS = ("grads_warps", "state_warps", "state_bwd_warps")
 
 
 def _apply_env_options():
@@ -68,8 +71,10 @@ def _apply_env_options():
         key, _, val = item.partition("=")
         if key not in OPTIONS:
             raise ValueError(f"HILO_DELTA_RULE: unknown option {key!r}; expected one of {sorted(OPTIONS)}")
-        ints = ("state_bv_min", "prepare_mode", "intra_in_state_bwd", "output_in_state", "wide_stages", "grads_warps",
-                "grads_stages", "grads_maxnreg")
+        ints = ("state_bv_min", "prepare_mode", "intra_in_state_bwd", "output_in_state", "wide_stages",
+                "grads_stages", "grads_maxnreg", *_WARPS_OPTIONS)
+        if key in _WARPS_OPTIONS and val.strip() not in ("0", "1", "2", "4", "8", "16"):
+            raise ValueError(f"HILO_DELTA_RULE: {key}={val!r}: expected 0 (the default) or 1, 2, 4, 8 or 16 warps")
         OPTIONS[key] = int(val) if key in ints else val.strip().lower() in ("1", "true", "yes", "on")
 
 
@@ -360,6 +365,11 @@ def _output_kernel(
 _SM_COUNT: dict = {}
 
 
+def launch_warps(kernel: str) -> int:
+    """Warps of one launch: OPTIONS[kernel + "_warps"] where set (state, state_bwd, grads), else NUM_WARPS."""
+    return int(OPTIONS.get(kernel + "_warps", 0)) or NUM_WARPS[kernel]
+
+
 def state_block_v(dv: int, pairs: int, device: torch.device, which: str) -> int:
     """V-block of a sequential state pass for `pairs` (sequence, head) pairs (no dependence on T).
 
@@ -426,7 +436,7 @@ def delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, b
         hs, u, final if final is not None else gamma, q, o, scale,
         H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=sbv, HAS_H0=initial_state is not None,
         STORE_HT=output_final_state, PREC=prec, OUT=out_fused, SCALE_V=bool(OPTIONS["state_scale_v"]),
-        num_warps=NUM_WARPS["state"],
+        num_warps=launch_warps("state"),
         num_stages=state_stages(bk, k.element_size(), sbv),
     )
     if out_fused:

@@ -268,6 +268,24 @@ def test_grads_launch_options(monkeypatch):
     assert triton_bwd.grads_launch() == {**default, "num_stages": 2, "maxnreg": 128}
 
 
+def test_state_pass_warps_options(monkeypatch):
+    """The sequential state passes' warps: NUM_WARPS by default, HILO_DELTA_RULE's state_warps / state_bwd_warps
+    where set (grads_warps likewise); a warp count that is not a power of two up to 16 is an error naming the choices."""
+    from kernels.delta_rule import triton_fwd
+
+    monkeypatch.setattr(triton_fwd, "OPTIONS", dict(triton_fwd.OPTIONS))
+    assert [triton_fwd.launch_warps(k) for k in ("state", "state_bwd", "grads")] == \
+        [triton_fwd.NUM_WARPS[k] for k in ("state", "state_bwd", "grads")]
+    monkeypatch.setenv("HILO_DELTA_RULE", "state_warps=8,state_bwd_warps=4,grads_warps=2")
+    triton_fwd._apply_env_options()
+    assert [triton_fwd.launch_warps(k) for k in ("state", "state_bwd", "grads", "output")] == \
+        [8, 4, 2, triton_fwd.NUM_WARPS["output"]]
+    for bad in ("state_warps=3", "state_bwd_warps=x", "grads_warps=32"):
+        monkeypatch.setenv("HILO_DELTA_RULE", bad)
+        with pytest.raises(ValueError, match="1, 2, 4, 8 or 16 warps"):
+            triton_fwd._apply_env_options()
+
+
 @needs_triton
 @pytest.mark.parametrize("opts", [
     {"lowp_bwd": False, "prepare_mode": 0, "fused_bwd": False, "intra_in_state_bwd": 0, "output_in_state": 0,
