@@ -19,7 +19,7 @@ timeout -k 10 60 python -u benchmarks/kernels.py --ops hla2 --seqlens 16384 --sk
 echo "rc=$?" >> $L; grep -E "^\| 16384|_state_scan|_chunk_out|_pass_d|GPU kernels" /tmp/p.log | cut -c1-200 >> $L
 el "hla2 16K x 2: states16 and narrower K loops (bf16 check on)" | tee -a $L
 sweep 150 --op hla2 --seq-len 16384 --variants "" "HILO_HLA=states16=1" "HILO_HLA=dqk_bk=64" \
-  "HILO_HLA=states16=1,dqk_bk=64" "HILO_HLA=out_bk=64" "HILO_HLA=dvalues_bk=64"
+  "HILO_HLA=states16=1,dqk_bk=64" "HILO_HLA=out_bk=64" "HILO_HLA=dvalues_bk=64" "HILO_HLA=scan_by=16"
 el "ahla 16K x 2 and hla2 at hla_mamba2's heads" | tee -a $L
 sweep 70 --op ahla --seq-len 16384 --skip-check --variants "" "HILO_HLA=states16=1" "HILO_HLA=states16=1,dqk_bk=64"
 sweep 70 --op hla2 --seq-len 8192 --tokens 32768 --heads 32 --dim 128 --dim-v 64 --skip-check --variants "" \
