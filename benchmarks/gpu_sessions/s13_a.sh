@@ -11,8 +11,9 @@ T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
 mkdir -p $OUT/n; L=$OUT/n/log.txt
 run() {  # name, seconds, pytest arguments
   el "$1" | tee -a $L
-  timeout -k 10 $2 python -m pytest -p no:logging -n 4 --tb=short --durations=8 "${@:3}" > $OUT/n/$1.txt 2>&1
-  echo "rc=$?" >> $L; grep -E "^E  |^FAILED|passed|failed|^[0-9.]+s " $OUT/n/$1.txt | head -30 | cut -c1-250 >> $L
+  timeout -k 10 $2 python -m pytest -p no:logging -n 4 -v --tb=short --durations=8 "${@:3}" > $OUT/n/$1.txt 2>&1
+  echo "rc=$?" >> $L; grep -E "^E  |FAILED|ERROR|[0-9]+ passed|[0-9]+ failed|^[0-9.]+s " $OUT/n/$1.txt | head -30 | cut -c1-250 >> $L
+  echo "PASSED lines: $(grep -c " PASSED " $OUT/n/$1.txt)" >> $L
 }
 # first the suspect alone: test_fused_launch_tiles (session 11, never run on a GPU before s12_e.sh) sets every HLA tile
 # to 16, and Triton 3.6 has faulted at narrow tiles on Hopper before (linear_attn at K = 32, V = 16; session 11's
