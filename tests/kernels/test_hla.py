@@ -911,3 +911,24 @@ def test_states16_column_block_from_shapes():
             cols = torch.arange(dy)
             assert torch.equal(cols // got, cols // by), (by, dy, got)
     assert _states_from(torch.empty(1, 1, 1, 8), torch.empty(0)).scales is None
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
+def test_fused_states16_custom_op_compiles(monkeypatch):
+    """With states16, bf16 inputs: the custom op's fakes give the fp16 states and the scales' real shapes (opcheck),
+    and torch.compile holds it as one node with eager's values and gradients."""
+    from kernels.common.compile import compile_safe_operators
+    from kernels.hla import triton_fused
+    from tests.kernels.compile_checks import assert_one_graph_with_eager_values
+
+    monkeypatch.setattr(triton_fused, "OPTIONS", {**triton_fused.OPTIONS, "states16": True})
+    traced = compile_safe_operators()[id(hla2)]
+    q, k, v, g = make(2, 70, 2, 12, 40, "weak", seed=49)
+    leaves = [x.to(device=FUSED_DEV, dtype=torch.bfloat16).requires_grad_() for x in (q, k, v)]
+    leaves.append(g.to(device=FUSED_DEV, dtype=torch.float32).requires_grad_())
+
+    def f(q, k, v, g):
+        o, _ = traced(q, k, v, g, backend="fused")
+        return o.float().square().sum()
+
+    assert_one_graph_with_eager_values(f, leaves, "hla_fused")
