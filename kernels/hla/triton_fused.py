@@ -72,13 +72,17 @@ OPTIONS = {"lowp": False, "lowp_scan": False, "lowp_out": False, "lowp_dvalues":
 # family's loops step by ("scan_by": the scans' state columns, capped at 64 and halved to 32 on small grids by
 # default; "out_by" / "dvalues_bv": the chunk kernels' output columns; "dqk_bv": _pass_dqk's V loop; "<f>_bk": the
 # K loop of out, dvalues and dqk). Tiles are powers of two in 16..128. "<family>_maxnreg" caps registers a thread
-# (ptxas' .maxnreg; 0: no cap). Session 12's sweeps on the H200 (bf16 fwd+bwd, RESULTS.md): the chunk kernels at 4
+# (ptxas' .maxnreg; 0: no cap). "out_persist" / "dvalues_persist" (1: off): each program of _chunk_out /
+# _pass_dvalues takes that many chunks in a loop pipelined over <family>_stages stages, so the next chunk's tiles load
+# while this one's products run (with 128-wide K loops a chunk is one load-then-compute step, which only other
+# resident programs overlap; for session 13's sweep). Session 12's sweeps on the H200 (bf16 fwd+bwd, RESULTS.md): the chunk kernels at 4
 # warps with 128-wide K loops, hla2 7.57 ms against 10.50 (8 warps, 64-wide) at 16K x 2, H = 16, D = 128, ahla 7.07
 # against 11.08, hla2 at hla_mamba2's heads (8K x 4, H = 32, K = 128, V = 64) 12.18 against 17.20; a 128-register
 # cap, 3 stages, wider output tiles or dqk_bv=64 on top of that were slower, and the scans' settings did not pay.
 LAUNCH_DEFAULTS = {"scan_warps": 4, "scan_stages": 2, "scan_by": 0, "scan_maxnreg": 0,
-                   "out_warps": 4, "out_stages": 2, "out_bk": 128, "out_by": 64, "out_maxnreg": 0,
+                   "out_warps": 4, "out_stages": 2, "out_bk": 128, "out_by": 64, "out_maxnreg": 0, "out_persist": 1,
                    "dvalues_warps": 4, "dvalues_stages": 2, "dvalues_bk": 128, "dvalues_bv": 64, "dvalues_maxnreg": 0,
+                   "dvalues_persist": 1,
                    "dqk_warps": 4, "dqk_stages": 2, "dqk_bk": 128, "dqk_bv": 32,  # dqk_bv: 32 even at V = 16
                    "dqk_maxnreg": 0}
 OPTIONS.update(dict.fromkeys(LAUNCH_DEFAULTS, 0))
@@ -97,7 +101,8 @@ def _read_options() -> None:
         allowed = {"tile": ((16, 32, 64, 128), "a tile of 16, 32, 64 or 128"),
                    "warps": ((1, 2, 4, 8, 16), "1, 2, 4, 8 or 16 warps"),
                    "stages": (range(1, 6), "1 to 5 stages"),
-                   "maxnreg": (range(64, 256, 8), "a register cap, a multiple of 8 in 64..248")}[kind]
+                   "maxnreg": (range(64, 256, 8), "a register cap, a multiple of 8 in 64..248"),
+                   "persist": ((1, 2, 4, 8, 16), "1, 2, 4, 8 or 16 chunks a program")}[kind]
         if not (val.isdigit() and (int(val) == 0 or int(val) in allowed[0])):
             raise ValueError(f"HILO_HLA: {key}={val!r}: expected 0 (the default) or {allowed[1]}")
         OPTIONS[key] = int(val)
@@ -234,29 +239,57 @@ def _state_scan(x, y, g, h0, hs, hs_scale, ht, bounds, offsets, x_scale, T, NT,
         tl.store(ht + i_nh.to(tl.int64) * DX * DY + xy_off, state, mask=m_xy)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])
-def _chunk_out(q, x, y, g, hs, hs_scale, o, table, scale, T, NT,
+@triton.jit
+def _persistent_chunk(table, i_p, j, ROWS, T, NT, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(chunk, start, end) of a persistent program's j-th chunk: program i_p of the grid's chunk axis takes chunks
+    i_p, i_p + P, i_p + 2P, ... (P programs on that axis, so the programs running together read neighbouring chunks);
+    past the last chunk, the last chunk with end = start (every load and store masked off)."""
+    i_c = i_p + j * tl.num_programs(1)
+    start, end = _chunk_bounds(table, tl.minimum(i_c, ROWS - 1), T, NT, BT, IS_VARLEN)
+    return tl.minimum(i_c, ROWS - 1), start, tl.where(i_c < ROWS, end, start)
+
+
+@triton.jit(do_not_specialize=["T", "NT", "ROWS"])
+def _chunk_out(q, x, y, g, hs, hs_scale, o, table, scale, T, NT, ROWS,
                H: tl.constexpr, K: tl.constexpr, DY: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                BY: tl.constexpr, POWER: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr,
-               PREC: tl.constexpr, SBY: tl.constexpr, STATE16: tl.constexpr):
-    """o = scale (e^{p l} (q hs_in) + (Gamma^(p) * q x^T) y) for one (DY-block, chunk, head):
+               PREC: tl.constexpr, SBY: tl.constexpr, STATE16: tl.constexpr, PERSIST: tl.constexpr,
+               STAGES: tl.constexpr):
+    """o = scale (e^{p l} (q hs_in) + (Gamma^(p) * q x^T) y) for one (DY-block, chunk, head), or with PERSIST > 1
+    for PERSIST chunks in a loop of STAGES pipelining stages (the next chunk's tiles load during this one's products):
     q, x [TT, H, K], y [TT, H, DY], hs [rows, H, K, DY] (the state entering each chunk)."""
-    i_y, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    start, end = _chunk_bounds(table, i_c, T, NT, BT, IS_VARLEN)
-    if start >= end:
-        return
+    i_y, i_p, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if PERSIST == 1:
+        start, end = _chunk_bounds(table, i_p, T, NT, BT, IS_VARLEN)
+        if start < end:
+            _chunk_out_tile(q, x, y, g, hs, hs_scale, o, scale, i_y, i_p, i_h, start, end, H, K, DY, BT, BK, BY,
+                            POWER, HAS_G, PREC, SBY, STATE16)
+    else:
+        for j in tl.range(0, PERSIST, num_stages=STAGES):
+            i_c, start, end = _persistent_chunk(table, i_p, j, ROWS, T, NT, BT, IS_VARLEN)
+            _chunk_out_tile(q, x, y, g, hs, hs_scale, o, scale, i_y, i_c, i_h, start, end, H, K, DY, BT, BK, BY,
+                            POWER, HAS_G, PREC, SBY, STATE16)
+
+
+@triton.jit
+def _chunk_out_tile(q, x, y, g, hs, hs_scale, o, scale, i_y, i_c, i_h, start, end,
+                    H: tl.constexpr, K: tl.constexpr, DY: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                    BY: tl.constexpr, POWER: tl.constexpr, HAS_G: tl.constexpr, PREC: tl.constexpr,
+                    SBY: tl.constexpr, STATE16: tl.constexpr):
+    """_chunk_out's work for chunk i_c = tokens [start, end) (none when end == start: everything masked)."""
     o_t = start + tl.arange(0, BT)
     m_t = o_t < end
     o_y = i_y * BY + tl.arange(0, BY)
     acc = tl.zeros([BT, BY], dtype=tl.float32)
     scores = tl.zeros([BT, BT], dtype=tl.float32)
+    k_rows = tl.where(start < end, K, 0)  # an empty chunk (a persistent program's extra turn) reads no state
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_tk = m_t[:, None] & (o_k[None, :] < K)
         qb = tl.load(q + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
         xb = tl.load(x + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
         hb = _load_state(hs, hs_scale, (i_c.to(tl.int64) * H + i_h) * K * DY, o_k[:, None], o_y[None, :],
-                         (o_k[:, None] < K) & (o_y[None, :] < DY), DY, SBY, STATE16)
+                         (o_k[:, None] < k_rows) & (o_y[None, :] < DY), DY, SBY, STATE16)
         acc += _dot(qb, hb, PREC)
         scores += _dot(qb, tl.trans(xb), PREC)
     o_i = tl.arange(0, BT)
@@ -273,31 +306,48 @@ def _chunk_out(q, x, y, g, hs, hs_scale, o, table, scale, T, NT,
              mask=m_t[:, None] & (o_y[None, :] < DY))
 
 
-@triton.jit(do_not_specialize=["T", "NT"])
-def _pass_dvalues(q, x, do, g, dhs, dhs_scale, dy, table, scale, T, NT,
+@triton.jit(do_not_specialize=["T", "NT", "ROWS"])
+def _pass_dvalues(q, x, do, g, dhs, dhs_scale, dy, table, scale, T, NT, ROWS,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                   BV: tl.constexpr, POWER: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr,
-                  PREC: tl.constexpr, SBY: tl.constexpr, STATE16: tl.constexpr):
+                  PREC: tl.constexpr, SBY: tl.constexpr, STATE16: tl.constexpr, PERSIST: tl.constexpr,
+                  STAGES: tl.constexpr):
     """dY of one pass O = LA(Q^, X, Y; p g) for one (V-block, chunk, head), given dO and dS_out (the gradient of
     the state leaving each chunk, dhs [rows, H, K, V] fp32):  dy = e^{p (l_C - l)} (X dS_out) + (Gamma * Q^ X^T)^T dO.
-    q, x [TT, H, K], do, dy [TT, H, V]."""
-    i_v, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    start, end = _chunk_bounds(table, i_c, T, NT, BT, IS_VARLEN)
-    if start >= end:
-        return
+    q, x [TT, H, K], do, dy [TT, H, V]. PERSIST > 1: PERSIST chunks a program, as _chunk_out."""
+    i_v, i_p, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if PERSIST == 1:
+        start, end = _chunk_bounds(table, i_p, T, NT, BT, IS_VARLEN)
+        if start < end:
+            _pass_dvalues_tile(q, x, do, g, dhs, dhs_scale, dy, scale, i_v, i_p, i_h, start, end, H, K, V, BT, BK, BV,
+                               POWER, HAS_G, PREC, SBY, STATE16)
+    else:
+        for j in tl.range(0, PERSIST, num_stages=STAGES):
+            i_c, start, end = _persistent_chunk(table, i_p, j, ROWS, T, NT, BT, IS_VARLEN)
+            _pass_dvalues_tile(q, x, do, g, dhs, dhs_scale, dy, scale, i_v, i_c, i_h, start, end, H, K, V, BT, BK, BV,
+                               POWER, HAS_G, PREC, SBY, STATE16)
+
+
+@triton.jit
+def _pass_dvalues_tile(q, x, do, g, dhs, dhs_scale, dy, scale, i_v, i_c, i_h, start, end,
+                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                       BV: tl.constexpr, POWER: tl.constexpr, HAS_G: tl.constexpr, PREC: tl.constexpr,
+                       SBY: tl.constexpr, STATE16: tl.constexpr):
+    """_pass_dvalues' work for chunk i_c = tokens [start, end) (none when end == start)."""
     o_t = start + tl.arange(0, BT)
     m_t = o_t < end
     o_v = i_v * BV + tl.arange(0, BV)
     m_tv = m_t[:, None] & (o_v[None, :] < V)
     acc = tl.zeros([BT, BV], dtype=tl.float32)
     scores_t = tl.zeros([BT, BT], dtype=tl.float32)  # [j, i] = x_j . q^_i
+    k_rows = tl.where(start < end, K, 0)  # an empty chunk (a persistent program's extra turn) reads no state
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_tk = m_t[:, None] & (o_k[None, :] < K)
         xb = tl.load(x + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
         q_t = tl.load(q + (o_t[None, :] * H + i_h) * K + o_k[:, None], mask=m_tk.T, other=0.0).to(tl.float32)
         dsb = _load_state(dhs, dhs_scale, (i_c.to(tl.int64) * H + i_h) * K * V, o_k[:, None], o_v[None, :],
-                          (o_k[:, None] < K) & (o_v[None, :] < V), V, SBY, STATE16)
+                          (o_k[:, None] < k_rows) & (o_v[None, :] < V), V, SBY, STATE16)
         acc += _dot(xb, dsb, PREC)
         scores_t += _dot(xb, q_t, PREC)
     o_i = tl.arange(0, BT)
@@ -439,11 +489,12 @@ def _out(q, x, y, g, power, hs: ChunkStates, scale, lay: Layout, out_dtype, prec
     dk, dy = q.shape[-1], y.shape[-1]
     o = torch.empty(*y.shape, device=y.device, dtype=out_dtype)
     by = _pow2(dy, hi=_launch("out_by"))
-    grid = (triton.cdiv(dy, by), lay.rows, lay.heads)
+    persist = _launch("out_persist")
+    grid = (triton.cdiv(dy, by), triton.cdiv(lay.rows, persist), lay.heads)
     _chunk_out[grid](q, x, y, g if g is not None else q, *hs.kernel_args(), o, lay.table, scale, lay.seqlen, lay.nt,
-                     H=lay.heads, K=dk, DY=dy, BT=BT, BK=_pow2(dk, hi=_launch("out_bk")), BY=by, POWER=power,
-                     HAS_G=g is not None, IS_VARLEN=lay.varlen, PREC=prec, **hs.kernel_consts(),
-                     **_launch_kwargs("out"))
+                     lay.rows, H=lay.heads, K=dk, DY=dy, BT=BT, BK=_pow2(dk, hi=_launch("out_bk")), BY=by,
+                     POWER=power, HAS_G=g is not None, IS_VARLEN=lay.varlen, PREC=prec, **hs.kernel_consts(),
+                     PERSIST=persist, STAGES=_launch("out_stages"), **_launch_kwargs("out"))
     return o
 
 
@@ -456,11 +507,11 @@ def _pass_grads(q, x, y, g, do, hs: ChunkStates, dhs: ChunkStates, power, scale,
     gate = g if g is not None else q
     dy = torch.empty(y.shape, device=q.device, dtype=dtypes[2]) if dy is None else dy
     bk, bv = _pow2(dk, hi=_launch("dvalues_bk")), _pow2(dv, hi=_launch("dvalues_bv"))
-    _pass_dvalues[(triton.cdiv(dv, bv), lay.rows, h)](q, x, do, gate, *dhs.kernel_args(), dy, lay.table, scale,
-                                                      lay.seqlen, lay.nt, H=h, K=dk, V=dv, BT=BT, BK=bk, BV=bv,
-                                                      POWER=power, HAS_G=g is not None, IS_VARLEN=lay.varlen,
-                                                      PREC=_precision(q, "dvalues"), **dhs.kernel_consts(),
-                                                      **_launch_kwargs("dvalues"))
+    persist = _launch("dvalues_persist")
+    _pass_dvalues[(triton.cdiv(dv, bv), triton.cdiv(lay.rows, persist), h)](
+        q, x, do, gate, *dhs.kernel_args(), dy, lay.table, scale, lay.seqlen, lay.nt, lay.rows, H=h, K=dk, V=dv, BT=BT,
+        BK=bk, BV=bv, POWER=power, HAS_G=g is not None, IS_VARLEN=lay.varlen, PREC=_precision(q, "dvalues"),
+        **dhs.kernel_consts(), PERSIST=persist, STAGES=_launch("dvalues_stages"), **_launch_kwargs("dvalues"))
     dq, dx = (torch.empty(t.shape, device=q.device, dtype=d) for t, d in zip((q, x), dtypes[:2], strict=True))
     bk = _pow2(dk, hi=_launch("dqk_bk"))
     bv = _pow2(dv, hi=OPTIONS["dqk_bv"]) if OPTIONS["dqk_bv"] else 32

@@ -932,3 +932,51 @@ def test_fused_states16_custom_op_compiles(monkeypatch):
         return o.float().square().sum()
 
     assert_one_graph_with_eager_values(f, leaves, "hla_fused")
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("persist", [2, 4])
+def test_fused_persistent_chunk_programs(monkeypatch, persist):
+    """HILO_HLA out_persist / dvalues_persist: each program of _chunk_out / _pass_dvalues takes `persist` chunks
+    (grids of cdiv(rows, persist) on the chunk axis; the last program's extra turns masked off): varlen with an
+    initial state against the float64 references, and every output and gradient equal to the one-chunk programs'
+    (the same products per chunk). The persistent runs come first on inputs not run before, so a chunk they skip
+    cannot pass by holding an earlier run's values (output buffers are torch.empty)."""
+    from kernels.hla import triton_fused
+
+    grids = {}
+
+    class Recorder:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                grids.setdefault(self.kernel.fn.__name__, set()).add((grid[1], kwargs["PERSIST"]))
+                return self.kernel[grid](*args, **kwargs)
+            return launch
+
+    for name in ("_chunk_out", "_pass_dvalues"):
+        monkeypatch.setattr(triton_fused, name, Recorder(getattr(triton_fused, name)))
+    cu = torch.tensor([0, 70, 75, 400])  # 2 + 1 + 6 chunks
+    monkeypatch.setattr(triton_fused, "OPTIONS", {**triton_fused.OPTIONS, "out_persist": persist,
+                                                  "dvalues_persist": persist})
+    q, k, v, g = make(1, 400, 2, 20, 12, "strong", seed=50 + persist)
+    _fused_vs_references(0.5 * q, 0.5 * k, v, g, random_state("hla2", 3, 2, 20, 12, seed=52), "d1", cu=cu)
+    rows = triton_fused.Layout(1, 400, 2, cu, "cpu").rows
+    assert grids == {n: {(-(-rows // persist), persist)} for n in ("_chunk_out", "_pass_dvalues")}, (grids, rows)
+
+    q, k, v, g = make(1, 400, 2, 20, 12, "strong", seed=60 + persist)
+    h0 = random_state("hla2", 3, 2, 20, 12, seed=62)
+    leaves = [x.to(FUSED_DEV).float().requires_grad_() for x in (q, k, v, g, *h0)]
+
+    def run():
+        o, fin = hla2(*leaves[:4], initial_state=HLA2State(*leaves[4:]), output_final_state=True,
+                      cu_seqlens=cu.to(FUSED_DEV), backend="fused")
+        loss = (o * torch.cos(o)).sum() + sum((f * f).sum() for f in fin)
+        return [o, *fin, *torch.autograd.grad(loss, leaves)]
+
+    many = run()
+    monkeypatch.setattr(triton_fused, "OPTIONS", {**triton_fused.OPTIONS, "out_persist": 1, "dvalues_persist": 1})
+    one = run()
+    assert all(torch.equal(a, b) for a, b in zip(one, many, strict=True))
