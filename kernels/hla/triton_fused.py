@@ -263,26 +263,29 @@ def _chunk_out(q, x, y, g, hs, hs_scale, o, table, scale, T, NT, ROWS,
         start, end = _chunk_bounds(table, i_p, T, NT, BT, IS_VARLEN)
         if start < end:
             _chunk_out_tile(q, x, y, g, hs, hs_scale, o, scale, i_y, i_p, i_h, start, end, H, K, DY, BT, BK, BY,
-                            POWER, HAS_G, PREC, SBY, STATE16)
+                            POWER, HAS_G, PREC, SBY, STATE16, PERSIST)
     else:
         for j in tl.range(0, PERSIST, num_stages=STAGES):
             i_c, start, end = _persistent_chunk(table, i_p, j, ROWS, T, NT, BT, IS_VARLEN)
             _chunk_out_tile(q, x, y, g, hs, hs_scale, o, scale, i_y, i_c, i_h, start, end, H, K, DY, BT, BK, BY,
-                            POWER, HAS_G, PREC, SBY, STATE16)
+                            POWER, HAS_G, PREC, SBY, STATE16, PERSIST)
 
 
 @triton.jit
 def _chunk_out_tile(q, x, y, g, hs, hs_scale, o, scale, i_y, i_c, i_h, start, end,
                     H: tl.constexpr, K: tl.constexpr, DY: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                     BY: tl.constexpr, POWER: tl.constexpr, HAS_G: tl.constexpr, PREC: tl.constexpr,
-                    SBY: tl.constexpr, STATE16: tl.constexpr):
+                    SBY: tl.constexpr, STATE16: tl.constexpr, PERSIST: tl.constexpr):
     """_chunk_out's work for chunk i_c = tokens [start, end) (none when end == start: everything masked)."""
     o_t = start + tl.arange(0, BT)
     m_t = o_t < end
     o_y = i_y * BY + tl.arange(0, BY)
     acc = tl.zeros([BT, BY], dtype=tl.float32)
     scores = tl.zeros([BT, BT], dtype=tl.float32)
-    k_rows = tl.where(start < end, K, 0)  # an empty chunk (a persistent program's extra turn) reads no state
+    if PERSIST > 1:  # a persistent program's extra turn is an empty chunk: it reads no state
+        k_rows = tl.where(start < end, K, 0)
+    else:
+        k_rows = K
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_tk = m_t[:, None] & (o_k[None, :] < K)
@@ -320,19 +323,19 @@ def _pass_dvalues(q, x, do, g, dhs, dhs_scale, dy, table, scale, T, NT, ROWS,
         start, end = _chunk_bounds(table, i_p, T, NT, BT, IS_VARLEN)
         if start < end:
             _pass_dvalues_tile(q, x, do, g, dhs, dhs_scale, dy, scale, i_v, i_p, i_h, start, end, H, K, V, BT, BK, BV,
-                               POWER, HAS_G, PREC, SBY, STATE16)
+                               POWER, HAS_G, PREC, SBY, STATE16, PERSIST)
     else:
         for j in tl.range(0, PERSIST, num_stages=STAGES):
             i_c, start, end = _persistent_chunk(table, i_p, j, ROWS, T, NT, BT, IS_VARLEN)
             _pass_dvalues_tile(q, x, do, g, dhs, dhs_scale, dy, scale, i_v, i_c, i_h, start, end, H, K, V, BT, BK, BV,
-                               POWER, HAS_G, PREC, SBY, STATE16)
+                               POWER, HAS_G, PREC, SBY, STATE16, PERSIST)
 
 
 @triton.jit
 def _pass_dvalues_tile(q, x, do, g, dhs, dhs_scale, dy, scale, i_v, i_c, i_h, start, end,
                        H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                        BV: tl.constexpr, POWER: tl.constexpr, HAS_G: tl.constexpr, PREC: tl.constexpr,
-                       SBY: tl.constexpr, STATE16: tl.constexpr):
+                       SBY: tl.constexpr, STATE16: tl.constexpr, PERSIST: tl.constexpr):
     """_pass_dvalues' work for chunk i_c = tokens [start, end) (none when end == start)."""
     o_t = start + tl.arange(0, BT)
     m_t = o_t < end
@@ -340,7 +343,10 @@ def _pass_dvalues_tile(q, x, do, g, dhs, dhs_scale, dy, scale, i_v, i_c, i_h, st
     m_tv = m_t[:, None] & (o_v[None, :] < V)
     acc = tl.zeros([BT, BV], dtype=tl.float32)
     scores_t = tl.zeros([BT, BT], dtype=tl.float32)  # [j, i] = x_j . q^_i
-    k_rows = tl.where(start < end, K, 0)  # an empty chunk (a persistent program's extra turn) reads no state
+    if PERSIST > 1:  # a persistent program's extra turn is an empty chunk: it reads no state
+        k_rows = tl.where(start < end, K, 0)
+    else:
+        k_rows = K
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_tk = m_t[:, None] & (o_k[None, :] < K)
