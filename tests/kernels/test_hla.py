@@ -701,7 +701,8 @@ def test_fused_launch_option_parsing(monkeypatch):
     assert triton_fused._launch_kwargs("out") == {"num_warps": 8, "num_stages": 2}
     for bad, match in (("out_bk=48", "tile of 16, 32, 64 or 128"), ("dqk_warps=3", "1, 2, 4, 8 or 16 warps"),
                        ("scan_stages=9", "1 to 5 stages"), ("out_by=x", "out_by='x'"),
-                       ("out_maxnreg=100", "multiple of 8 in 64..248")):
+                       ("out_maxnreg=100", "multiple of 8 in 64..248"),
+                       ("out_persist=3", "1, 2, 4, 8 or 16 chunks a program"), ("states16=1,out_by=200", "out_by")):
         monkeypatch.setenv("HILO_HLA", bad)
         with pytest.raises(ValueError, match=match):
             triton_fused._read_options()
