@@ -65,8 +65,11 @@ from .state import STATE_TYPES, decay_powers, split_normalized, with_ones
 # fp32, half the bytes the scans write and the chunk kernels read. The chunk kernels only use those states as tf32
 # dot operands, which keep the same 11 significant bits (truncated where fp16 rounds to nearest); the scans carry
 # the running state in fp32 registers either way, so nothing compounds. fp32 inputs keep fp32 states.
+# HILO_HLA="mid16=1": 16-bit inputs store the inner pass's output (hla2's K~, ahla's V~) as fp16 with a power-of-two
+# scale per token and output column block, as states16 does the states: the outer pass reads it only as tf32 dot
+# operands (and hla2's gate partial once, elementwise), which keep the same 11 bits.
 OPTIONS = {"lowp": False, "lowp_scan": False, "lowp_out": False, "lowp_dvalues": False, "lowp_dqk": False,
-           "fp16": False, "states16": False}
+           "fp16": False, "states16": False, "mid16": False}
 # Launch configuration of each kernel family (HILO_HLA="out_warps=4,out_stages=3,dqk_bv=64", ...; 0 keeps the
 # default of LAUNCH_DEFAULTS): num_warps ("<family>_warps"), num_stages ("<family>_stages") and the tiles the
 # family's loops step by ("scan_by": the scans' state columns, capped at 64 and halved to 32 on small grids by
@@ -182,15 +185,16 @@ def _load_state(hs, hs_scale, base, o_row, o_col, mask, DY: tl.constexpr, SBY: t
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
-def _state_scan(x, y, g, h0, hs, hs_scale, ht, bounds, offsets, x_scale, T, NT,
+def _state_scan(x, y, g, h0, hs, hs_scale, ht, bounds, offsets, x_scale, mid_scale, T, NT,
                 H: tl.constexpr, DX: tl.constexpr, DY: tl.constexpr, BT: tl.constexpr, BX: tl.constexpr,
                 BY: tl.constexpr, POWER: tl.constexpr, REVERSE: tl.constexpr, HAS_G: tl.constexpr,
                 HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
-                STATE16: tl.constexpr):
+                STATE16: tl.constexpr, MID: tl.constexpr, SBM: tl.constexpr):
     """Forward: hs[c] = state entering chunk c, state <- e^{p l_C} state + (x e^{p (l_C - l)})^T y.
     REVERSE: hs[c] = gradient of the state leaving chunk c, state <- e^{p l_C} state + (x_scale x e^{p l})^T y.
     x [TT, H, DX], y [TT, H, DY]; h0 / ht [N, H, DX, DY] (initial and last value), hs [rows, H, DX, DY] fp32, or
-    with STATE16 fp16 times hs_scale [rows, H, DX, cdiv(DY, BY)] (a power of two per row and BY-column block)."""
+    with STATE16 fp16 times hs_scale [rows, H, DX, cdiv(DY, BY)] (a power of two per row and BY-column block).
+    MID 1 / 2: x / y is a mid16 token tensor (fp16 times mid_scale [TT, H, cdiv(D, SBM)]); 0: neither."""
     i_xy, i_nh = tl.program_id(0), tl.program_id(1)
     NY: tl.constexpr = triton.cdiv(DY, BY)
     i_x, i_y = i_xy // NY, i_xy % NY
@@ -219,10 +223,10 @@ def _state_scan(x, y, g, h0, hs, hs_scale, ht, bounds, offsets, x_scale, T, NT,
             tl.store(hs + ((c0 + c) * H + i_h) * DX * DY + xy_off, state, mask=m_xy)
         o_t = bos + c * BT + tl.arange(0, BT)
         m_t = o_t < eos
-        xb = tl.load(x + (o_t[:, None] * H + i_h) * DX + o_x[None, :], mask=m_t[:, None] & (o_x[None, :] < DX),
-                     other=0.0).to(tl.float32)
-        yb = tl.load(y + (o_t[:, None] * H + i_h) * DY + o_y[None, :], mask=m_t[:, None] & (o_y[None, :] < DY),
-                     other=0.0).to(tl.float32)
+        xb = _load_tok(x, mid_scale, o_t[:, None], i_h, o_x[None, :], m_t[:, None] & (o_x[None, :] < DX), H, DX,
+                       SBM, MID == 1).to(tl.float32)
+        yb = _load_tok(y, mid_scale, o_t[:, None], i_h, o_y[None, :], m_t[:, None] & (o_y[None, :] < DY), H, DY,
+                       SBM, MID == 2).to(tl.float32)
         if HAS_G:
             gb = tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32) * POWER
             gc = tl.cumsum(gb, 0)
@@ -240,6 +244,19 @@ def _state_scan(x, y, g, h0, hs, hs_scale, ht, bounds, offsets, x_scale, T, NT,
 
 
 @triton.jit
+def _load_tok(ptr, sptr, o_row, i_h, o_col, mask, H: tl.constexpr, D: tl.constexpr, SB: tl.constexpr,
+              SCALED: tl.constexpr):
+    """A tile of a token tensor [TT, H, D] at tokens o_row and columns o_col (broadcastable index tiles, either
+    orientation), as stored (SCALED False) or as fp32 from fp16 values times the scale of their token and SB-column
+    block (sptr [TT, H, cdiv(D, SB)], mid16)."""
+    x = tl.load(ptr + (o_row * H + i_h) * D + o_col, mask=mask, other=0.0)
+    if SCALED:
+        nb: tl.constexpr = (D + SB - 1) // SB
+        x = x.to(tl.float32) * tl.load(sptr + (o_row * H + i_h) * nb + o_col // SB, mask=mask, other=0.0)
+    return x
+
+
+@triton.jit
 def _persistent_chunk(table, i_p, j, ROWS, T, NT, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
     """(chunk, start, end) of a persistent program's j-th chunk: program i_p of the grid's chunk axis takes chunks
     i_p, i_p + P, i_p + 2P, ... (P programs on that axis, so the programs running together read neighbouring chunks);
@@ -250,32 +267,34 @@ def _persistent_chunk(table, i_p, j, ROWS, T, NT, BT: tl.constexpr, IS_VARLEN: t
 
 
 @triton.jit(do_not_specialize=["T", "NT", "ROWS"])
-def _chunk_out(q, x, y, g, hs, hs_scale, o, table, scale, T, NT, ROWS,
+def _chunk_out(q, x, y, g, hs, hs_scale, o, mid_scale, table, scale, T, NT, ROWS,
                H: tl.constexpr, K: tl.constexpr, DY: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                BY: tl.constexpr, POWER: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr,
                PREC: tl.constexpr, SBY: tl.constexpr, STATE16: tl.constexpr, PERSIST: tl.constexpr,
-               STAGES: tl.constexpr):
+               STAGES: tl.constexpr, MID: tl.constexpr, SBM: tl.constexpr):
     """o = scale (e^{p l} (q hs_in) + (Gamma^(p) * q x^T) y) for one (DY-block, chunk, head), or with PERSIST > 1
     for PERSIST chunks in a loop of STAGES pipelining stages (the next chunk's tiles load during this one's products):
-    q, x [TT, H, K], y [TT, H, DY], hs [rows, H, K, DY] (the state entering each chunk)."""
+    q, x [TT, H, K], y [TT, H, DY], hs [rows, H, K, DY] (the state entering each chunk). MID 1 / 2: x / y is a
+    mid16 token tensor with mid_scale; 3: o is stored as one (fp16, a scale per token and BY-block, SBM = BY)."""
     i_y, i_p, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if PERSIST == 1:
         start, end = _chunk_bounds(table, i_p, T, NT, BT, IS_VARLEN)
         if start < end:
-            _chunk_out_tile(q, x, y, g, hs, hs_scale, o, scale, i_y, i_p, i_h, start, end, H, K, DY, BT, BK, BY,
-                            POWER, HAS_G, PREC, SBY, STATE16, PERSIST)
+            _chunk_out_tile(q, x, y, g, hs, hs_scale, o, mid_scale, scale, i_y, i_p, i_h, start, end, H, K, DY, BT,
+                            BK, BY, POWER, HAS_G, PREC, SBY, STATE16, PERSIST, MID, SBM)
     else:
         for j in tl.range(0, PERSIST, num_stages=STAGES):
             i_c, start, end = _persistent_chunk(table, i_p, j, ROWS, T, NT, BT, IS_VARLEN)
-            _chunk_out_tile(q, x, y, g, hs, hs_scale, o, scale, i_y, i_c, i_h, start, end, H, K, DY, BT, BK, BY,
-                            POWER, HAS_G, PREC, SBY, STATE16, PERSIST)
+            _chunk_out_tile(q, x, y, g, hs, hs_scale, o, mid_scale, scale, i_y, i_c, i_h, start, end, H, K, DY, BT,
+                            BK, BY, POWER, HAS_G, PREC, SBY, STATE16, PERSIST, MID, SBM)
 
 
 @triton.jit
-def _chunk_out_tile(q, x, y, g, hs, hs_scale, o, scale, i_y, i_c, i_h, start, end,
+def _chunk_out_tile(q, x, y, g, hs, hs_scale, o, mid_scale, scale, i_y, i_c, i_h, start, end,
                     H: tl.constexpr, K: tl.constexpr, DY: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                     BY: tl.constexpr, POWER: tl.constexpr, HAS_G: tl.constexpr, PREC: tl.constexpr,
-                    SBY: tl.constexpr, STATE16: tl.constexpr, PERSIST: tl.constexpr):
+                    SBY: tl.constexpr, STATE16: tl.constexpr, PERSIST: tl.constexpr, MID: tl.constexpr,
+                    SBM: tl.constexpr):
     """_chunk_out's work for chunk i_c = tokens [start, end) (none when end == start: everything masked)."""
     o_t = start + tl.arange(0, BT)
     m_t = o_t < end
@@ -290,7 +309,7 @@ def _chunk_out_tile(q, x, y, g, hs, hs_scale, o, scale, i_y, i_c, i_h, start, en
         o_k = i_k * BK + tl.arange(0, BK)
         m_tk = m_t[:, None] & (o_k[None, :] < K)
         qb = tl.load(q + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
-        xb = tl.load(x + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
+        xb = _load_tok(x, mid_scale, o_t[:, None], i_h, o_k[None, :], m_tk, H, K, SBM, MID == 1).to(tl.float32)
         hb = _load_state(hs, hs_scale, (i_c.to(tl.int64) * H + i_h) * K * DY, o_k[:, None], o_y[None, :],
                          (o_k[:, None] < k_rows) & (o_y[None, :] < DY), DY, SBY, STATE16)
         acc += _dot(qb, hb, PREC)
@@ -302,40 +321,47 @@ def _chunk_out_tile(q, x, y, g, hs, hs_scale, o, scale, i_y, i_c, i_h, start, en
         acc *= tl.exp(gc)[:, None]
         scores *= tl.exp(tl.where(causal, gc[:, None] - gc[None, :], float("-inf")))
     scores = tl.where(causal, scores, 0.0)
-    yb = tl.load(y + (o_t[:, None] * H + i_h) * DY + o_y[None, :], mask=m_t[:, None] & (o_y[None, :] < DY),
-                 other=0.0).to(tl.float32)
+    yb = _load_tok(y, mid_scale, o_t[:, None], i_h, o_y[None, :], m_t[:, None] & (o_y[None, :] < DY), H, DY, SBM,
+                   MID == 2).to(tl.float32)
     acc += _dot(scores, yb, PREC)
-    tl.store(o + (o_t[:, None] * H + i_h) * DY + o_y[None, :], (acc * scale).to(o.dtype.element_ty),
+    acc *= scale
+    if MID == 3:  # one scale per token over this program's BY columns
+        s_row, inv_row = _pow2_scales(tl.max(tl.abs(acc), 1))
+        acc *= inv_row[:, None]
+        tl.store(mid_scale + (o_t * H + i_h) * tl.cdiv(DY, BY) + i_y, s_row, mask=m_t)
+    tl.store(o + (o_t[:, None] * H + i_h) * DY + o_y[None, :], acc.to(o.dtype.element_ty),
              mask=m_t[:, None] & (o_y[None, :] < DY))
 
 
 @triton.jit(do_not_specialize=["T", "NT", "ROWS"])
-def _pass_dvalues(q, x, do, g, dhs, dhs_scale, dy, table, scale, T, NT, ROWS,
+def _pass_dvalues(q, x, do, g, dhs, dhs_scale, dy, mid_scale, table, scale, T, NT, ROWS,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                   BV: tl.constexpr, POWER: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr,
                   PREC: tl.constexpr, SBY: tl.constexpr, STATE16: tl.constexpr, PERSIST: tl.constexpr,
-                  STAGES: tl.constexpr):
+                  STAGES: tl.constexpr, MID: tl.constexpr, SBM: tl.constexpr):
     """dY of one pass O = LA(Q^, X, Y; p g) for one (V-block, chunk, head), given dO and dS_out (the gradient of
     the state leaving each chunk, dhs [rows, H, K, V] fp32):  dy = e^{p (l_C - l)} (X dS_out) + (Gamma * Q^ X^T)^T dO.
-    q, x [TT, H, K], do, dy [TT, H, V]. PERSIST > 1: PERSIST chunks a program, as _chunk_out."""
+    q, x [TT, H, K], do, dy [TT, H, V]. PERSIST > 1: PERSIST chunks a program, as _chunk_out. MID 1: x is a mid16
+    token tensor with mid_scale."""
     i_v, i_p, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if PERSIST == 1:
         start, end = _chunk_bounds(table, i_p, T, NT, BT, IS_VARLEN)
         if start < end:
-            _pass_dvalues_tile(q, x, do, g, dhs, dhs_scale, dy, scale, i_v, i_p, i_h, start, end, H, K, V, BT, BK, BV,
-                               POWER, HAS_G, PREC, SBY, STATE16, PERSIST)
+            _pass_dvalues_tile(q, x, do, g, dhs, dhs_scale, dy, mid_scale, scale, i_v, i_p, i_h, start, end, H, K, V,
+                               BT, BK, BV, POWER, HAS_G, PREC, SBY, STATE16, PERSIST, MID, SBM)
     else:
         for j in tl.range(0, PERSIST, num_stages=STAGES):
             i_c, start, end = _persistent_chunk(table, i_p, j, ROWS, T, NT, BT, IS_VARLEN)
-            _pass_dvalues_tile(q, x, do, g, dhs, dhs_scale, dy, scale, i_v, i_c, i_h, start, end, H, K, V, BT, BK, BV,
-                               POWER, HAS_G, PREC, SBY, STATE16, PERSIST)
+            _pass_dvalues_tile(q, x, do, g, dhs, dhs_scale, dy, mid_scale, scale, i_v, i_c, i_h, start, end, H, K, V,
+                               BT, BK, BV, POWER, HAS_G, PREC, SBY, STATE16, PERSIST, MID, SBM)
 
 
 @triton.jit
-def _pass_dvalues_tile(q, x, do, g, dhs, dhs_scale, dy, scale, i_v, i_c, i_h, start, end,
+def _pass_dvalues_tile(q, x, do, g, dhs, dhs_scale, dy, mid_scale, scale, i_v, i_c, i_h, start, end,
                        H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                        BV: tl.constexpr, POWER: tl.constexpr, HAS_G: tl.constexpr, PREC: tl.constexpr,
-                       SBY: tl.constexpr, STATE16: tl.constexpr, PERSIST: tl.constexpr):
+                       SBY: tl.constexpr, STATE16: tl.constexpr, PERSIST: tl.constexpr, MID: tl.constexpr,
+                       SBM: tl.constexpr):
     """_pass_dvalues' work for chunk i_c = tokens [start, end) (none when end == start)."""
     o_t = start + tl.arange(0, BT)
     m_t = o_t < end
@@ -350,7 +376,7 @@ def _pass_dvalues_tile(q, x, do, g, dhs, dhs_scale, dy, scale, i_v, i_c, i_h, st
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_tk = m_t[:, None] & (o_k[None, :] < K)
-        xb = tl.load(x + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
+        xb = _load_tok(x, mid_scale, o_t[:, None], i_h, o_k[None, :], m_tk, H, K, SBM, MID == 1).to(tl.float32)
         q_t = tl.load(q + (o_t[None, :] * H + i_h) * K + o_k[:, None], mask=m_tk.T, other=0.0).to(tl.float32)
         dsb = _load_state(dhs, dhs_scale, (i_c.to(tl.int64) * H + i_h) * K * V, o_k[:, None], o_v[None, :],
                           (o_k[:, None] < k_rows) & (o_v[None, :] < V), V, SBY, STATE16)
@@ -370,16 +396,17 @@ def _pass_dvalues_tile(q, x, do, g, dhs, dhs_scale, dy, scale, i_v, i_c, i_h, st
 
 
 @triton.jit(do_not_specialize=["T", "NT", "TT"])
-def _pass_dqk(q, x, y, g, do, hs, hs_scale, dhs, dhs_scale, dq_prev, dx_prev, dq, dx, r_parts, table, scale, T,
-              NT, TT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-              BV: tl.constexpr, POWER: tl.constexpr, HAS_G: tl.constexpr, HAS_PREV: tl.constexpr,
-              IS_VARLEN: tl.constexpr, PREC: tl.constexpr, SBY: tl.constexpr, STATE16: tl.constexpr):
+def _pass_dqk(q, x, y, g, do, hs, hs_scale, dhs, dhs_scale, dq_prev, dx_prev, dq, dx, r_parts, mid_scale, table,
+              scale, T, NT, TT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+              BK: tl.constexpr, BV: tl.constexpr, POWER: tl.constexpr, HAS_G: tl.constexpr, HAS_PREV: tl.constexpr,
+              IS_VARLEN: tl.constexpr, PREC: tl.constexpr, SBY: tl.constexpr, STATE16: tl.constexpr,
+              MID: tl.constexpr, SBM: tl.constexpr):
     """dq, dX (X as keys) and the gate partial p (q^.dq^ - x.dx) of one pass O = LA(Q^, X, Y; p g) for one
     (K-block, chunk, head), given dO; with HAS_PREV, dq_prev and dx_prev are added (a later pass's partials, or
     X's gradient from its other role). With dA = Gamma * (dO Y^T):
         dq^ = e^{p l} (dO S_in^T) + dA X,     dx = e^{p (l_C - l)} (Y dS_out^T) + dA^T Q^.
     hs / dhs [rows, H, K, V] fp32: the state entering and the gradient of the state leaving each chunk; the gate
-    partial of K-block i goes to r_parts[i] [TT, H]."""
+    partial of K-block i goes to r_parts[i] [TT, H]. MID 1 / 2: x / y is a mid16 token tensor with mid_scale."""
     i_k, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     start, end = _chunk_bounds(table, i_c, T, NT, BT, IS_VARLEN)
     if start >= end:
@@ -397,8 +424,8 @@ def _pass_dqk(q, x, y, g, do, hs, hs_scale, dhs, dhs_scale, dq_prev, dx_prev, dq
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = m_t[:, None] & (o_v[None, :] < V)
         dob = tl.load(do + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
-        yb = tl.load(y + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
-        y_t = tl.load(y + (o_t[None, :] * H + i_h) * V + o_v[:, None], mask=m_tv.T, other=0.0).to(tl.float32)
+        yb = _load_tok(y, mid_scale, o_t[:, None], i_h, o_v[None, :], m_tv, H, V, SBM, MID == 2).to(tl.float32)
+        y_t = _load_tok(y, mid_scale, o_t[None, :], i_h, o_v[:, None], m_tv.T, H, V, SBM, MID == 2).to(tl.float32)
         # states as [BV, BK] tiles (transposed addressing)
         m_vk = (o_v[:, None] < V) & (o_k[None, :] < K)
         sb_t = _load_state(hs, hs_scale, state_base, o_k[None, :], o_v[:, None], m_vk, V, SBY, STATE16)
@@ -415,7 +442,7 @@ def _pass_dqk(q, x, y, g, do, hs, hs_scale, dhs, dhs_scale, dq_prev, dx_prev, dq
         acc_x *= tl.exp(tl.sum(gb, 0) - gc)[:, None]
         d_scores *= tl.exp(tl.where(causal, gc[:, None] - gc[None, :], float("-inf")))
     d_scores = tl.where(causal, d_scores, 0.0)
-    xb = tl.load(x + tok_k, mask=m_tk, other=0.0).to(tl.float32)
+    xb = _load_tok(x, mid_scale, o_t[:, None], i_h, o_k[None, :], m_tk, H, K, SBM, MID == 1).to(tl.float32)
     acc_q += _dot(d_scores, xb, PREC)
     qh = tl.load(q + tok_k, mask=m_tk, other=0.0).to(tl.float32) * scale
     acc_x += _dot(tl.trans(d_scores), qh, PREC)
@@ -458,6 +485,33 @@ class ChunkStates(NamedTuple):
         return {"SBY": self.by if half else 16, "STATE16": half}
 
 
+class MidTokens(NamedTuple):
+    """The inner pass's output (hla2's K~, ahla's V~): values [TT, H, D], fp32, or fp16 times scales [TT, H,
+    cdiv(D, sb)] (mid16; scales None otherwise), sb: the producing _chunk_out's column block."""
+    values: torch.Tensor
+    scales: Optional[torch.Tensor]  # noqa: UP045
+    sb: int
+
+
+def _mid_args(mid: Optional[MidTokens], role: int, placeholder: torch.Tensor) -> tuple:  # noqa: UP045
+    """(mid_scale argument, {"MID", "SBM"}) of a launch in which `mid` plays `role` (1: x, 2: y; 0 or an fp32 mid:
+    an ordinary launch)."""
+    if mid is None or mid.scales is None or role == 0:
+        return placeholder, {"MID": 0, "SBM": 16}
+    return mid.scales, {"MID": role, "SBM": mid.sb}
+
+
+def _mid16(q: torch.Tensor) -> bool:
+    """Whether inputs of q's dtype store the inner pass's output as scaled fp16 (OPTIONS["mid16"]; 16-bit only)."""
+    return bool(OPTIONS["mid16"]) and q.dtype != torch.float32
+
+
+def _block_from_shapes(d: int, nb: int) -> int:
+    """The column block (a power of two >= 16) that split d columns into nb scale columns: next_pow2(ceil(d / nb))
+    maps every column to the same block as the producer's did (see test_states16_column_block_from_shapes)."""
+    return max(16, triton.next_power_of_2(triton.cdiv(d, nb)))
+
+
 def _states16(q: torch.Tensor) -> bool:
     """Whether inputs of q's dtype store their per-chunk states as scaled fp16 (OPTIONS["states16"]; 16-bit only)."""
     return bool(OPTIONS["states16"]) and q.dtype != torch.float32
@@ -468,14 +522,13 @@ def _states_from(values: torch.Tensor, scales: torch.Tensor) -> ChunkStates:
     shapes (by is a power of two >= 16 and the scales have cdiv(DY, by) columns, so by = next_pow2(ceil(DY / ny)))."""
     if scales.numel() == 0:
         return ChunkStates(values, None, 16)
-    dy, ny = values.shape[-1], scales.shape[-1]
-    return ChunkStates(values, scales, max(16, triton.next_power_of_2(triton.cdiv(dy, ny))))
+    return ChunkStates(values, scales, _block_from_shapes(values.shape[-1], scales.shape[-1]))
 
 
 def _scan(x, y, g, power, h0, lay: Layout, reverse: bool, x_scale: float, store_last: bool, prec: str,
-          half: bool = False):
+          half: bool = False, mid: Optional[MidTokens] = None, role: int = 0):  # noqa: UP045
     """Per-chunk states (ChunkStates: fp32, or scaled fp16 with `half`) and the last state [N, H, DX, DY] fp32 (or
-    None)."""
+    None); mid (role 1: it is x, 2: y) a mid16 MidTokens read as such."""
     dx, dy = x.shape[-1], y.shape[-1]
     h = lay.heads
     bx, by = _scan_blocks(dx, dy, lay.n * h)
@@ -483,41 +536,55 @@ def _scan(x, y, g, power, h0, lay: Layout, reverse: bool, x_scale: float, store_
     scales = torch.empty(lay.rows, h, dx, triton.cdiv(dy, by), device=x.device, dtype=torch.float32) if half else None
     ht = torch.empty(lay.n, h, dx, dy, device=x.device, dtype=torch.float32) if store_last else None
     grid = (triton.cdiv(dx, bx) * triton.cdiv(dy, by), lay.n * h)
+    mid_scale, mid_consts = _mid_args(mid, role, x)
     _state_scan[grid](x, y, g if g is not None else x, h0 if h0 is not None else hs, hs,
                       scales if half else hs, ht if ht is not None else hs, lay.bounds, lay.offsets, x_scale,
-                      lay.seqlen, lay.nt, H=h, DX=dx, DY=dy, BT=BT, BX=bx, BY=by, POWER=power, REVERSE=reverse,
-                      HAS_G=g is not None, HAS_H0=h0 is not None, STORE_HT=store_last, IS_VARLEN=lay.varlen,
-                      PREC=prec, STATE16=half, **_launch_kwargs("scan"))
+                      mid_scale, lay.seqlen, lay.nt, H=h, DX=dx, DY=dy, BT=BT, BX=bx, BY=by, POWER=power,
+                      REVERSE=reverse, HAS_G=g is not None, HAS_H0=h0 is not None, STORE_HT=store_last,
+                      IS_VARLEN=lay.varlen, PREC=prec, STATE16=half, **mid_consts, **_launch_kwargs("scan"))
     return ChunkStates(hs, scales, by), ht
 
 
-def _out(q, x, y, g, power, hs: ChunkStates, scale, lay: Layout, out_dtype, prec):
+def _out(q, x, y, g, power, hs: ChunkStates, scale, lay: Layout, out_dtype, prec,
+         mid: Optional[MidTokens] = None, role: int = 0, store_mid16: bool = False):  # noqa: UP045
+    """The chunk outputs of one pass [TT, H, DY] in out_dtype; mid (role 1: it is x, 2: y) a mid16 MidTokens read as
+    such; store_mid16: the output is the inner pass's, stored as scaled fp16 (returned as MidTokens)."""
     dk, dy = q.shape[-1], y.shape[-1]
-    o = torch.empty(*y.shape, device=y.device, dtype=out_dtype)
     by = _pow2(dy, hi=_launch("out_by"))
+    o = torch.empty(*y.shape, device=y.device, dtype=torch.float16 if store_mid16 else out_dtype)
+    if store_mid16:
+        produced = MidTokens(o, torch.empty(*y.shape[:-1], triton.cdiv(dy, by), device=y.device,
+                                            dtype=torch.float32), by)
+        mid_scale, mid_consts = produced.scales, {"MID": 3, "SBM": by}
+    else:
+        mid_scale, mid_consts = _mid_args(mid, role, x)
     persist = _launch("out_persist")
     grid = (triton.cdiv(dy, by), triton.cdiv(lay.rows, persist), lay.heads)
-    _chunk_out[grid](q, x, y, g if g is not None else q, *hs.kernel_args(), o, lay.table, scale, lay.seqlen, lay.nt,
-                     lay.rows, H=lay.heads, K=dk, DY=dy, BT=BT, BK=_pow2(dk, hi=_launch("out_bk")), BY=by,
-                     POWER=power, HAS_G=g is not None, IS_VARLEN=lay.varlen, PREC=prec, **hs.kernel_consts(),
-                     PERSIST=persist, STAGES=_launch("out_stages"), **_launch_kwargs("out"))
-    return o
+    _chunk_out[grid](q, x, y, g if g is not None else q, *hs.kernel_args(), o, mid_scale, lay.table, scale,
+                     lay.seqlen, lay.nt, lay.rows, H=lay.heads, K=dk, DY=dy, BT=BT,
+                     BK=_pow2(dk, hi=_launch("out_bk")), BY=by, POWER=power, HAS_G=g is not None,
+                     IS_VARLEN=lay.varlen, PREC=prec, **hs.kernel_consts(), PERSIST=persist,
+                     STAGES=_launch("out_stages"), **mid_consts, **_launch_kwargs("out"))
+    return produced if store_mid16 else o
 
 
 def _pass_grads(q, x, y, g, do, hs: ChunkStates, dhs: ChunkStates, power, scale, lay: Layout, dtypes, prev=None,
-                dy=None):
+                dy=None, mid: Optional[MidTokens] = None, role: int = 0):  # noqa: UP045
     """(dq, dx, dy, gate partial or None) of one pass O = LA(Q^, X, Y; p g), in dtypes (dq, dx, dy); prev: the
-    (dq, dx, gate partial) to add (a later pass's, or X's gradient from its other role); dy: a buffer for dY."""
+    (dq, dx, gate partial) to add (a later pass's, or X's gradient from its other role); dy: a buffer for dY;
+    mid (role 1: it is X, 2: Y) a mid16 MidTokens read as such."""
     dk, dv = q.shape[-1], y.shape[-1]
     h = lay.heads
     gate = g if g is not None else q
     dy = torch.empty(y.shape, device=q.device, dtype=dtypes[2]) if dy is None else dy
     bk, bv = _pow2(dk, hi=_launch("dvalues_bk")), _pow2(dv, hi=_launch("dvalues_bv"))
     persist = _launch("dvalues_persist")
+    mid_scale, mid_consts = _mid_args(mid, role if role == 1 else 0, x)  # _pass_dvalues reads no Y
     _pass_dvalues[(triton.cdiv(dv, bv), triton.cdiv(lay.rows, persist), h)](
-        q, x, do, gate, *dhs.kernel_args(), dy, lay.table, scale, lay.seqlen, lay.nt, lay.rows, H=h, K=dk, V=dv, BT=BT,
-        BK=bk, BV=bv, POWER=power, HAS_G=g is not None, IS_VARLEN=lay.varlen, PREC=_precision(q, "dvalues"),
-        **dhs.kernel_consts(), PERSIST=persist, STAGES=_launch("dvalues_stages"), **_launch_kwargs("dvalues"))
+        q, x, do, gate, *dhs.kernel_args(), dy, mid_scale, lay.table, scale, lay.seqlen, lay.nt, lay.rows, H=h, K=dk,
+        V=dv, BT=BT, BK=bk, BV=bv, POWER=power, HAS_G=g is not None, IS_VARLEN=lay.varlen,
+        PREC=_precision(q, "dvalues"), **dhs.kernel_consts(), PERSIST=persist, STAGES=_launch("dvalues_stages"),
+        **mid_consts, **_launch_kwargs("dvalues"))
     dq, dx = (torch.empty(t.shape, device=q.device, dtype=d) for t, d in zip((q, x), dtypes[:2], strict=True))
     bk = _pow2(dk, hi=_launch("dqk_bk"))
     bv = _pow2(dv, hi=OPTIONS["dqk_bv"]) if OPTIONS["dqk_bv"] else 32
@@ -526,12 +593,13 @@ def _pass_grads(q, x, y, g, do, hs: ChunkStates, dhs: ChunkStates, power, scale,
     dq_prev, dx_prev, r_prev = prev if prev is not None else (dq, dx, None)
     # the forward and the backward scans of one pass have the same (DX, DY) and programs, hence the same blocks
     assert hs.kernel_consts() == dhs.kernel_consts(), (hs.kernel_consts(), dhs.kernel_consts())
+    mid_scale, mid_consts = _mid_args(mid, role, x)
     _pass_dqk[(nk, lay.rows, h)](q, x, y, gate, do, *hs.kernel_args(), *dhs.kernel_args(), dq_prev, dx_prev, dq, dx,
-                                 r_parts if r_parts is not None else dq, lay.table, scale, lay.seqlen, lay.nt,
-                                 lay.total, H=h, K=dk, V=dv, BT=BT, BK=bk, BV=bv,
+                                 r_parts if r_parts is not None else dq, mid_scale, lay.table, scale, lay.seqlen,
+                                 lay.nt, lay.total, H=h, K=dk, V=dv, BT=BT, BK=bk, BV=bv,
                                  POWER=power, HAS_G=g is not None, HAS_PREV=prev is not None,
                                  IS_VARLEN=lay.varlen, PREC=_precision(q, "dqk"), **hs.kernel_consts(),
-                                 **_launch_kwargs("dqk"))
+                                 **mid_consts, **_launch_kwargs("dqk"))
     r = None
     if g is not None:
         r = r_parts.sum(0) if r_prev is None else r_parts.sum(0) + r_prev
@@ -559,17 +627,21 @@ def _final_state_gate_terms(r, finals, d_finals, powers, lay: Layout):
 def fused_fwd(op, q, k, v, g, scale, powers, h0, lay: Layout, store_final: bool, out_dtype):
     """q, k [TT, H, K], v [TT, H, V] contiguous, g [TT, H] fp32 or None, h0 (inner, outer) initial states or
     (None, None) -> (o [TT, H, V] in out_dtype, (inner, outer) final states (fp32 or None), saved), saved =
-    (the inner pass's output K~ or V~ (fp32), the inner and outer ChunkStates), for the backward.
+    (the inner pass's output K~ or V~ (MidTokens), the inner and outer ChunkStates), for the backward.
     hla2: K~ = LA(Q^, K, K; a g), O = LA(Q^, K~, V; b g);  ahla: V~ = LA(Q^, K, V; g), O = LA(Q^, K, V~; g)."""
     p_in, p_out = powers
     prec, prec_out = _precision(q, "scan"), _precision(q, "out")
     inner_value = k if op == "hla2" else v
     half = _states16(q)
     in_states, in_last = _scan(k, inner_value, g, p_in, h0[0], lay, False, 1.0, store_final, prec, half)
-    mid = _out(q, k, inner_value, g, p_in, in_states, scale, lay, torch.float32, prec_out)
-    outer_key, outer_value = (mid, v) if op == "hla2" else (k, mid)
-    out_states, out_last = _scan(outer_key, outer_value, g, p_out, h0[1], lay, False, 1.0, store_final, prec, half)
-    o = _out(q, outer_key, outer_value, g, p_out, out_states, scale, lay, out_dtype, prec_out)
+    mid = _out(q, k, inner_value, g, p_in, in_states, scale, lay, torch.float32, prec_out, store_mid16=_mid16(q))
+    if not isinstance(mid, MidTokens):
+        mid = MidTokens(mid, None, 16)
+    role = 1 if op == "hla2" else 2  # K~ is the outer pass's key, V~ its value
+    outer_key, outer_value = (mid.values, v) if op == "hla2" else (k, mid.values)
+    out_states, out_last = _scan(outer_key, outer_value, g, p_out, h0[1], lay, False, 1.0, store_final, prec, half,
+                                 mid=mid, role=role)
+    o = _out(q, outer_key, outer_value, g, p_out, out_states, scale, lay, out_dtype, prec_out, mid=mid, role=role)
     return o, (in_last, out_last), (mid, in_states, out_states)
 
 
@@ -584,16 +656,16 @@ def fused_bwd(op, q, k, v, g, saved, finals, do, d_finals, scale, powers, lay: L
     if op == "hla2":
         # outer pass: keys K~, values V;  then the inner pass K~ = LA(Q^, K, K), whose k is key and value: its
         # value gradient (written first) is added to its key gradient
-        dq_outer, dmid, dv, r = _pass_grads(q, mid, v, g, do, out_states, d_out_states, p_out, scale, lay,
-                                            (f32, f32, v.dtype))
+        dq_outer, dmid, dv, r = _pass_grads(q, mid.values, v, g, do, out_states, d_out_states, p_out, scale, lay,
+                                            (f32, f32, v.dtype), mid=mid, role=1)
         d_in_states, d_in_h0 = _scan(q, dmid, g, p_in, d_finals[0], lay, True, scale, need_h0, prec, half)
         dk_as_value = torch.empty(k.shape, device=k.device, dtype=f32)
         dq, dk, _, r_all = _pass_grads(q, k, k, g, dmid, in_states, d_in_states, p_in, scale, lay,
                                        (q.dtype, k.dtype, f32), prev=(dq_outer, dk_as_value, r), dy=dk_as_value)
     else:
         # outer pass: keys K, values V~;  then the inner pass V~ = LA(Q^, K, V), adding the outer partials
-        dq_outer, dk_outer, dmid, r = _pass_grads(q, k, mid, g, do, out_states, d_out_states, p_out, scale, lay,
-                                                  (f32, f32, f32))
+        dq_outer, dk_outer, dmid, r = _pass_grads(q, k, mid.values, g, do, out_states, d_out_states, p_out, scale,
+                                                  lay, (f32, f32, f32), mid=mid, role=2)
         d_in_states, d_in_h0 = _scan(q, dmid, g, p_in, d_finals[0], lay, True, scale, need_h0, prec, half)
         dq, dk, dv, r_all = _pass_grads(q, k, v, g, dmid, in_states, d_in_states, p_in, scale, lay,
                                         (q.dtype, k.dtype, v.dtype), prev=(dq_outer, dk_outer, r))
@@ -604,17 +676,17 @@ def fused_bwd(op, q, k, v, g, saved, finals, do, d_finals, scale, powers, lay: L
 
 
 def _saved_tensors(saved) -> tuple:
-    """fused_fwd's saved (mid, inner ChunkStates, outer ChunkStates) as 5 tensors (no scales: an empty tensor)."""
-    mid, *states = saved
-    out = [mid]
-    for st in states:
-        out += [st.values, st.scales if st.scales is not None else st.values.new_empty(0, dtype=torch.float32)]
-    return tuple(out)
+    """fused_fwd's saved (MidTokens, inner ChunkStates, outer ChunkStates) as 6 tensors, each values and scales (no
+    scales: an empty tensor)."""
+    return tuple(t for part in saved for t in
+                 (part.values, part.scales if part.scales is not None else part.values.new_empty(0, dtype=torch.float32)))
 
 
 def _saved_from(tensors) -> tuple:
-    """The inverse of _saved_tensors."""
-    mid, in_values, in_scales, out_values, out_scales = tensors
+    """The inverse of _saved_tensors (the column blocks follow from the shapes)."""
+    mid, mid_scales, in_values, in_scales, out_values, out_scales = tensors
+    mid = (MidTokens(mid, None, 16) if mid_scales.numel() == 0 else
+           MidTokens(mid, mid_scales, _block_from_shapes(mid.shape[-1], mid_scales.shape[-1])))
     return mid, _states_from(in_values, in_scales), _states_from(out_values, out_scales)
 
 
@@ -644,7 +716,7 @@ class FusedFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, d_final_inner, d_final_outer):
         qf, kf, vf, gf, *rest = ctx.saved_tensors
-        saved, finals = _saved_from(rest[:5]), rest[5:]
+        saved, finals = _saved_from(rest[:6]), rest[6:]
         b, t, h, dk, dv = ctx.shape
         do = do.reshape(b * t, h, dv).contiguous()
         d_finals = tuple(None if x is None else x.contiguous().float() for x in (d_final_inner, d_final_outer))
@@ -664,10 +736,12 @@ class FusedFunction(torch.autograd.Function):
 @dense_outputs
 def _hla_fused_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],  # noqa: UP045
                   op: str, scale: float, p_in: int, p_out: int, out_fp32: bool
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                             torch.Tensor]:
     """(o [B, T, H, V] in v's dtype, or fp32 with out_fp32; the inner output K~ [B*T, H, K] (hla2) or V~ [B*T, H, V]
-    (ahla), fp32; the inner chunk states [rows, H, K, K or V] and their scales, the outer ones [rows, H, K, V] and
-    theirs: fp32 states and empty scales, or with states16 fp16 states and fp32 scales (ChunkStates))."""
+    (ahla) and its scales: fp32 and empty, or with mid16 fp16 and fp32 (MidTokens); the inner chunk states [rows, H,
+    K, K or V] and their scales, the outer ones [rows, H, K, V] and theirs: fp32 states and empty scales, or with
+    states16 fp16 states and fp32 scales (ChunkStates))."""
     qf, kf, vf, gf, lay = _flat(q, k, v, g)
     o, _, saved = fused_fwd(op, qf, kf, vf, gf, scale, (p_in, p_out), (None, None), lay, False,
                             torch.float32 if out_fp32 else v.dtype)
@@ -688,22 +762,25 @@ def _(q, k, v, g, op, scale, p_in, p_out, out_fp32):
         return (q.new_empty(rows, h, dk, dy, dtype=torch.float16 if half else f32),
                 q.new_empty((rows, h, dk, triton.cdiv(dy, by)) if half else (0,), dtype=f32))
 
-    return (v.new_empty(v.shape, dtype=f32 if out_fp32 else v.dtype), q.new_empty(b * t, h, inner, dtype=f32),
-            *states(inner), *states(dv))
+    mid16 = _mid16(q)
+    by = _pow2(inner, hi=_launch("out_by"))
+    return (v.new_empty(v.shape, dtype=f32 if out_fp32 else v.dtype),
+            q.new_empty(b * t, h, inner, dtype=torch.float16 if mid16 else f32),
+            q.new_empty((b * t, h, triton.cdiv(inner, by)) if mid16 else (0,), dtype=f32), *states(inner), *states(dv))
 
 
 @torch.library.custom_op("hilo::hla_fused_backward", mutates_args=())
 @dense_outputs
 def _hla_fused_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                           g: Optional[torch.Tensor], mid: torch.Tensor, in_states: torch.Tensor,  # noqa: UP045
-                           in_scales: torch.Tensor, out_states: torch.Tensor, out_scales: torch.Tensor, op: str,
-                           scale: float, p_in: int, p_out: int
+                           g: Optional[torch.Tensor], mid: torch.Tensor, mid_scales: torch.Tensor,  # noqa: UP045
+                           in_states: torch.Tensor, in_scales: torch.Tensor, out_states: torch.Tensor,
+                           out_scales: torch.Tensor, op: str, scale: float, p_in: int, p_out: int
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv in their inputs' dtypes, dg in g's dtype (empty without g))."""
     qf, kf, vf, gf, lay = _flat(q, k, v, g)
     b, t, h, _ = q.shape
     dof = do.reshape(b * t, h, do.shape[-1]).contiguous()
-    saved = _saved_from((mid, in_states, in_scales, out_states, out_scales))
+    saved = _saved_from((mid, mid_scales, in_states, in_scales, out_states, out_scales))
     dq, dk, dv, dg, _ = fused_bwd(op, qf, kf, vf, gf, saved, (None, None), dof, (None, None), scale, (p_in, p_out), lay,
                                   need_h0=False)
     dg = q.new_empty(0, dtype=torch.float32) if g is None else dg.reshape(g.shape).to(g.dtype)
@@ -711,7 +788,7 @@ def _hla_fused_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
 
 
 @_hla_fused_backward_op.register_fake
-def _(do, q, k, v, g, mid, in_states, in_scales, out_states, out_scales, op, scale, p_in, p_out):
+def _(do, q, k, v, g, mid, mid_scales, in_states, in_scales, out_states, out_scales, op, scale, p_in, p_out):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             q.new_empty(0, dtype=torch.float32) if g is None else g.new_empty(g.shape))
 

@@ -390,13 +390,15 @@ BF16_TOLS = dict(zip(["o", "dq", "dk", "dv", "dg"], [5e-3, 1e-2, 1e-2, 1e-2, 2e-
 
 def _option_against_tf32(monkeypatch, op, case, option):
     """({quantity: (error with HILO_HLA's boolean `option` on, error of the defaults)} against the float64
-    recurrence, the option's o, the defaults' o) for bf16 inputs `case`; every other option off."""
+    recurrence, the option's o, the defaults' o) for bf16 inputs `case`; every other option off. `option`: one name,
+    or several joined by "+" (all on together)."""
     from kernels.hla import triton_fused
 
     ref = _run_with_grads(op, "naive", torch.float64, case)
     runs = {}
     for on in (True, False):
-        monkeypatch.setattr(triton_fused, "OPTIONS", {**dict.fromkeys(triton_fused.OPTIONS, False), option: on})
+        monkeypatch.setattr(triton_fused, "OPTIONS", {**dict.fromkeys(triton_fused.OPTIONS, False),
+                                                      **dict.fromkeys(option.split("+"), on)})
         runs[on] = _run_with_grads(op, "fused", torch.bfloat16, case)
     errors = {name: (error_ratio(a, r), error_ratio(b, r)) for name, a, b, r in
               zip(BF16_TOLS, runs[True], runs[False], ref, strict=True)}
@@ -859,13 +861,15 @@ def test_fused_backend_errors():
 @pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
 @pytest.mark.parametrize("op", ["hla2", "ahla"])
 @pytest.mark.parametrize("value_scale", [1.0, 1e6, 1e-6])
-def test_fused_states16(monkeypatch, op, value_scale):
-    """HILO_HLA=states16=1 (per-chunk states stored as fp16 with a power-of-two scale per row and column block):
-    bf16 inputs against the float64 recurrence within SPEC §2's bf16 tolerances and within 1.25x of the fp32-state
-    run's error plus 2e-4 (one rounding to 11 significant bits of an operand the GPU truncates to 11 bits anyway),
-    for values 1e6 and 1e-6 times as large too (unscaled fp16 states overflow at 1e6 and lose the 1e-6 ones'
-    bits). The option is in effect (o differs)."""
-    errors, half, full = _option_against_tf32(monkeypatch, op, _bf16_case(81, value_scale), "states16")
+@pytest.mark.parametrize("option", ["states16", "mid16", "states16+mid16"])
+def test_fused_states16(monkeypatch, op, value_scale, option):
+    """HILO_HLA=states16=1 (per-chunk states stored as fp16 with a power-of-two scale per row and column block),
+    mid16=1 (the inner pass's output K~ / V~ likewise, a scale per token and column block) and both: bf16 inputs
+    against the float64 recurrence within SPEC §2's bf16 tolerances and within 1.25x of the fp32 run's error plus
+    2e-4 (one rounding to 11 significant bits of an operand the GPU truncates to 11 bits anyway), for values 1e6 and
+    1e-6 times as large too (unscaled fp16 overflows at 1e6 and loses the 1e-6 ones' bits). The option is in effect
+    (o differs)."""
+    errors, half, full = _option_against_tf32(monkeypatch, op, _bf16_case(81, value_scale), option)
     for name, tol in BF16_TOLS.items():
         s16_err, f32_err = errors[name]
         assert s16_err <= tol and s16_err <= 1.25 * f32_err + 2e-4, f"{op} {name}: {s16_err:.2e} ({f32_err:.2e})"
@@ -874,9 +878,10 @@ def test_fused_states16(monkeypatch, op, value_scale):
 
 @pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
 def test_fused_states16_paths_and_dtypes(monkeypatch):
-    """states16 through both entry points: the custom op pair (no states) and the autograd.Function (a final state
-    asked for) give the same output and gradients (their saved fp16 states and scales travel intact); fp32 inputs
-    ignore the option (bit-identical to the fp32 states); the stored states are fp16 with scales for bf16 inputs."""
+    """states16 and mid16 through both entry points: the custom op pair (no states) and the autograd.Function (a
+    final state asked for) give the same output and gradients (their saved fp16 tensors and scales travel intact);
+    fp32 inputs ignore the options (bit-identical to fp32 storage); for bf16 inputs the stored states and K~ are
+    fp16 with scales."""
     from kernels.hla import triton_fused
 
     q, k, v, g, do = _bf16_case(83)
@@ -888,15 +893,16 @@ def test_fused_states16_paths_and_dtypes(monkeypatch):
         o, _ = hla2(*leaves, backend="fused", output_final_state=final)
         return [x.double().cpu() for x in (o, *torch.autograd.grad((o.double() * do.to(dev)).sum(), leaves))]
 
-    monkeypatch.setattr(triton_fused, "OPTIONS", {**triton_fused.OPTIONS, "states16": True})
+    monkeypatch.setattr(triton_fused, "OPTIONS", {**triton_fused.OPTIONS, "states16": True, "mid16": True})
     op_path, fn_path, fp32_on = run(torch.bfloat16, False), run(torch.bfloat16, True), run(torch.float32, False)
     assert all(torch.equal(a, b) for a, b in zip(op_path, fn_path, strict=True))
     qf, kf, vf, gf, lay = triton_fused._flat(*(x.to(dev, torch.bfloat16) for x in (q, k, v)), g.to(dev).float())
-    _, _, (_, inner, outer) = triton_fused.fused_fwd("hla2", qf, kf, vf, gf, 1.0, (2, 1), (None, None), lay, False,
-                                                     torch.bfloat16)
+    _, _, (mid, inner, outer) = triton_fused.fused_fwd("hla2", qf, kf, vf, gf, 1.0, (2, 1), (None, None), lay, False,
+                                                       torch.bfloat16)
     assert inner.values.dtype == outer.values.dtype == torch.float16 and inner.scales.dtype == torch.float32
     assert inner.scales.shape == (lay.rows, 2, 32, -(-32 // inner.by))
-    monkeypatch.setattr(triton_fused, "OPTIONS", {**triton_fused.OPTIONS, "states16": False})
+    assert mid.values.dtype == torch.float16 and mid.scales.shape == (130, 2, -(-32 // mid.sb))
+    monkeypatch.setattr(triton_fused, "OPTIONS", {**triton_fused.OPTIONS, "states16": False, "mid16": False})
     assert all(torch.equal(a, b) for a, b in zip(fp32_on, run(torch.float32, False), strict=True))
 
 
@@ -915,15 +921,16 @@ def test_states16_column_block_from_shapes():
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
-def test_fused_states16_custom_op_compiles(monkeypatch):
-    """With states16, bf16 inputs: the custom op's fakes give the fp16 states and the scales' real shapes (opcheck),
-    and torch.compile holds it as one node with eager's values and gradients."""
+@pytest.mark.parametrize("op", ["hla2", "ahla"])
+def test_fused_states16_custom_op_compiles(monkeypatch, op):
+    """With states16 and mid16, bf16 inputs: the custom op's fakes give the fp16 states and K~ / V~ and their scales'
+    real shapes (opcheck), and torch.compile holds it as one node with eager's values and gradients."""
     from kernels.common.compile import compile_safe_operators
     from kernels.hla import triton_fused
     from tests.kernels.compile_checks import assert_one_graph_with_eager_values
 
-    monkeypatch.setattr(triton_fused, "OPTIONS", {**triton_fused.OPTIONS, "states16": True})
-    traced = compile_safe_operators()[id(hla2)]
+    monkeypatch.setattr(triton_fused, "OPTIONS", {**triton_fused.OPTIONS, "states16": True, "mid16": True})
+    traced = compile_safe_operators()[id(OPS[op])]
     q, k, v, g = make(2, 70, 2, 12, 40, "weak", seed=49)
     leaves = [x.to(device=FUSED_DEV, dtype=torch.bfloat16).requires_grad_() for x in (q, k, v)]
     leaves.append(g.to(device=FUSED_DEV, dtype=torch.float32).requires_grad_())
@@ -981,3 +988,28 @@ def test_fused_persistent_chunk_programs(monkeypatch, persist):
     monkeypatch.setattr(triton_fused, "OPTIONS", {**triton_fused.OPTIONS, "out_persist": 1, "dvalues_persist": 1})
     one = run()
     assert all(torch.equal(a, b) for a, b in zip(one, many, strict=True))
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("op", ["hla2", "ahla"])
+def test_fused_16bit_storage_column_blocks(monkeypatch, op):
+    """states16 and mid16 with 16-column blocks (out_by=16, scan_by=16: K~ and V~ in 2 and 4 scale blocks, the
+    states in 2-4) on inputs whose column blocks differ in size by 2^6 (k) and 2^10 (v): each block's scale must be
+    its own, so the errors against the float64 recurrence stay within 1.25x (+ 2e-4) of the same tiles' fp32
+    storage."""
+    from kernels.hla import triton_fused
+
+    q, k, v, g, do = _bf16_case(87)
+    k = k.clone()
+    k[..., 16:] *= 64
+    v = v.clone()
+    v[..., 32:] *= 1024
+    case = (q, k, v, g, do)
+    ref = _run_with_grads(op, "naive", torch.float64, case)
+    runs = {}
+    for on in (True, False):
+        monkeypatch.setattr(triton_fused, "OPTIONS", {**triton_fused.OPTIONS, "states16": on, "mid16": on,
+                                                      "out_by": 16, "scan_by": 16})
+        runs[on] = _run_with_grads(op, "fused", torch.bfloat16, case)
+    for name, a, b, r in zip(BF16_TOLS, runs[True], runs[False], ref, strict=True):
+        assert error_ratio(a, r) <= 1.25 * error_ratio(b, r) + 2e-4, (name, error_ratio(a, r), error_ratio(b, r))
