@@ -78,10 +78,11 @@ OPTIONS = {"lowp": False, "lowp_scan": False, "lowp_out": False, "lowp_dvalues":
 # (ptxas' .maxnreg; 0: no cap). "out_persist" / "dvalues_persist" (1: off): each program of _chunk_out /
 # _pass_dvalues takes that many chunks in a loop pipelined over <family>_stages stages, so the next chunk's tiles load
 # while this one's products run (with 128-wide K loops a chunk is one load-then-compute step, which only other
-# resident programs overlap; for session 13's sweep). Session 12's sweeps on the H200 (bf16 fwd+bwd, RESULTS.md): the chunk kernels at 4
-# warps with 128-wide K loops, hla2 7.57 ms against 10.50 (8 warps, 64-wide) at 16K x 2, H = 16, D = 128, ahla 7.07
-# against 11.08, hla2 at hla_mamba2's heads (8K x 4, H = 32, K = 128, V = 64) 12.18 against 17.20; a 128-register
-# cap, 3 stages, wider output tiles or dqk_bv=64 on top of that were slower, and the scans' settings did not pay.
+# resident programs overlap; for session 13's sweep). Session 12's sweeps on the H200 (bf16 fwd+bwd, RESULTS.md):
+# the chunk kernels at 4 warps with 128-wide K loops, hla2 7.57 ms against 10.50 (8 warps, 64-wide) at 16K x 2,
+# H = 16, D = 128, ahla 7.07 against 11.08, hla2 at hla_mamba2's heads (8K x 4, H = 32, K = 128, V = 64) 12.18
+# against 17.20; a 128-register cap, 3 stages, wider output tiles or dqk_bv=64 on top of that were slower, and the
+# scans' settings did not pay.
 LAUNCH_DEFAULTS = {"scan_warps": 4, "scan_stages": 2, "scan_by": 0, "scan_maxnreg": 0,
                    "out_warps": 4, "out_stages": 2, "out_bk": 128, "out_by": 64, "out_maxnreg": 0, "out_persist": 1,
                    "dvalues_warps": 4, "dvalues_stages": 2, "dvalues_bk": 128, "dvalues_bv": 64, "dvalues_maxnreg": 0,
@@ -678,8 +679,10 @@ def fused_bwd(op, q, k, v, g, saved, finals, do, d_finals, scale, powers, lay: L
 def _saved_tensors(saved) -> tuple:
     """fused_fwd's saved (MidTokens, inner ChunkStates, outer ChunkStates) as 6 tensors, each values and scales (no
     scales: an empty tensor)."""
-    return tuple(t for part in saved for t in
-                 (part.values, part.scales if part.scales is not None else part.values.new_empty(0, dtype=torch.float32)))
+    def scales(part):
+        return part.scales if part.scales is not None else part.values.new_empty(0, dtype=torch.float32)
+
+    return tuple(t for part in saved for t in (part.values, scales(part)))
 
 
 def _saved_from(tensors) -> tuple:
