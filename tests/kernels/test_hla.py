@@ -710,6 +710,28 @@ def test_fused_launch_option_parsing(monkeypatch):
             triton_fused._read_options()
 
 
+def _record_launches(monkeypatch, names, key) -> dict:
+    """Wrap the fused kernels `names` of kernels.hla.triton_fused so every launch still runs and adds key(grid,
+    keyword arguments) to the returned {kernel name: set} (filled as the kernels launch)."""
+    from kernels.hla import triton_fused
+
+    seen = {}
+
+    class Recorder:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.setdefault(self.kernel.fn.__name__, set()).add(key(grid, kwargs))
+                return self.kernel[grid](*args, **kwargs)
+            return launch
+
+    for name in names:
+        monkeypatch.setattr(triton_fused, name, Recorder(getattr(triton_fused, name)))
+    return seen
+
+
 @pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
 @pytest.mark.parametrize("tile", [16, 128])
 def test_fused_launch_tiles(monkeypatch, tile):
@@ -721,21 +743,8 @@ def test_fused_launch_tiles(monkeypatch, tile):
     options = {"scan_by": tile, "out_bk": tile, "out_by": tile, "dvalues_bk": tile, "dvalues_bv": tile,
                "dqk_bk": tile, "dqk_bv": tile, "out_warps": 4, "dqk_stages": 3, "dvalues_maxnreg": 128}
     monkeypatch.setattr(triton_fused, "OPTIONS", {**triton_fused.OPTIONS, **options})
-    seen = {}
-
-    class Recorder:
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                seen.setdefault(self.kernel.fn.__name__, set()).add(
-                    tuple(kwargs[n] for n in ("BX", "BY", "BK", "BV") if n in kwargs))
-                return self.kernel[grid](*args, **kwargs)
-            return launch
-
-    for name in ("_state_scan", "_chunk_out", "_pass_dvalues", "_pass_dqk"):
-        monkeypatch.setattr(triton_fused, name, Recorder(getattr(triton_fused, name)))
+    seen = _record_launches(monkeypatch, ("_state_scan", "_chunk_out", "_pass_dvalues", "_pass_dqk"),
+                            lambda grid, kw: tuple(kw[n] for n in ("BX", "BY", "BK", "BV") if n in kw))
     cu = torch.tensor([0, 1, 16, 146])
     q, k, v, g = make(1, 146, 2, 60, 36, "strong", seed=33)
     h0 = random_state("hla2", 3, 2, 60, 36, seed=34)
@@ -952,20 +961,7 @@ def test_fused_persistent_chunk_programs(monkeypatch, persist):
     cannot pass by holding an earlier run's values (output buffers are torch.empty)."""
     from kernels.hla import triton_fused
 
-    grids = {}
-
-    class Recorder:
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                grids.setdefault(self.kernel.fn.__name__, set()).add((grid[1], kwargs["PERSIST"]))
-                return self.kernel[grid](*args, **kwargs)
-            return launch
-
-    for name in ("_chunk_out", "_pass_dvalues"):
-        monkeypatch.setattr(triton_fused, name, Recorder(getattr(triton_fused, name)))
+    grids = _record_launches(monkeypatch, ("_chunk_out", "_pass_dvalues"), lambda grid, kw: (grid[1], kw["PERSIST"]))
     cu = torch.tensor([0, 70, 75, 400])  # 2 + 1 + 6 chunks
     monkeypatch.setattr(triton_fused, "OPTIONS", {**triton_fused.OPTIONS, "out_persist": persist,
                                                   "dvalues_persist": persist})
