@@ -30,7 +30,7 @@ sweep 220 --op hla2 --seq-len 16384 --variants "" "HILO_HLA=states16=1" "HILO_HL
   "HILO_HLA=scan_by=16" \
   "HILO_HLA=out_persist=2,dvalues_persist=2" "HILO_HLA=out_persist=4,dvalues_persist=4"
 el "ahla 16K x 2 and hla2 at hla_mamba2's heads" | tee -a $L
-sweep 70 --op ahla --seq-len 16384 --skip-check --variants "" "HILO_HLA=states16=1" "HILO_HLA=states16=1,mid16=1" \
+sweep 90 --op ahla --seq-len 16384 --variants "" "HILO_HLA=states16=1" "HILO_HLA=states16=1,mid16=1" \
   "HILO_HLA=states16=1,mid16=1,dqk_bk=64"
 sweep 70 --op hla2 --seq-len 8192 --tokens 32768 --heads 32 --dim 128 --dim-v 64 --skip-check --variants "" \
   "HILO_HLA=states16=1,mid16=1" "HILO_HLA=states16=1,mid16=1,dqk_bk=64"
