@@ -195,7 +195,8 @@ def test_rounds_keep_the_lowest_median(rows):
         assert len(r["round_ms"]) == 2 and r["ms_per_token"] == min(r["round_ms"])
         assert r["round_spread"] == max(r["round_ms"]) / min(r["round_ms"])
     assert f"| 2, x{rows[0]['round_spread']:.2f} |" in table(rows)
-    noisy = [dict(r) for r in rows if r["family"] == "mamba2"]
+    # the measured spreads are the machine's (a loaded CI core can make them anything): set them, then one noisy row
+    noisy = [{**r, "round_spread": 1.0} for r in rows if r["family"] == "mamba2"]
     noisy[1]["round_spread"] = 1.6
     assert "its rounds differ by up to x1.60, so its latencies are noisy" in table(noisy)
     assert "noisy" not in table([{**r, "round_spread": 1.1} for r in noisy])
