@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.common.env_options import parse_flag, parse_int
+
 CHUNK = 64
 
 # Build switches, read at every launch (so benchmarks/delta_rule_variants.py can compare them in one process), and
@@ -75,7 +77,7 @@ def _apply_env_options():
                 "grads_stages", "grads_maxnreg", *_WARPS_OPTIONS)
         if key in _WARPS_OPTIONS and val.strip() not in ("0", "1", "2", "4", "8", "16"):
             raise ValueError(f"HILO_DELTA_RULE: {key}={val!r}: expected 0 (the default) or 1, 2, 4, 8 or 16 warps")
-        OPTIONS[key] = int(val) if key in ints else val.strip().lower() in ("1", "true", "yes", "on")
+        OPTIONS[key] = parse_int("HILO_DELTA_RULE", key, val) if key in ints else parse_flag("HILO_DELTA_RULE", key, val)
 
 
 _apply_env_options()

@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 
 from kernels.common.compile import dense_outputs
+from kernels.common.env_options import parse_flag
 from kernels.linear_attn.triton_bwd import _segment_reverse_cumsum
 from kernels.linear_attn.triton_fwd import BT, Layout, _chunk_bounds, _pow2, _seq_bounds
 
@@ -99,7 +100,7 @@ def _read_options() -> None:
         if key not in OPTIONS:
             raise ValueError(f"HILO_HLA: unknown option {key!r}; expected one of {sorted(OPTIONS)}")
         if key not in LAUNCH_DEFAULTS:
-            OPTIONS[key] = val.lower() in ("1", "true", "yes", "on")
+            OPTIONS[key] = parse_flag("HILO_HLA", key, val)
             continue
         kind = ("tile" if key in _TILES else key.rpartition("_")[2])
         allowed = {"tile": ((16, 32, 64, 128), "a tile of 16, 32, 64 or 128"),

@@ -33,6 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.common.env_options import parse_flag, parse_int
+
 from .state import CHUNK_LEVELS, level_of, prior_level
 
 CHUNK = 1 << CHUNK_LEVELS
@@ -84,7 +86,7 @@ def _apply_env_options():
             OPTIONS[key] = val.strip()
             continue
         flag = key in ("lowp", "scan_bwd_split", "node_lowp", "node_save", "node_grads_split")
-        OPTIONS[key] = val.strip().lower() in ("1", "true", "yes", "on") if flag else int(val)
+        OPTIONS[key] = parse_flag("HILO_LOGLINEAR", key, val) if flag else parse_int("HILO_LOGLINEAR", key, val)
 
 
 _apply_env_options()

@@ -1,0 +1,21 @@
+"""Values of the kernels' HILO_* build options (HILO_HLA="states16=1,out_warps=4", ...), parsed strictly: a value
+that is neither a recognised flag nor an integer is an error naming the variable, the option and what it takes,
+not a silent "off"."""
+
+FLAG_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def parse_flag(var: str, key: str, val: str) -> bool:
+    """On / off from 1, true, yes, on / 0, false, no, off (any case)."""
+    word = val.strip().lower()
+    if word not in FLAG_WORDS:
+        raise ValueError(f"{var}: {key}={val.strip()!r}: expected 1 / true / yes / on or 0 / false / no / off")
+    return FLAG_WORDS[word]
+
+
+def parse_int(var: str, key: str, val: str) -> int:
+    """An integer (optionally signed)."""
+    try:
+        return int(val.strip())
+    except ValueError:
+        raise ValueError(f"{var}: {key}={val.strip()!r}: expected an integer") from None
