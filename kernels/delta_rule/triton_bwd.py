@@ -484,7 +484,7 @@ def delta_rule_bwd(q, k, v, beta, g, scale, want_dh0, bounds, table, choff, save
     low = lowp(q.dtype, "lowp_bwd")
     mid = q.dtype if low else torch.float32  # dtype of the large intermediates dU, dW, partial dk
     du = torch.empty(total, h, dv, device=dev, dtype=mid)
-    sbv = state_block_v(dv, n * h, dev, "state_bwd")
+    sbv = state_block_v(dk, dv, n * h, dev, "state_bwd")
     mode = int(OPTIONS["intra_in_state_bwd"])
     # auto: only when the pass needs no V split to fill the GPU (short documents, many programs: throughput-bound);
     # long documents with few (sequence, head) pairs keep the sequential pass as light as possible.

@@ -34,7 +34,10 @@ CHUNK = 64
 #   fused_bwd:    one chunk-parallel backward kernel (grads) instead of grads_qk + grads_wy: dW, partial dk and
 #                 dgamma never go through HBM, and dA = -dY U^T needs no pass over W (see triton_bwd).
 #   state_bv_min: smallest V-block of the sequential state passes when the (sequence, head) pairs do not fill
-#                 the GPU (16: up to 8 programs per pair at V = 128; 32 was the first build's choice).
+#                 the GPU; 0 (default) picks it by K: 16 up to K = 128 (up to 8 programs per pair at V = 128:
+#                 5.69 ms fwd+bwd at T = 32K, B = 1, H = 16 against 5.98 with 32, 2026-11-29), 32 past it (Gated
+#                 DeltaNet's K = 256, V = 512 at B = 2, T = 16K, H = 3: 4.26 ms against 5.48 with 16, session 13:
+#                 a [256, 16] tile's pass does too little work per load of its [C, 256] key tiles).
 #   intra_in_state_bwd: 0 the intra kernel writes dU_intra = scale P^T dO for the reverse state pass; 1 the reverse
 #                 pass forms it itself (one launch and one [L, H, V] round trip less, more work per sequential
 #                 step); 2 auto: 1 when the pass needs no V split to fill the GPU, else 0.
@@ -61,7 +64,7 @@ CHUNK = 64
 #                 bf16), one program an SM; a 128-register cap measured slower than 4 warps (session 12).
 #   state_warps, state_bwd_warps: warps of the sequential state passes (0: NUM_WARPS, 4 and 8), for sweeps: the two
 #                 passes take 41 of Gated DeltaNet 340m's 306 kernel-ms a compiled 8K step (session 12).
-OPTIONS = {"lowp_bwd": True, "prepare_mode": 2, "fused_bwd": True, "state_bv_min": 16, "intra_in_state_bwd": 0,
+OPTIONS = {"lowp_bwd": True, "prepare_mode": 2, "fused_bwd": True, "state_bv_min": 0, "intra_in_state_bwd": 0,
            "output_in_state": 0, "state_scale_v": True, "wide_stages": 2, "grads_warps": 0, "grads_stages": 0,
            "grads_maxnreg": 0, "state_warps": 0, "state_bwd_warps": 0}
 _WARPS_OPTIONS = ("grads_warps", "state_warps", "state_bwd_warps")
@@ -372,21 +375,28 @@ def launch_warps(kernel: str) -> int:
     return int(OPTIONS.get(kernel + "_warps", 0)) or NUM_WARPS[kernel]
 
 
-def state_block_v(dv: int, pairs: int, device: torch.device, which: str) -> int:
+def state_block_v(dk: int, dv: int, pairs: int, device: torch.device, which: str) -> int:
     """V-block of a sequential state pass for `pairs` (sequence, head) pairs (no dependence on T).
 
     V columns of the state are independent, so a pass splits V across programs freely (K cannot be split: U = U~ - W S
     contracts over it). While pairs * cdiv(V, BV) is below the multiprocessor count the block is halved, down to
-    OPTIONS["state_bv_min"] (16 at the least, the smallest tl.dot width): at T = 32768, B = 1, H = 16, V = 128 that is
-    128 programs of [K, 16] instead of 32 of [K, 64]."""
+    state_bv_floor(dk): at T = 32768, B = 1, H = 16, K = V = 128 that is 128 programs of [K, 16] instead of 32 of
+    [K, 64]."""
     bv = min(STATE_BV[which], max(16, triton.next_power_of_2(dv)))
     if device.type == "cuda":
         if device not in _SM_COUNT:
             _SM_COUNT[device] = torch.cuda.get_device_properties(device).multi_processor_count
-        floor = max(16, int(OPTIONS["state_bv_min"]))
+        floor = state_bv_floor(dk)
         while bv > floor and pairs * triton.cdiv(dv, bv) < _SM_COUNT[device]:
             bv //= 2
     return bv
+
+
+def state_bv_floor(dk: int) -> int:
+    """Smallest V-block the state passes halve to: OPTIONS["state_bv_min"] where set (16 at the least, the smallest
+    tl.dot width), else 16 up to K = 128 and 32 past it (measurements in the OPTIONS notes)."""
+    chosen = int(OPTIONS["state_bv_min"])
+    return max(16, chosen) if chosen else (16 if dk <= 128 else 32)
 
 
 def state_stages(bk: int, elem_bytes: int = 2, bv: int = 64) -> int:
@@ -429,7 +439,7 @@ def delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, b
     hs = torch.empty(rows, h, dk, dv, device=dev, dtype=q.dtype)
     u = torch.empty(total, h, dv, device=dev, dtype=q.dtype)
     final = torch.empty(n, h, dk, dv, device=dev, dtype=torch.float32) if output_final_state else None
-    sbv = state_block_v(dv, n * h, dev, "state")
+    sbv = state_block_v(dk, dv, n * h, dev, "state")
     o = torch.empty(total, h, dv, device=dev, dtype=v.dtype)
     mode = int(OPTIONS["output_in_state"])
     out_fused = mode == 1 or (mode == 2 and sbv >= min(STATE_BV["state"], dv))

@@ -286,6 +286,34 @@ def test_state_pass_warps_options(monkeypatch):
             triton_fwd._apply_env_options()
 
 
+def test_state_pass_v_block_floor(monkeypatch):
+    """The state passes' smallest V-block: 16 up to K = 128 and 32 past it by default (GDN's K = 256 heads measured
+    22% faster fwd+bwd with 32 on the H200); HILO_DELTA_RULE=state_bv_min overrides it at every K (16 at the least)."""
+    from kernels.delta_rule import triton_fwd
+
+    monkeypatch.setattr(triton_fwd, "OPTIONS", dict(triton_fwd.OPTIONS))
+    floor = triton_fwd.state_bv_floor
+    assert (floor(64), floor(128), floor(129), floor(256)) == (16, 16, 32, 32)
+    for val, want in (("32", 32), ("16", 16), ("8", 16)):
+        monkeypatch.setenv("HILO_DELTA_RULE", f"state_bv_min={val}")
+        triton_fwd._apply_env_options()
+        assert (floor(128), floor(256)) == (want, want)
+
+
+def test_two_kernel_lowp_backward_pads_k(monkeypatch):
+    """CUDA pads heads narrower than (32, 64); the two-kernel 16-bit backward (fused_bwd=0, lowp_bwd on) pads K to 64,
+    where the H200 ran it exactly (it faulted at K = 32). fp32 inputs and the default fused backward keep (32, 64)."""
+    from kernels.delta_rule import padded_head_dims, triton_fwd
+
+    monkeypatch.setattr(triton_fwd, "OPTIONS", dict(triton_fwd.OPTIONS))
+    assert padded_head_dims(torch.bfloat16) == padded_head_dims(torch.float32) == (32, 64)
+    triton_fwd.OPTIONS["fused_bwd"] = False
+    assert padded_head_dims(torch.float16) == padded_head_dims(torch.bfloat16) == (64, 64)
+    assert padded_head_dims(torch.float32) == (32, 64)
+    triton_fwd.OPTIONS["lowp_bwd"] = False
+    assert padded_head_dims(torch.bfloat16) == (32, 64)
+
+
 @needs_triton
 @pytest.mark.parametrize("opts", [
     {"lowp_bwd": False, "prepare_mode": 0, "fused_bwd": False, "intra_in_state_bwd": 0, "output_in_state": 0,
@@ -324,6 +352,7 @@ def test_padded_small_heads_equal_unpadded():
     x[1] = torch.nn.functional.normalize(x[1], dim=-1)
     x += [torch.rand(b, t, h, generator=gen), -torch.rand(b, t, h, generator=gen) * 0.3,
           torch.randn(b, h, dk, dv, generator=gen)]
+    x, _ = _device_inputs(x)  # the Triton kernels run on CUDA, or on CPU under the interpreter
     outs = {}
     for name in ("padded", "torch"):
         leaves = [a.clone().requires_grad_() for a in x]
