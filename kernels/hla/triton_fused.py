@@ -69,6 +69,8 @@ from .state import STATE_TYPES, decay_powers, split_normalized, with_ones
 # HILO_HLA="mid16=1": 16-bit inputs store the inner pass's output (hla2's K~, ahla's V~) as fp16 with a power-of-two
 # scale per token and output column block, as states16 does the states: the outer pass reads it only as tf32 dot
 # operands (and hla2's gate partial once, elementwise), which keep the same 11 bits.
+# Both off: on the H200 (hla2 at 16K x 2, H = 16, D = 128, bf16 fwd+bwd, session 13) states16 took 8.88 ms and
+# states16 + mid16 13.47 against 7.52 without: the scale passes cost more than the bytes they save.
 OPTIONS = {"lowp": False, "lowp_scan": False, "lowp_out": False, "lowp_dvalues": False, "lowp_dqk": False,
            "fp16": False, "states16": False, "mid16": False}
 # Launch configuration of each kernel family (HILO_HLA="out_warps=4,out_stages=3,dqk_bv=64", ...; 0 keeps the
@@ -83,12 +85,13 @@ OPTIONS = {"lowp": False, "lowp_scan": False, "lowp_out": False, "lowp_dvalues":
 # the chunk kernels at 4 warps with 128-wide K loops, hla2 7.57 ms against 10.50 (8 warps, 64-wide) at 16K x 2,
 # H = 16, D = 128, ahla 7.07 against 11.08, hla2 at hla_mamba2's heads (8K x 4, H = 32, K = 128, V = 64) 12.18
 # against 17.20; a 128-register cap, 3 stages, wider output tiles or dqk_bv=64 on top of that were slower, and the
-# scans' settings did not pay.
+# scans' settings did not pay. Session 13: _pass_dqk's K loop 64 wide (dqk_bk; at 128 it spilled 744-848 B a thread,
+# AOT), hla2 7.10 ms against 7.52, at hla_mamba2's heads 11.38 against 12.14 (ahla not yet timed with it).
 LAUNCH_DEFAULTS = {"scan_warps": 4, "scan_stages": 2, "scan_by": 0, "scan_maxnreg": 0,
                    "out_warps": 4, "out_stages": 2, "out_bk": 128, "out_by": 64, "out_maxnreg": 0, "out_persist": 1,
                    "dvalues_warps": 4, "dvalues_stages": 2, "dvalues_bk": 128, "dvalues_bv": 64, "dvalues_maxnreg": 0,
                    "dvalues_persist": 1,
-                   "dqk_warps": 4, "dqk_stages": 2, "dqk_bk": 128, "dqk_bv": 32,  # dqk_bv: 32 even at V = 16
+                   "dqk_warps": 4, "dqk_stages": 2, "dqk_bk": 64, "dqk_bv": 32,  # dqk_bv: 32 even at V = 16
                    "dqk_maxnreg": 0}
 OPTIONS.update(dict.fromkeys(LAUNCH_DEFAULTS, 0))
 _TILES = ("scan_by", "out_bk", "out_by", "dvalues_bk", "dvalues_bv", "dqk_bk", "dqk_bv")
