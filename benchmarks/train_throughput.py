@@ -156,6 +156,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def hilo_environment() -> str:
+    """The kernels' HILO_* build options set in the environment, as the command's prefix ("HILO_X=a HILO_Y=b "):
+    they change what runs, so the recorded command must carry them."""
+    import os
+    import shlex
+
+    return "".join(f"{k}={shlex.quote(v)} " for k, v in sorted(os.environ.items()) if k.startswith("HILO_") and v)
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
 
@@ -177,8 +186,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(json.dumps(results))
     if args.append:
         stamp = datetime.date.today().isoformat()
-        cmd = "python " + " ".join([sys.argv[0] if argv is None else "benchmarks/train_throughput.py",
-                                    *(sys.argv[1:] if argv is None else argv)])
+        cmd = hilo_environment() + "python " + " ".join(
+            [sys.argv[0] if argv is None else "benchmarks/train_throughput.py", *(sys.argv[1:] if argv is None else argv)])
         with open(RESULTS, "a") as f:
             f.write(f"\n### Training throughput, {stamp}, {device}, torch {torch.__version__}\n\n`{cmd}`\n\n{text}\n")
     return results

@@ -52,15 +52,18 @@ def parse_bwd(value: str) -> str:
     """HILO_SHORT_CONV_BWD's value -> one of BWD_FORMS ("split" when empty)."""
     value = value.strip() or "split"
     if value not in BWD_FORMS:
-        raise ValueError(f"HILO_SHORT_CONV_BWD={value!r}: expected 'split' (the default) or 'fused'")
+        raise ValueError(f"HILO_SHORT_CONV_BWD={value!r}: expected 'split' (the default), 'fused' or 'graph'")
     return value
 
 
 # The backward with SiLU: "split" (the dpre kernel writes dpre = dy * silu'(pre) in fp32, then the backward reads
-# it) or "fused" (one kernel: dpre recomputed where each shift needs it, K^2 tap loads from cache instead of the fp32
-# round trip, at 182 registers instead of 78-80 for the pair at 32x64w4). Read at import (HILO_SHORT_CONV_BWD); H200
-# timings in benchmarks/RESULTS.md.
-BWD_FORMS = ("split", "fused")
+# it), "fused" (one kernel: dpre recomputed where each shift needs it, K^2 tap loads from cache instead of the fp32
+# round trip, at 182 registers instead of 78-80 for the pair at 32x64w4) or "graph" (the kernels compute the linear
+# conv and SiLU runs as torch ops after it: under torch.compile inductor fuses SiLU and its derivative into the
+# elementwise kernels around the op, so the backward gets dpre in x's dtype from them and needs no dpre pass; the
+# conv's output is rounded to x's dtype before the SiLU, one rounding more than the other forms). Read at import
+# (HILO_SHORT_CONV_BWD); H200 timings in benchmarks/RESULTS.md.
+BWD_FORMS = ("split", "fused", "graph")
 TILES = parse_tiles(os.environ.get("HILO_SHORT_CONV_TILES", ""))
 BWD = parse_bwd(os.environ.get("HILO_SHORT_CONV_BWD", ""))
 
@@ -311,5 +314,7 @@ def short_conv_triton(x, weight, bias, initial_state, cu_seqlens, silu):
     if cu_seqlens is not None:
         pos = positions_in_documents(x.shape[1], cu_seqlens, x.device).to(torch.int32)
     state = None if initial_state is None else initial_state.contiguous()
-    return _short_conv_op(x.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous(), state, pos,
-                          silu)
+    in_graph = silu and BWD == "graph"
+    y = _short_conv_op(x.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous(), state, pos,
+                       silu and not in_graph)
+    return torch.nn.functional.silu(y) if in_graph else y

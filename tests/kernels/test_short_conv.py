@@ -91,10 +91,11 @@ def test_backends_match_naive(backend, case):
             assert error_ratio(a, r) <= TOL, f"{backend} {case} {name}: {error_ratio(a, r)}"
 
 
-@pytest.mark.parametrize("form", ["fused", "split"])
+@pytest.mark.parametrize("form", ["fused", "split", "graph"])
 @pytest.mark.parametrize("case", [c for c in CASES if c[-1]])
 def test_triton_backward_forms_match_naive(monkeypatch, form, case):
-    """The SiLU backward in one kernel (dpre recomputed at each shift) and in two (dpre written, then read)."""
+    """The SiLU backward in one kernel (dpre recomputed at each shift), in two (dpre written, then read), and as
+    torch ops after a linear conv (graph)."""
     from kernels.short_conv import triton as conv_triton
 
     monkeypatch.setattr(conv_triton, "BWD", form)
@@ -119,7 +120,12 @@ def test_triton_bf16_inputs_keep_their_dtype():
     assert error_ratio(y, ref) <= 8e-3  # one bf16 rounding of the output
 
 
-def test_triton_op_compiles_into_one_graph():
+@pytest.mark.parametrize("form", ["split", "graph"])
+def test_triton_op_compiles_into_one_graph(monkeypatch, form):
+    """One graph with eager's values and gradients, the SiLU in the kernels or (graph) as torch ops around the op."""
+    from kernels.short_conv import triton as conv_triton
+
+    monkeypatch.setattr(conv_triton, "BWD", form)
     x, w, bb, _ = make(2, 40, 24, 4, True, False, seed=4)
 
     def f(x, w, bb):
@@ -177,7 +183,8 @@ def test_triton_tiles_and_backward_form_from_the_environment():
     for spec in ("48x64w4", "64x64", "8x64w4"):
         with pytest.raises(ValueError, match=f"HILO_SHORT_CONV_TILES='{spec}': expected BTxBCwW"):
             conv_triton.parse_tiles(spec)
-    with pytest.raises(ValueError, match="HILO_SHORT_CONV_BWD='atomic': expected 'split' \\(the default\\) or 'fused'"):
+    with pytest.raises(ValueError, match="HILO_SHORT_CONV_BWD='atomic': expected 'split' \\(the default\\), 'fused' or "
+                                         "'graph'"):
         conv_triton.parse_bwd("atomic")
     assert conv_triton.parse_tiles("") == {False: (64, 64, 4), True: (32, 64, 4)}
     assert conv_triton.parse_tiles(" 128x32w8 ") == {False: (128, 32, 8), True: (128, 32, 8)}
@@ -191,9 +198,14 @@ def test_triton_tiles_and_backward_form_from_the_environment():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 Triton checks need a CUDA GPU")
+@pytest.mark.parametrize("form", ["split", "graph"])
 @pytest.mark.parametrize("docs", [None, [0, 1, 16, 300]])
-def test_gpu_bf16_matches_fp32_oracle(docs):
-    """On the GPU: bf16 inputs through the Triton kernels against the fp32 oracle (output 5e-3, gradients 1e-2)."""
+def test_gpu_bf16_matches_fp32_oracle(monkeypatch, docs, form):
+    """On the GPU: bf16 inputs through the Triton kernels against the fp32 oracle (output 5e-3, gradients 1e-2),
+    the SiLU in the kernels (split) or after them as torch ops (graph: one bf16 rounding more)."""
+    from kernels.short_conv import triton as conv_triton
+
+    monkeypatch.setattr(conv_triton, "BWD", form)
     t = 777
     x, w, bb, st = make(1 if docs else 2, t, 2304, 4, True, docs is None, seed=6)
     cu = None if docs is None else torch.tensor([*docs, t], device="cuda")
