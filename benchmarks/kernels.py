@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import shlex
 import sys
 import time
@@ -101,26 +102,26 @@ def _call_delta_rule(x, cu_seqlens, backend):
                       output_final_state=True, cu_seqlens=cu_seqlens, backend=backend)
 
 
-def _make_hla(b, t, h, d, device, seed=0, n_state=None):
+def _make_hla(b, t, h, d, device, seed=0, n_state=None, fields=2):
     gen = torch.Generator(device=device).manual_seed(seed)
     q, k, v = _qkv(b, t, h, d, device, gen)
     # As the HLA layer feeds it: L2-normalised q and k (scale 1), a Mamba-2-like per-token decay.
     q, k = (torch.nn.functional.normalize(x, dim=-1) for x in (q, k))
     g = -0.3 * torch.rand(b, t, h, device=device, generator=gen)
     out = {"q": q, "k": k, "v": v, "g": g}
-    if n_state is not None:  # the op's two state fields [N, H, D, D] side by side in one tensor
-        out["initial_state"] = 0.1 * torch.randn(n_state, h, d, 2 * d, device=device, generator=gen)
+    if n_state is not None:  # the op's state fields (two; hla3 three) [N, H, D, D] side by side in one tensor
+        out["initial_state"] = 0.1 * torch.randn(n_state, h, d, fields * d, device=device, generator=gen)
     return out
 
 
 def _call_hla(op):
     def call(x, cu_seqlens, backend):
         import kernels
-        from kernels.hla import AHLAState, HLA2State
+        from kernels.hla.state import STATE_TYPES
 
         h0 = x.get("initial_state")
         d = x["q"].shape[-1]
-        h0 = None if h0 is None else {"hla2": HLA2State, "ahla": AHLAState}[op](h0[..., :d], h0[..., d:])
+        h0 = None if h0 is None else STATE_TYPES[op](*h0.split(d, dim=-1))
         o, state = getattr(kernels, op)(x["q"], x["k"], x["v"], x["g"], initial_state=h0, output_final_state=True,
                                         cu_seqlens=cu_seqlens, backend=backend)
         return o, torch.cat(list(state), dim=-1)
@@ -195,6 +196,10 @@ CASES: dict[str, OpCase] = {
     **{op: OpCase(_make_hla, _call_hla(op),
                   {"q": QKV_TOL, "k": QKV_TOL, "v": QKV_TOL, "g": GATE_TOL, "initial_state": QKV_TOL},
                   backend="fused", baselines={f"{op}_compose": "triton"}) for op in ("hla2", "ahla")},
+    # third order: the three-pass composition only (fp32 passes; HILO_HLA=compose16=1 runs them in bf16)
+    "hla3": OpCase(functools.partial(_make_hla, fields=3), _call_hla("hla3"),
+                   {"q": QKV_TOL, "k": QKV_TOL, "v": QKV_TOL, "g": GATE_TOL, "initial_state": QKV_TOL},
+                   backend="triton"),
 }
 
 

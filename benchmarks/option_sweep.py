@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import importlib
 import os
 import sys
@@ -77,6 +78,8 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--dim-v", type=int, default=None)
+    ap.add_argument("--backend", default=None,
+                    help="run the op on this backend instead of its own (triton: the HLA ops' linear_attn compositions)")
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--append", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = ap.parse_args(argv)
@@ -88,6 +91,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/option_sweep.py needs a CUDA GPU")
     case = kb.CASES[args.op]
+    if args.backend:
+        case = dataclasses.replace(case, backend=args.backend, baselines={})
     b = max(args.tokens // args.seq_len, 1)
     lines = ["| variant | check (worst quantity: ratio / tol) | fwd ms | fwd+bwd ms | first call s |",
              "|---|---|---|---|---|"]
@@ -117,7 +122,7 @@ def main(argv=None) -> int:
         del fwd, fwd_bwd, leaves
         torch.cuda.empty_cache()
     if args.append:
-        kb.append_results("Option sweep", "option_sweep.py", f"{args.op}, bf16, T = {args.seq_len}, B = {b}, "
+        kb.append_results("Option sweep", "option_sweep.py", f"{args.op} ({case.backend}), bf16, T = {args.seq_len}, B = {b}, "
                           f"H = {args.heads}, K = {args.dim}, V = {args.dim_v or args.dim}; medians of do_bench.", lines)
     return 1 if failed else 0
 

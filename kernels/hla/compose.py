@@ -12,7 +12,11 @@ carries its own state; together they are the op's state (kernels.hla.state). Wit
 ones is appended to V: every pass is linear in its values, so the last output column is the same operator on
 ones, the denominator, and o = numerator / signed_clamp(denominator). cu_seqlens goes to every pass unchanged.
 Passes run in float32 (float64 for float64 inputs) so the intermediates K~, V~, which grow with t, keep full
-precision; o is returned in q's dtype. Gradients are autograd through the passes of the chosen linear_attn
+precision; o is returned in q's dtype. With HILO_HLA=compose16=1, 16-bit inputs on the "triton" backend run the
+passes in their own dtype instead, as fla's two-pass composition does: linear_attn's 16-bit kernels (tensor-core
+dots), K~ / V~ and their gradients rounded to that dtype between the passes. In float64 on CPU that rounding moves
+the bf16 error ratio of o and of every gradient from 1.65e-3 (inputs and output rounded) to 2.1-2.35e-3 at T = 4K
+and 16K, with and without decay (session 13); the states stay fp32. Gradients are autograd through the passes of the chosen linear_attn
 backend ("torch": chunked PyTorch; "triton": linear_attn's Triton kernels, forward and backward).
 """
 
@@ -29,16 +33,27 @@ def _pass(q, k, v, g, power, state, output_final_state, cu_seqlens, backend):
                        cu_seqlens=cu_seqlens, backend=backend)
 
 
+def pass_dtype(dtype: torch.dtype, backend: str) -> torch.dtype:
+    """The dtype the passes run in: the input's own for 16-bit inputs on "triton" under HILO_HLA=compose16=1, else
+    float32 (float64 for float64 inputs)."""
+    if backend == "triton" and dtype in (torch.float16, torch.bfloat16):
+        from .triton_fused import OPTIONS
+
+        if OPTIONS["compose16"]:
+            return dtype
+    return torch.promote_types(dtype, torch.float32)
+
+
 def hla_compose(op, q, k, v, g, decay, normalize, eps, scale, initial_state, output_final_state, cu_seqlens,
                 backend):
     """op ("hla2", "ahla", "hla3") through linear_attn passes; returns (o [B, T, H, V] in q's dtype, op's
     state or None). backend is linear_attn's ("torch" or "triton")."""
     p_in, p_out = decay_powers(op, decay)
-    dt = torch.promote_types(q.dtype, torch.float32)
+    dt = pass_dtype(q.dtype, backend)
     qs = q.to(dt) * scale
     kk = k.to(dt)
     vv = with_ones(v.to(dt)) if normalize else v.to(dt)
-    gg = None if g is None else g.to(dt)
+    gg = None if g is None else g.to(torch.promote_types(dt, torch.float32))  # decays stay fp32 under compose16
     st = (None,) * len(STATE_TYPES[op]._fields) if initial_state is None else initial_state
     args = (output_final_state, cu_seqlens, backend)
     if op == "hla2":

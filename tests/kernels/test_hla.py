@@ -24,6 +24,7 @@ from kernels.hla.scan import (
     token_summaries,
 )
 from kernels.hla.state import signed_clamp, state_shapes
+from kernels.linear_attn import linear_attn
 
 OPS = {"hla2": hla2, "ahla": ahla, "hla3": hla3}
 CASES = [("hla2", "d1"), ("hla2", "d2"), ("ahla", "d1"), ("hla3", "d1")]
@@ -303,6 +304,53 @@ def test_triton_backend_matches_float64(op, decay):
     assert out_t[0].dtype == torch.float32 and all(f.dtype == torch.float32 for f in out_t[1:])
     for a, b in zip(out_t + list(grad_t), out_r + list(grad_r), strict=True):
         assert error_ratio(a, b) < 1e-4
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("op,decay", CASES)
+def test_compose16_runs_passes_in_the_input_dtype(monkeypatch, op, decay):
+    """HILO_HLA=compose16=1: 16-bit inputs on the "triton" backend run linear_attn's passes in their own dtype
+    (fp16 here: the interpreter cannot multiply bf16), decays and states in fp32; output, final states and every
+    gradient within 16-bit rounding of the float64 definition on the same values (varlen, initial state). Without
+    the option the same call runs its passes in fp32, more exactly."""
+    from kernels.hla import compose, triton_fused
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    cu = torch.tensor([0, 3, 70], device=dev)
+    q, k, v, g = make(1, 70, 2, 16, 8, "weak", seed=23)
+    q, k, v = (x.half().double() for x in (q, k, v))  # values exact in fp16
+    h0 = random_state(op, 2, 2, 16, 8, seed=24)
+    gen = torch.Generator().manual_seed(25)
+    do = torch.randn(1, 70, 2, 8, generator=gen, dtype=torch.float64)
+    dst = [torch.randn(x.shape, generator=gen, dtype=torch.float64) for x in h0]
+    seen = []
+
+    def recording_linear_attn(q, k, v, g, **kw):
+        seen.append((q.dtype, k.dtype, v.dtype, None if g is None else g.dtype))
+        return linear_attn(q, k, v, g, **kw)
+
+    monkeypatch.setattr(compose, "linear_attn", recording_linear_attn)
+
+    def run(backend, dtype):
+        leaves = [x.to(device=dev, dtype=dtype if i < 3 else torch.promote_types(dtype, torch.float32))
+                  .requires_grad_() for i, x in enumerate((q, k, v, g, *h0))]
+        o, fin = OPS[op](*leaves[:4], decay=decay, initial_state=type(h0)(*leaves[4:]), output_final_state=True,
+                         cu_seqlens=cu, backend=backend)
+        loss = (o.double() * do.to(dev)).sum() + sum((f.double() * d.to(dev)).sum() for f, d in zip(fin, dst))
+        return [o, *fin], torch.autograd.grad(loss, leaves)
+
+    out_r, grad_r = run("naive", torch.float64)
+    errors = {}
+    for flag in (True, False):
+        monkeypatch.setitem(triton_fused.OPTIONS, "compose16", flag)
+        seen.clear()
+        out, grads = run("triton", torch.float16)
+        assert seen and all(d[:3] == ((torch.float16,) * 3 if flag else (torch.float32,) * 3) for d in seen), seen
+        assert all(d[3] == torch.float32 for d in seen)
+        assert out[0].dtype == torch.float16 and all(f.dtype == torch.float32 for f in out[1:])
+        errors[flag] = [error_ratio(a, b) for a, b in zip(out + list(grads), out_r + list(grad_r), strict=True)]
+    assert max(errors[True]) < 1.5e-3, errors[True]  # about 6e-4 (fp16's unit roundoff is 4.9e-4)
+    assert max(errors[False]) < 1e-3 and max(errors[False]) < max(errors[True]), errors
 
 
 def test_low_precision_inputs():
