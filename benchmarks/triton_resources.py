@@ -108,6 +108,10 @@ def _signature(fn: JITFunction, bound: dict):
             sig[name] = "i1"
         elif isinstance(val, int):
             sig[name] = "i32" if -2**31 <= val < 2**31 else "i64"
+            # as the JIT launcher does: an integer it may specialize is known divisible by 16 when it is (a stride
+            # that lets address arithmetic vectorize); 1 would become a constant, which no launch here passes
+            if not p.do_not_specialize and not p.do_not_specialize_on_alignment and val % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
         elif isinstance(val, float):
             sig[name] = "fp32"
         else:

@@ -5,7 +5,8 @@
 # never timed) for GDN at 8K and the Transformer at 2K (41.7% MFU against the 45% target), and
 # HILO_SHORT_CONV_BWD=graph (session 13, CPU-tested: SiLU fused by inductor, no fp32 dpre pass; the short conv's
 # kernels were 26.8 ms of GDN's 306 kernel-ms) for GDN at 8K and Mamba-2 at 16K (121,478; the target is 2x the
-# Transformer's 91,343).
+# Transformer's 91,343). Mamba-2 runs first with the defaults: since session 13 its conv reads xBC, a column slice of
+# in_proj's output, in place instead of copying it (fused projections give the other shells such slices too).
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | grep -v WARN | tail -1
 export PYTHONPATH=/tmp/site WANDB_MODE=disabled
 T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
@@ -16,7 +17,7 @@ timeout -s INT -k 20 200 python -u benchmarks/step_profile.py --families gated_d
   > $OUT/n/gdn_profile.log 2>&1; echo "rc=$?" >> $L; head -40 $OUT/n/gdn_profile.log | cut -c1-200 >> $L
 # each spec: model, T, HILO_SHORT_CONV_BWD (- for the default), extra flag (- for none)
 for spec in "gated_deltanet 8192 graph -" "gated_deltanet 8192 - --fused-projections" \
-            "transformer 2048 - --fused-projections" "mamba2 16384 graph -"; do
+            "mamba2 16384 - -" "mamba2 16384 graph -" "transformer 2048 - --fused-projections"; do
   set -- $spec; l=$(left); [ $l -lt 80 ] && break
   conv=$3; [ "$3" = "-" ] && conv=split; extra=$4; [ "$4" = "-" ] && extra=""
   el "$1 at $2, compiled, HILO_SHORT_CONV_BWD=$conv $extra (${l}s)" >> $L

@@ -69,10 +69,11 @@ BWD = parse_bwd(os.environ.get("HILO_SHORT_CONV_BWD", ""))
 
 
 @triton.jit
-def _tap(x_tile, state, pos, i_b, t0, rel, o_c, m_c, lag, T, C: tl.constexpr, K: tl.constexpr,
+def _tap(x_tile, SXT: tl.constexpr, state, pos, i_b, t0, rel, o_c, m_c, lag, T, C: tl.constexpr, K: tl.constexpr,
          HAS_STATE: tl.constexpr, VARLEN: tl.constexpr):
     """x_{t - lag} (fp32) at tokens t = t0 + rel of batch row i_b: from x inside t's document, from the state before
-    the first token, else 0. x_tile points at token t0 of the row; rel is a small int32 row offset."""
+    the first token, else 0. x_tile points at token t0 of the row, whose tokens lie SXT elements apart (x's token
+    stride, a constexpr as C is, so the taps' addresses fold as dense ones do); rel is a small int32 row offset."""
     rows = t0 + rel
     src = rows - lag
     m_t = rows < T
@@ -80,7 +81,7 @@ def _tap(x_tile, state, pos, i_b, t0, rel, o_c, m_c, lag, T, C: tl.constexpr, K:
         ok = m_t & (tl.load(pos + rows, mask=m_t, other=0) >= lag)
     else:
         ok = m_t & (src >= 0)
-    val = tl.load(x_tile + (rel - lag)[:, None] * C + o_c[None, :], mask=ok[:, None] & m_c[None, :],
+    val = tl.load(x_tile + (rel - lag)[:, None] * SXT + o_c[None, :], mask=ok[:, None] & m_c[None, :],
                   other=0.0).to(tl.float32)
     if HAS_STATE:
         m_s = m_t & (src < 0)
@@ -90,36 +91,37 @@ def _tap(x_tile, state, pos, i_b, t0, rel, o_c, m_c, lag, T, C: tl.constexpr, K:
 
 
 @triton.jit
-def _pre(x_tile, w, bias, state, pos, i_b, t0, rel, o_c, m_c, T, C: tl.constexpr, K: tl.constexpr,
+def _pre(x_tile, SXT: tl.constexpr, w, bias, state, pos, i_b, t0, rel, o_c, m_c, T, C: tl.constexpr, K: tl.constexpr,
          BT: tl.constexpr, BC: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,
          VARLEN: tl.constexpr):
     """bias + sum_j w[:, K-1-j] x_{t-j} at tokens t = t0 + rel, fp32."""
     acc = tl.zeros([BT, BC], dtype=tl.float32)
     for lag in tl.static_range(K):
         wj = tl.load(w + o_c * K + (K - 1 - lag), mask=m_c, other=0.0).to(tl.float32)
-        acc += wj[None, :] * _tap(x_tile, state, pos, i_b, t0, rel, o_c, m_c, lag, T, C, K, HAS_STATE, VARLEN)
+        acc += wj[None, :] * _tap(x_tile, SXT, state, pos, i_b, t0, rel, o_c, m_c, lag, T, C, K, HAS_STATE, VARLEN)
     if HAS_BIAS:
         acc += tl.load(bias + o_c, mask=m_c, other=0.0).to(tl.float32)[None, :]
     return acc
 
 
 @triton.jit
-def _tile_start(i_t, i_b, T, BT: tl.constexpr, C: tl.constexpr):
-    """(t0, the tile's element offset as one int64 scalar)."""
+def _tile_start(i_t, i_b, T, sxb, SXT: tl.constexpr, BT: tl.constexpr, C: tl.constexpr):
+    """(t0, the tile's element offset in the dense [B, T, C] tensors and in x (strides sxb, SXT), as int64 scalars)."""
     t0 = i_t * BT
-    return t0, (i_b * T + t0).to(tl.int64) * C
+    return t0, (i_b * T + t0).to(tl.int64) * C, i_b.to(tl.int64) * sxb + t0.to(tl.int64) * SXT
 
 
 @triton.jit(do_not_specialize=["T"])
-def _short_conv_fwd(x, w, bias, state, pos, y, T, C: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+def _short_conv_fwd(x, sxb, SXT: tl.constexpr, w, bias, state, pos, y, T, C: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                     BC: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, VARLEN: tl.constexpr,
                     SILU: tl.constexpr):
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    t0, base = _tile_start(i_t, i_b, T, BT, C)
+    t0, base, xbase = _tile_start(i_t, i_b, T, sxb, SXT, BT, C)
     rel = tl.arange(0, BT)
     o_c = i_c * BC + tl.arange(0, BC)
     m_c = o_c < C
-    acc = _pre(x + base, w, bias, state, pos, i_b, t0, rel, o_c, m_c, T, C, K, BT, BC, HAS_BIAS, HAS_STATE, VARLEN)
+    acc = _pre(x + xbase, SXT, w, bias, state, pos, i_b, t0, rel, o_c, m_c, T, C, K, BT, BC, HAS_BIAS, HAS_STATE,
+               VARLEN)
     if SILU:
         acc = acc * tl.sigmoid(acc)
     tl.store(y + base + rel[:, None] * C + o_c[None, :], acc.to(y.dtype.element_ty),
@@ -127,7 +129,7 @@ def _short_conv_fwd(x, w, bias, state, pos, y, T, C: tl.constexpr, K: tl.constex
 
 
 @triton.jit
-def _dpre_rows(x_tile, w, bias, state, pos, dy_tile, i_b, t0, rel, o_c, m_c, T, C: tl.constexpr, K: tl.constexpr,
+def _dpre_rows(x_tile, SXT: tl.constexpr, w, bias, state, pos, dy_tile, i_b, t0, rel, o_c, m_c, T, C: tl.constexpr, K: tl.constexpr,
                BT: tl.constexpr, BC: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,
                VARLEN: tl.constexpr, SILU: tl.constexpr):
     """dpre at tokens t0 + rel (0 past T): dy * silu'(pre) = dy * s (1 + pre (1 - s)), s = sigmoid(pre); dy
@@ -135,7 +137,7 @@ def _dpre_rows(x_tile, w, bias, state, pos, dy_tile, i_b, t0, rel, o_c, m_c, T, 
     m = (t0 + rel < T)[:, None] & m_c[None, :]
     d = tl.load(dy_tile + rel[:, None] * C + o_c[None, :], mask=m, other=0.0).to(tl.float32)
     if SILU:
-        pre = _pre(x_tile, w, bias, state, pos, i_b, t0, rel, o_c, m_c, T, C, K, BT, BC, HAS_BIAS, HAS_STATE,
+        pre = _pre(x_tile, SXT, w, bias, state, pos, i_b, t0, rel, o_c, m_c, T, C, K, BT, BC, HAS_BIAS, HAS_STATE,
                    VARLEN)
         s = tl.sigmoid(pre)
         d = d * s * (1.0 + pre * (1.0 - s))
@@ -143,38 +145,39 @@ def _dpre_rows(x_tile, w, bias, state, pos, dy_tile, i_b, t0, rel, o_c, m_c, T, 
 
 
 @triton.jit(do_not_specialize=["T"])
-def _short_conv_dpre(x, w, bias, state, pos, dy, dpre, T, C: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                     BC: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, VARLEN: tl.constexpr):
+def _short_conv_dpre(x, sxb, SXT: tl.constexpr, w, bias, state, pos, dy, dpre, T, C: tl.constexpr, K: tl.constexpr,
+                     BT: tl.constexpr, BC: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,
+                     VARLEN: tl.constexpr):
     """The split backward's first pass: dpre (fp32) of every token."""
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    t0, base = _tile_start(i_t, i_b, T, BT, C)
+    t0, base, xbase = _tile_start(i_t, i_b, T, sxb, SXT, BT, C)
     rel = tl.arange(0, BT)
     o_c = i_c * BC + tl.arange(0, BC)
     m_c = o_c < C
-    d = _dpre_rows(x + base, w, bias, state, pos, dy + base, i_b, t0, rel, o_c, m_c, T, C, K, BT, BC, HAS_BIAS,
+    d = _dpre_rows(x + xbase, SXT, w, bias, state, pos, dy + base, i_b, t0, rel, o_c, m_c, T, C, K, BT, BC, HAS_BIAS,
                    HAS_STATE, VARLEN, True)
     tl.store(dpre + base + rel[:, None] * C + o_c[None, :], d, mask=(t0 + rel < T)[:, None] & m_c[None, :])
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
-def _short_conv_bwd(x, w, bias, state, pos, dpre, dx, dw_part, db_part, T, NT, C: tl.constexpr, K: tl.constexpr,
-                    BT: tl.constexpr, BC: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,
-                    VARLEN: tl.constexpr, SILU: tl.constexpr):
+def _short_conv_bwd(x, sxb, SXT: tl.constexpr, w, bias, state, pos, dpre, dx, dw_part, db_part, T, NT, C: tl.constexpr,
+                    K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    HAS_STATE: tl.constexpr, VARLEN: tl.constexpr, SILU: tl.constexpr):
     """dx and this tile's parts of dw and dbias. dpre holds dy when SILU (the fused form: dpre is recomputed at each
     shift from x and dy), else dpre itself (the split form, or no activation)."""
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    t0, base = _tile_start(i_t, i_b, T, BT, C)
+    t0, base, xbase = _tile_start(i_t, i_b, T, sxb, SXT, BT, C)
     rel = tl.arange(0, BT)
     o_c = i_c * BC + tl.arange(0, BC)
     m_c = o_c < C
     m_t = t0 + rel < T
-    x_tile = x + base
+    x_tile = x + xbase
     # dx_t: every later token t + lag whose tap lag reads x_t (inside the same document)
-    d_own = _dpre_rows(x_tile, w, bias, state, pos, dpre + base, i_b, t0, rel, o_c, m_c, T, C, K, BT, BC, HAS_BIAS,
-                       HAS_STATE, VARLEN, SILU)
+    d_own = _dpre_rows(x_tile, SXT, w, bias, state, pos, dpre + base, i_b, t0, rel, o_c, m_c, T, C, K, BT, BC,
+                       HAS_BIAS, HAS_STATE, VARLEN, SILU)
     acc = tl.load(w + o_c * K + (K - 1), mask=m_c, other=0.0).to(tl.float32)[None, :] * d_own
     for lag in tl.static_range(1, K):
-        d = _dpre_rows(x_tile, w, bias, state, pos, dpre + base, i_b, t0, rel + lag, o_c, m_c, T, C, K, BT, BC,
+        d = _dpre_rows(x_tile, SXT, w, bias, state, pos, dpre + base, i_b, t0, rel + lag, o_c, m_c, T, C, K, BT, BC,
                        HAS_BIAS, HAS_STATE, VARLEN, SILU)
         if VARLEN:
             tt = t0 + rel + lag
@@ -186,9 +189,14 @@ def _short_conv_bwd(x, w, bias, state, pos, dpre, dx, dw_part, db_part, T, NT, C
     # this tile's parts of dw and dbias
     part = (i_b * NT + i_t).to(tl.int64)
     for lag in tl.static_range(K):
-        tap = _tap(x_tile, state, pos, i_b, t0, rel, o_c, m_c, lag, T, C, K, HAS_STATE, VARLEN)
+        tap = _tap(x_tile, SXT, state, pos, i_b, t0, rel, o_c, m_c, lag, T, C, K, HAS_STATE, VARLEN)
         tl.store(dw_part + (part * K + (K - 1 - lag)) * C + o_c, tl.sum(d_own * tap, 0), mask=m_c)
     tl.store(db_part + part * C + o_c, tl.sum(d_own, 0), mask=m_c)
+
+
+def _channels_dense(x: torch.Tensor) -> torch.Tensor:
+    """x itself when its channels are contiguous (the kernels take its batch and token strides), else a copy."""
+    return x if x.stride(2) == 1 else x.contiguous()
 
 
 def _flags(weight, bias, state, pos):
@@ -200,16 +208,17 @@ def _flags(weight, bias, state, pos):
 def _short_conv_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],  # noqa: UP045 (schema)
                    state: Optional[torch.Tensor], pos: Optional[torch.Tensor], silu: bool) -> torch.Tensor:  # noqa: UP045
     b, t, c = x.shape
-    # the kernels index dense rows: a compiled graph may hand the op other strides than eager code does
-    x, weight = x.contiguous(), weight.contiguous()
+    # x is read through its batch and token strides (a column slice of a wider projection output needs no copy);
+    # the other tensors are made dense (a compiled graph may hand the op other strides than eager code does)
+    x, weight = _channels_dense(x), weight.contiguous()
     bias = None if bias is None else bias.contiguous()
     state = None if state is None else state.contiguous()
-    y = torch.empty_like(x)
+    y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     flags = _flags(weight, bias, state, pos)
     bt, bc, warps = TILES[flags["HAS_STATE"]]
     if t:
         _short_conv_fwd[(triton.cdiv(t, bt), triton.cdiv(c, bc), b)](
-            x, weight, bias if bias is not None else weight, state if state is not None else x,
+            x, x.stride(0), x.stride(1), weight, bias if bias is not None else weight, state if state is not None else x,
             pos if pos is not None else x, y, t, C=c, BT=bt, BC=bc, HAS_BIAS=bias is not None, SILU=silu, **flags,
             num_warps=warps)
     return y
@@ -229,7 +238,7 @@ def _short_conv_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Ten
     """(dx, dweight, dbias, dstate); dbias is zeros [C] without a bias, dstate empty without a state."""
     b, t, c = x.shape
     k = weight.shape[1]
-    x, weight = x.contiguous(), weight.contiguous()
+    x, weight = _channels_dense(x), weight.contiguous()
     bias = None if bias is None else bias.contiguous()
     state = None if state is None else state.contiguous()
     flags = _flags(weight, bias, state, pos)
@@ -240,16 +249,16 @@ def _short_conv_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Ten
     split = silu and t and BWD == "split"
     if split:
         dpre = torch.empty(b, t, c, device=x.device, dtype=torch.float32)
-        _short_conv_dpre[grid](x, weight, bias if bias is not None else weight, state_arg, pos_arg, dy, dpre, t,
+        _short_conv_dpre[grid](x, x.stride(0), x.stride(1), weight, bias if bias is not None else weight, state_arg, pos_arg, dy, dpre, t,
                                C=c, BT=bt, BC=bc, HAS_BIAS=bias is not None, **flags, num_warps=warps)
     else:
         dpre = dy  # the fused form recomputes dpre from x and dy where it needs it
     nt = triton.cdiv(t, bt)
-    dx = torch.empty_like(x)
+    dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     dw_part = torch.zeros(b * nt, k, c, device=x.device, dtype=torch.float32)
     db_part = torch.zeros(b * nt, c, device=x.device, dtype=torch.float32)
     if t:
-        _short_conv_bwd[grid](x, weight, bias if bias is not None else weight, state_arg, pos_arg, dpre, dx, dw_part,
+        _short_conv_bwd[grid](x, x.stride(0), x.stride(1), weight, bias if bias is not None else weight, state_arg, pos_arg, dpre, dx, dw_part,
                               db_part, t, nt, C=c, BT=bt, BC=bc, HAS_BIAS=bias is not None,
                               SILU=bool(silu and not split), **flags, num_warps=warps)
     dweight = dw_part.sum(0).t().contiguous().to(weight.dtype)
@@ -315,6 +324,6 @@ def short_conv_triton(x, weight, bias, initial_state, cu_seqlens, silu):
         pos = positions_in_documents(x.shape[1], cu_seqlens, x.device).to(torch.int32)
     state = None if initial_state is None else initial_state.contiguous()
     in_graph = silu and BWD == "graph"
-    y = _short_conv_op(x.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous(), state, pos,
+    y = _short_conv_op(x, weight.contiguous(), None if bias is None else bias.contiguous(), state, pos,
                        silu and not in_graph)
     return torch.nn.functional.silu(y) if in_graph else y
