@@ -6,8 +6,9 @@
 #    the bf16 error ratio of o and every gradient goes 1.65e-3 -> 2.1-2.35e-3 from that rounding, at 4K and 16K.
 #    hla2, ahla, hla3 (composition only: its fp32 passes are 100x slower) with the bf16 check, then hla2 at
 #    hla_mamba2's heads (fused: 11.38 ms).
-# 2. The GPU tests session 13's defaults touch (delta_rule's K padding and state V-block floor, _pass_dqk's 64-wide
-#    K loop), two files side by side, SIGINT at the limit so pytest prints what failed, addopts cleared (-v works).
+# 2. GPU tests of what session 13 changed, side by side (SIGINT at the limit, so pytest prints what failed; addopts
+#    cleared, so -v works): test_delta_rule.py (K padding, state V-block floor) and test_short_conv.py (strided
+#    inputs read in place, the graph form). The head-dim tests (_pass_dqk's 64-wide K loop) open s14_c.sh.
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | grep -v WARN | tail -1
 export PYTHONPATH=/tmp/site WANDB_MODE=disabled
 T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
@@ -28,9 +29,9 @@ sweep 80 ahla --op ahla --backend triton --seq-len 16384 --variants "HILO_HLA=co
 sweep 90 hla3 --op hla3 --seq-len 16384 --variants "HILO_HLA=compose16=1"
 sweep 40 hla2_m2 --op hla2 --backend triton --seq-len 8192 --tokens 32768 --heads 32 --dim 128 --dim-v 64 --skip-check \
   --variants "HILO_HLA=compose16=1"
-l=$(( $(left) - 35 )); el "tests (${l}s)" >> $L
-( tests delta_rule $l 6 tests/kernels/test_delta_rule.py ) &
-tests head_dims $l 8 tests/kernels/test_gpu_head_dims.py tests/kernels/test_gpu_bf16.py -k "hla2 or ahla or delta_rule"
+l=$(( $(left) - 20 )); el "tests (${l}s)" >> $L
+( tests delta_rule $l 8 tests/kernels/test_delta_rule.py ) &
+tests short_conv $(( l < 150 ? l : 150 )) 4 tests/kernels/test_short_conv.py
 wait
 el done >> $L
 cat $L

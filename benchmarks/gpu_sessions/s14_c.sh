@@ -1,5 +1,6 @@
 #!/bin/bash
-# Planned third call of session 14 (nvidia-h200; carry .whl; <= 9.5 min): ahla under dqk_bk=64 against 128 with the
+# Planned third call of session 14 (nvidia-h200; carry .whl; <= 9.5 min): the head-dim GPU tests under session 13's
+# defaults (_pass_dqk's 64-wide K loop), ahla under dqk_bk=64 against 128 with the
 # bf16 check (s13_c2.sh's 50 s ran out in the check), then hla_mamba2's compiled 8K step (52,237 tokens/s in session 8;
 # its hla2 went 17.2 -> 11.4 ms since) on the fused kernels and, if s14_a.sh found compose16 faster and within the
 # check, on the bf16 composition (model.mixer_kwargs.backend=triton, HILO_HLA=compose16=1).
@@ -8,6 +9,11 @@ export PYTHONPATH=/tmp/site WANDB_MODE=disabled
 T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
 left() { echo $(( 555 - $(date +%s) + T0 )); }
 mkdir -p $OUT/n; L=$OUT/n/log.txt
+el "head-dim and bf16 GPU tests of hla2 / ahla / delta_rule" >> $L
+timeout -s INT -k 30 200 python -m pytest -o addopts="" -p no:logging -n 8 -v -ra --tb=short \
+  tests/kernels/test_gpu_head_dims.py tests/kernels/test_gpu_bf16.py -k "hla2 or ahla or delta_rule" \
+  > $OUT/n/head_dims.txt 2>&1
+echo "rc=$?" >> $L; grep -E "FAILED|^E  |[0-9]+ (passed|failed)" $OUT/n/head_dims.txt | head -12 | cut -c1-220 >> $L
 el "ahla dqk_bk (bf16 check)" >> $L
 timeout -s INT -k 10 110 python -u benchmarks/option_sweep.py --append --op ahla --seq-len 16384 \
   --variants "" "HILO_HLA=dqk_bk=128" > $OUT/n/sweep_ahla.log 2>&1
