@@ -14,6 +14,10 @@ timeout -s INT -k 30 200 python -m pytest -o addopts="" -p no:logging -n 8 -v -r
   tests/kernels/test_gpu_head_dims.py tests/kernels/test_gpu_bf16.py -k "hla2 or ahla or delta_rule" \
   > $OUT/n/head_dims.txt 2>&1
 echo "rc=$?" >> $L; grep -E "FAILED|^E  |[0-9]+ (passed|failed)" $OUT/n/head_dims.txt | head -12 | cut -c1-220 >> $L
+el "hla2 per-kernel profile at 16K x 2 (fused, defaults)" >> $L
+timeout -s INT -k 10 60 python -u benchmarks/kernels.py --ops hla2 --seqlens 16384 --skip-check --profile 16384 \
+  > $OUT/n/hla2_profile.log 2>&1; echo "rc=$?" >> $L
+grep -E "^\| 16384|_state_scan|_chunk_out|_pass_d|GPU kernels" $OUT/n/hla2_profile.log | cut -c1-200 >> $L
 el "ahla dqk_bk (bf16 check)" >> $L
 timeout -s INT -k 10 110 python -u benchmarks/option_sweep.py --append --op ahla --seq-len 16384 \
   --variants "" "HILO_HLA=dqk_bk=128" > $OUT/n/sweep_ahla.log 2>&1
