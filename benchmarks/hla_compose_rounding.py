@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script, benchmarks/ comes first, and benchmarks/kernels.py would shadow kernels
+if str(REPO) not in sys.path:  # as a script, benchmarks/ comes first and benchmarks/kernels.py would shadow kernels
     sys.path.insert(0, str(REPO))
 
 from kernels.common import error_ratio
@@ -80,7 +80,8 @@ def main(argv=None) -> None:
         for op in ("hla2", "ahla"):
             for name, errs in measure(op, args.seq_len, args.heads, args.dim, decay).items():
                 cells = " | ".join(f"{e:.2e}" for e in errs)
-                print(f"| {args.seq_len} | {'log-sigmoid' if decay else 'none'} | {op} | {name} | {cells} |", flush=True)
+                decay_name = "log-sigmoid" if decay else "none"
+                print(f"| {args.seq_len} | {decay_name} | {op} | {name} | {cells} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--dim-v", type=int, default=None)
     ap.add_argument("--backend", default=None,
-                    help="run the op on this backend instead of its own (triton: the HLA ops' linear_attn compositions)")
+                    help="run the op on this backend instead of its own (triton: the HLA ops' compositions)")
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--append", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = ap.parse_args(argv)
@@ -122,8 +122,9 @@ def main(argv=None) -> int:
         del fwd, fwd_bwd, leaves
         torch.cuda.empty_cache()
     if args.append:
-        kb.append_results("Option sweep", "option_sweep.py", f"{args.op} ({case.backend}), bf16, T = {args.seq_len}, B = {b}, "
-                          f"H = {args.heads}, K = {args.dim}, V = {args.dim_v or args.dim}; medians of do_bench.", lines)
+        kb.append_results("Option sweep", "option_sweep.py",
+                          f"{args.op} ({case.backend}), bf16, T = {args.seq_len}, B = {b}, H = {args.heads}, "
+                          f"K = {args.dim}, V = {args.dim_v or args.dim}; medians of do_bench.", lines)
     return 1 if failed else 0
 
 

@@ -186,8 +186,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(json.dumps(results))
     if args.append:
         stamp = datetime.date.today().isoformat()
-        cmd = hilo_environment() + "python " + " ".join(
-            [sys.argv[0] if argv is None else "benchmarks/train_throughput.py", *(sys.argv[1:] if argv is None else argv)])
+        words = [sys.argv[0], *sys.argv[1:]] if argv is None else ["benchmarks/train_throughput.py", *argv]
+        cmd = hilo_environment() + "python " + " ".join(words)
         with open(RESULTS, "a") as f:
             f.write(f"\n### Training throughput, {stamp}, {device}, torch {torch.__version__}\n\n`{cmd}`\n\n{text}\n")
     return results

@@ -42,7 +42,8 @@ try:
         grads = torch.autograd.grad(o.float().square().sum() + s.square().sum(), leaves)
         torch.cuda.synchronize(); phase = "forward"
         outs[name] = [o.float(), s] + [x.float() for x in grads]
-    ratios = [((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt()).item() for a, b in zip(outs["triton"], outs["naive"])]
+    ratios = [((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt()).item()
+              for a, b in zip(outs["triton"], outs["naive"])]
     print("ok  max error ratio %.2e" % max(ratios))
 except Exception as e:
     frames = [f for f in traceback.extract_tb(e.__traceback__) if "kernels/" in f.filename]

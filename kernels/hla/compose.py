@@ -16,7 +16,8 @@ precision; o is returned in q's dtype. With HILO_HLA=compose16=1, 16-bit inputs 
 passes in their own dtype instead, as fla's two-pass composition does: linear_attn's 16-bit kernels (tensor-core
 dots), K~ / V~ and their gradients rounded to that dtype between the passes. In float64 on CPU that rounding moves
 the bf16 error ratio of o and of every gradient from 1.65e-3 (inputs and output rounded) to 2.1-2.35e-3 at T = 4K
-and 16K, with and without decay (session 13); the states stay fp32. Gradients are autograd through the passes of the chosen linear_attn
+and 16K, with and without decay (benchmarks/hla_compose_rounding.py); the states stay fp32. Gradients are autograd
+through the passes of the chosen linear_attn
 backend ("torch": chunked PyTorch; "triton": linear_attn's Triton kernels, forward and backward).
 """
 

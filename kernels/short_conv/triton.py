@@ -112,9 +112,9 @@ def _tile_start(i_t, i_b, T, sxb, SXT: tl.constexpr, BT: tl.constexpr, C: tl.con
 
 
 @triton.jit(do_not_specialize=["T"])
-def _short_conv_fwd(x, sxb, SXT: tl.constexpr, w, bias, state, pos, y, T, C: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                    BC: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, VARLEN: tl.constexpr,
-                    SILU: tl.constexpr):
+def _short_conv_fwd(x, sxb, SXT: tl.constexpr, w, bias, state, pos, y, T, C: tl.constexpr, K: tl.constexpr,
+                    BT: tl.constexpr, BC: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,
+                    VARLEN: tl.constexpr, SILU: tl.constexpr):
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t0, base, xbase = _tile_start(i_t, i_b, T, sxb, SXT, BT, C)
     rel = tl.arange(0, BT)
@@ -129,8 +129,8 @@ def _short_conv_fwd(x, sxb, SXT: tl.constexpr, w, bias, state, pos, y, T, C: tl.
 
 
 @triton.jit
-def _dpre_rows(x_tile, SXT: tl.constexpr, w, bias, state, pos, dy_tile, i_b, t0, rel, o_c, m_c, T, C: tl.constexpr, K: tl.constexpr,
-               BT: tl.constexpr, BC: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,
+def _dpre_rows(x_tile, SXT: tl.constexpr, w, bias, state, pos, dy_tile, i_b, t0, rel, o_c, m_c, T, C: tl.constexpr,
+               K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,
                VARLEN: tl.constexpr, SILU: tl.constexpr):
     """dpre at tokens t0 + rel (0 past T): dy * silu'(pre) = dy * s (1 + pre (1 - s)), s = sigmoid(pre); dy
     without SiLU."""
@@ -218,9 +218,9 @@ def _short_conv_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     bt, bc, warps = TILES[flags["HAS_STATE"]]
     if t:
         _short_conv_fwd[(triton.cdiv(t, bt), triton.cdiv(c, bc), b)](
-            x, x.stride(0), x.stride(1), weight, bias if bias is not None else weight, state if state is not None else x,
-            pos if pos is not None else x, y, t, C=c, BT=bt, BC=bc, HAS_BIAS=bias is not None, SILU=silu, **flags,
-            num_warps=warps)
+            x, x.stride(0), x.stride(1), weight, bias if bias is not None else weight,
+            state if state is not None else x, pos if pos is not None else x, y, t, C=c, BT=bt, BC=bc,
+            HAS_BIAS=bias is not None, SILU=silu, **flags, num_warps=warps)
     return y
 
 
@@ -249,8 +249,9 @@ def _short_conv_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Ten
     split = silu and t and BWD == "split"
     if split:
         dpre = torch.empty(b, t, c, device=x.device, dtype=torch.float32)
-        _short_conv_dpre[grid](x, x.stride(0), x.stride(1), weight, bias if bias is not None else weight, state_arg, pos_arg, dy, dpre, t,
-                               C=c, BT=bt, BC=bc, HAS_BIAS=bias is not None, **flags, num_warps=warps)
+        _short_conv_dpre[grid](x, x.stride(0), x.stride(1), weight, bias if bias is not None else weight, state_arg,
+                               pos_arg, dy, dpre, t, C=c, BT=bt, BC=bc, HAS_BIAS=bias is not None, **flags,
+                               num_warps=warps)
     else:
         dpre = dy  # the fused form recomputes dpre from x and dy where it needs it
     nt = triton.cdiv(t, bt)
@@ -258,8 +259,8 @@ def _short_conv_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Ten
     dw_part = torch.zeros(b * nt, k, c, device=x.device, dtype=torch.float32)
     db_part = torch.zeros(b * nt, c, device=x.device, dtype=torch.float32)
     if t:
-        _short_conv_bwd[grid](x, x.stride(0), x.stride(1), weight, bias if bias is not None else weight, state_arg, pos_arg, dpre, dx, dw_part,
-                              db_part, t, nt, C=c, BT=bt, BC=bc, HAS_BIAS=bias is not None,
+        _short_conv_bwd[grid](x, x.stride(0), x.stride(1), weight, bias if bias is not None else weight, state_arg,
+                              pos_arg, dpre, dx, dw_part, db_part, t, nt, C=c, BT=bt, BC=bc, HAS_BIAS=bias is not None,
                               SILU=bool(silu and not split), **flags, num_warps=warps)
     dweight = dw_part.sum(0).t().contiguous().to(weight.dtype)
     dbias = db_part.sum(0).to(bias.dtype if bias is not None else torch.float32)
