@@ -12,13 +12,14 @@ carries its own state; together they are the op's state (kernels.hla.state). Wit
 ones is appended to V: every pass is linear in its values, so the last output column is the same operator on
 ones, the denominator, and o = numerator / signed_clamp(denominator). cu_seqlens goes to every pass unchanged.
 Passes run in float32 (float64 for float64 inputs) so the intermediates K~, V~, which grow with t, keep full
-precision; o is returned in q's dtype. With HILO_HLA=compose16=1, 16-bit inputs on the "triton" backend run the
-passes in their own dtype instead, as fla's two-pass composition does: linear_attn's 16-bit kernels (tensor-core
-dots), K~ / V~ and their gradients rounded to that dtype between the passes. In float64 on CPU that rounding moves
-the bf16 error ratio of o and of every gradient from 1.65e-3 (inputs and output rounded) to 2.1-2.35e-3 at T = 4K
-and 16K, with and without decay (benchmarks/hla_compose_rounding.py); the states stay fp32. Gradients are autograd
-through the passes of the chosen linear_attn
-backend ("torch": chunked PyTorch; "triton": linear_attn's Triton kernels, forward and backward).
+precision; o is returned in q's dtype. Gradients are autograd through the passes of the chosen linear_attn backend
+("torch": chunked PyTorch; "triton": linear_attn's Triton kernels, forward and backward).
+
+With HILO_HLA=compose16=1, bf16 inputs on the "triton" backend run the passes in bf16 instead, as fla's two-pass
+composition does: linear_attn's 16-bit kernels (tensor-core dots), K~ / V~ and their gradients rounded to bf16
+between the passes, decays and states in fp32. In float64 on CPU that rounding moves the bf16 error ratio of o and
+of every gradient from 1.65e-3 (inputs and output rounded) to 2.1-2.35e-3 at T = 4K and 16K, with and without decay
+(benchmarks/hla_compose_rounding.py).
 """
 
 import torch
@@ -34,10 +35,15 @@ def _pass(q, k, v, g, power, state, output_final_state, cu_seqlens, backend):
                        cu_seqlens=cu_seqlens, backend=backend)
 
 
+# Input dtypes compose16 runs the passes in: bf16 only. fp16's range (65504) is too small for HLA's intermediates
+# and outputs, which grow with t: with non-negative features and a weak decay, fp16 passes gave inf / NaN at T = 70.
+COMPOSE16_DTYPES = (torch.bfloat16,)
+
+
 def pass_dtype(dtype: torch.dtype, backend: str) -> torch.dtype:
-    """The dtype the passes run in: the input's own for 16-bit inputs on "triton" under HILO_HLA=compose16=1, else
-    float32 (float64 for float64 inputs)."""
-    if backend == "triton" and dtype in (torch.float16, torch.bfloat16):
+    """The dtype the passes run in: the input's own for bf16 inputs on "triton" under HILO_HLA=compose16=1 (see
+    COMPOSE16_DTYPES), else float32 (float64 for float64 inputs)."""
+    if backend == "triton" and dtype in COMPOSE16_DTYPES:
         from .triton_fused import OPTIONS
 
         if OPTIONS["compose16"]:
@@ -70,6 +76,6 @@ def hla_compose(op, q, k, v, g, decay, normalize, eps, scale, initial_state, out
         vt, p = _pass(qs, kk, vv, gg, 1, st[1], *args)
         o, f = _pass(qs, kt, vt, gg, 1, st[2], *args)
         finals = (s, p, f)
-    if normalize:
-        o = split_normalized(o, eps)
+    if normalize:  # the division in fp32 at least (compose16's passes return 16-bit o)
+        o = split_normalized(o.to(torch.promote_types(o.dtype, torch.float32)), eps)
     return o.to(q.dtype), (STATE_TYPES[op](*finals) if output_final_state else None)

@@ -307,19 +307,25 @@ def test_triton_backend_matches_float64(op, decay):
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
-@pytest.mark.parametrize("op,decay", CASES)
-def test_compose16_runs_passes_in_the_input_dtype(monkeypatch, op, decay):
-    """HILO_HLA=compose16=1: 16-bit inputs on the "triton" backend run linear_attn's passes in their own dtype
-    (fp16 here: the interpreter cannot multiply bf16), decays and states in fp32; output, final states and every
-    gradient within 16-bit rounding of the float64 definition on the same values (varlen, initial state). Without
-    the option the same call runs its passes in fp32, more exactly."""
+@pytest.mark.parametrize("op,decay,normalize", [*((op, decay, False) for op, decay in CASES), ("hla2", "d1", True)])
+def test_compose16_runs_passes_in_the_input_dtype(monkeypatch, op, decay, normalize):
+    """HILO_HLA=compose16=1: bf16 inputs on the "triton" backend run linear_attn's passes in their own dtype, decays
+    and states in fp32. Here in fp16 (the interpreter cannot multiply bf16; fp16 is admitted for the test only, its
+    range being too small for HLA's growing values): output, final states and every gradient within 16-bit rounding
+    of the float64 definition on the same values (varlen, initial state; normalized with non-negative features and
+    a strong decay). Without the option the same call runs its passes in fp32, more exactly."""
     from kernels.hla import compose, triton_fused
+
+    assert compose.COMPOSE16_DTYPES == (torch.bfloat16,)
+    monkeypatch.setattr(compose, "COMPOSE16_DTYPES", (torch.bfloat16, torch.float16))
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     cu = torch.tensor([0, 3, 70], device=dev)
-    q, k, v, g = make(1, 70, 2, 16, 8, "weak", seed=23)
+    q, k, v, g = make(1, 70, 2, 16, 8, "strong" if normalize else "weak", seed=23)
+    if normalize:  # the layer's feature map for normalized HLA: non-negative q and k (SPEC §3)
+        q, k = (torch.nn.functional.elu(x) + 1 for x in (q, k))
     q, k, v = (x.half().double() for x in (q, k, v))  # values exact in fp16
-    h0 = random_state(op, 2, 2, 16, 8, seed=24)
+    h0 = random_state(op, 2, 2, 16, 8 + normalize, seed=24)  # normalize: one value column more, the denominator
     gen = torch.Generator().manual_seed(25)
     do = torch.randn(1, 70, 2, 8, generator=gen, dtype=torch.float64)
     dst = [torch.randn(x.shape, generator=gen, dtype=torch.float64) for x in h0]
@@ -335,7 +341,7 @@ def test_compose16_runs_passes_in_the_input_dtype(monkeypatch, op, decay):
         leaves = [x.to(device=dev, dtype=dtype if i < 3 else torch.promote_types(dtype, torch.float32))
                   .requires_grad_() for i, x in enumerate((q, k, v, g, *h0))]
         o, fin = OPS[op](*leaves[:4], decay=decay, initial_state=type(h0)(*leaves[4:]), output_final_state=True,
-                         cu_seqlens=cu, backend=backend)
+                         cu_seqlens=cu, backend=backend, normalize=normalize)
         loss = (o.double() * do.to(dev)).sum() + sum((f.double() * d.to(dev)).sum() for f, d in zip(fin, dst))
         return [o, *fin], torch.autograd.grad(loss, leaves)
 
@@ -349,7 +355,9 @@ def test_compose16_runs_passes_in_the_input_dtype(monkeypatch, op, decay):
         assert all(d[3] == torch.float32 for d in seen)
         assert out[0].dtype == torch.float16 and all(f.dtype == torch.float32 for f in out[1:])
         errors[flag] = [error_ratio(a, b) for a, b in zip(out + list(grads), out_r + list(grad_r), strict=True)]
-    assert max(errors[True]) < 1.5e-3, errors[True]  # about 6e-4 (fp16's unit roundoff is 4.9e-4)
+    names = ["o", *(f"final {f}" for f in h0._fields), "dq", "dk", "dv", "dg", *(f"d{f}0" for f in h0._fields)]
+    for name, err in zip(names, errors[True], strict=True):  # fp16's unit roundoff is 4.9e-4; the gate's sum twice
+        assert err < (3e-3 if name == "dg" else 1.5e-3), (name, err)
     assert max(errors[False]) < 1e-3 and max(errors[False]) < max(errors[True]), errors
 
 
