@@ -11,7 +11,7 @@ left() { echo $(( 555 - $(date +%s) + T0 )); }
 mkdir -p $OUT/n; L=$OUT/n/log.txt
 el "head-dim and bf16 GPU tests of hla2 / ahla / delta_rule" >> $L
 timeout -s INT -k 30 200 python -m pytest -o addopts="" -p no:logging -n 8 -v -ra --tb=short \
-  tests/kernels/test_gpu_head_dims.py tests/kernels/test_gpu_bf16.py -k "hla2 or ahla or delta_rule" \
+  tests/kernels/test_gpu_head_dims.py tests/kernels/test_gpu_bf16.py -k "hla2 or ahla or delta_rule or compose16" \
   > $OUT/n/head_dims.txt 2>&1
 echo "rc=$?" >> $L; grep -E "FAILED|^E  |[0-9]+ (passed|failed)" $OUT/n/head_dims.txt | head -12 | cut -c1-220 >> $L
 el "hla2 per-kernel profile at 16K x 2 (fused, defaults)" >> $L

@@ -109,3 +109,20 @@ def test_bf16_linear_attn_grouped_q_k(groups, heads, dk, dv, varlen):
     bad = [f"{n}: {error_ratio(a, r):.2e} > {tol:.0e}" for n, a, r, tol in
            zip(names, results["triton"], results["torch"], tols) if not error_ratio(a, r) <= tol]
     assert not bad, f"G={groups} H={heads} K={dk} V={dv}: " + "; ".join(bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["hla2", "ahla", "hla3"])
+def test_bf16_hla_compose16_matches_fp32_oracle(monkeypatch, op):
+    """HILO_HLA=compose16=1: the HLA ops as compositions of linear_attn's bf16 kernels (K~ / V~ rounded to bf16
+    between the passes) against the fp32 oracle at SPEC §2's tolerances, with and without packed documents."""
+    import dataclasses
+
+    from benchmarks.kernels import CASES, check
+    from kernels.hla import triton_fused
+
+    monkeypatch.setitem(triton_fused.OPTIONS, "compose16", True)
+    rows = check(op, dataclasses.replace(CASES[op], backend="triton", baselines={}), "cuda")
+    assert rows
+    failures = [f"{shape} {qty}: {err:.2e} > {tol:.0e}" for shape, qty, err, tol in rows if not err <= tol]
+    assert not failures, "\n".join(failures)
