@@ -12,6 +12,10 @@ source benchmarks/gpu_sessions/lib.sh
 el "GDN 8K compiled step profile"
 timeout -s INT -k 20 200 python -u benchmarks/step_profile.py --families gated_deltanet --seq-len 8192 --compile \
   > "$OUT/n/gdn_profile.log" 2>&1; echo "rc=$?" >> "$L"; head -40 "$OUT/n/gdn_profile.log" | cut -c1-200 >> "$L"
+# GDN's training shape (8K x 4, H = 3, K = 256, V = 512: 12 sequence-head pairs) takes 32-wide V-blocks in the state
+# passes (192 programs); 64-wide ones would be 96 programs with twice the work per [C, 256] key-tile load
+sweep 40 gdn_bv --op delta_rule --seq-len 8192 --tokens 32768 --heads 3 --dim 256 --dim-v 512 --skip-check \
+  --variants "" "HILO_DELTA_RULE=state_bv_min=64"
 # each spec: name, model, T, HILO_SHORT_CONV_BWD, extra flag (- for none)
 for spec in "gdn_graph gated_deltanet 8192 graph -" "gdn_fproj gated_deltanet 8192 split --fused-projections" \
             "m2 mamba2 16384 split -" "m2_graph mamba2 16384 graph -" \
