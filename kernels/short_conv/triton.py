@@ -195,8 +195,12 @@ def _short_conv_bwd(x, sxb, SXT: tl.constexpr, w, bias, state, pos, dpre, dx, dw
 
 
 def _channels_dense(x: torch.Tensor) -> torch.Tensor:
-    """x itself when its channels are contiguous (the kernels take its batch and token strides), else a copy."""
-    return x if x.stride(2) == 1 else x.contiguous()
+    """x itself when its channels are contiguous and its rows start on 16-byte boundaries (the kernels take its batch
+    and token strides, and their loads stay vectorized), else a dense copy: a misaligned row stride (a slice of a
+    [.., 4614]-column bf16 projection output, say) would make every load of the four taps a scalar one."""
+    size = x.element_size()
+    aligned = x.data_ptr() % 16 == 0 and all(x.stride(i) * size % 16 == 0 for i in (0, 1))
+    return x if x.stride(2) == 1 and aligned else x.contiguous()
 
 
 def _flags(weight, bias, state, pos):

@@ -110,31 +110,34 @@ def test_triton_backward_forms_match_naive(monkeypatch, form, case):
             assert error_ratio(a, r) <= TOL, f"{form} {case} {name}: {error_ratio(a, r)}"
 
 
+@pytest.mark.parametrize("aligned", [True, False])
 @pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[5]])
-def test_triton_reads_strided_inputs_in_place(case):
-    """x a column slice of a wider tensor (as Mamba-2's xBC is of its in_proj output): the kernels read it through
-    its strides, with no copy, and give exactly the dense input's output and gradients (the gradient of the wider
-    tensor is zero outside the slice)."""
+def test_triton_reads_strided_inputs_in_place(case, aligned):
+    """x a column slice of a wider tensor (as Mamba-2's xBC is of its in_proj output): with rows on 16-byte
+    boundaries the kernels read it through its strides, with no copy; otherwise the op copies it first. Either way
+    exactly the dense input's output and gradients (the gradient of the wider tensor is zero outside the slice)."""
     from kernels.short_conv import triton as conv_triton
 
     b, t, c, k, bias, state, docs, silu = case
     x, w, bb, st = make(b, t, c, k, bias, state, seed=t + 2)
     cu = None if docs is None else torch.tensor([*docs, t], device=DEV)
-    wide = torch.randn(b, t, c + 13, generator=torch.Generator().manual_seed(7))
-    wide[:, :, 5:5 + c] = x
+    lo, width = (8, 4 * ((c + 8 + 11) // 4)) if aligned else (5, c + 13)  # fp32: 16 bytes are 4 columns
+    wide = torch.randn(b, t, width, generator=torch.Generator().manual_seed(7))
+    wide[:, :, lo:lo + c] = x
     outs = []
     for strided in (False, True):
         leaf = (wide if strided else x).to(DEV).requires_grad_()
-        xin = leaf[:, :, 5:5 + c] if strided else leaf
-        assert (conv_triton._channels_dense(xin) is xin) and xin.is_contiguous() != strided
+        xin = leaf[:, :, lo:lo + c] if strided else leaf
+        assert xin.is_contiguous() != strided
+        assert (conv_triton._channels_dense(xin) is xin) == (aligned or not strided)
         others = [None if z is None else z.to(DEV).requires_grad_() for z in (w, bb, st)]
         y = short_conv(xin, others[0], others[1], initial_state=others[2], cu_seqlens=cu,
                        activation="silu" if silu else None, backend="triton")
         dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(8)).to(DEV)
         grads = torch.autograd.grad((y * dy).sum(), [leaf] + [z for z in others if z is not None])
-        dx = grads[0][:, :, 5:5 + c] if strided else grads[0]
+        dx = grads[0][:, :, lo:lo + c] if strided else grads[0]
         if strided:
-            assert not grads[0][:, :, :5].any() and not grads[0][:, :, 5 + c:].any()
+            assert not grads[0][:, :, :lo].any() and not grads[0][:, :, lo + c:].any()
         outs.append([y, dx, *grads[1:]])
     for a, r in zip(*outs, strict=True):
         assert torch.equal(a, r)
