@@ -61,8 +61,15 @@ class ProjectionInput:
         save, and stacking the weights again at every decoded token would copy them all once per token."""
         if not fused or len(linears) == 1 or not torch.is_grad_enabled():
             return [linear(self()) for linear in linears]
-        weight = torch.cat([linear.weight for linear in linears])
-        return list(F.linear(self(), weight).split([linear.out_features for linear in linears], dim=-1))
+        sizes = [linear.out_features for linear in linears]
+        # zero rows up to a multiple of 8 outputs: 16-byte rows in bf16, so the GEMM takes aligned kernels and a
+        # slice that starts on a multiple of 8 columns (q, k, v, ...) can be read in place (kernels.short_conv)
+        pad = -sum(sizes) % 8
+        weights = [linear.weight for linear in linears]
+        if pad:
+            weights.append(weights[0].new_zeros(pad, weights[0].shape[1]))
+            sizes.append(pad)
+        return list(F.linear(self(), torch.cat(weights)).split(sizes, dim=-1))[:len(linears)]
 
     def __call__(self) -> torch.Tensor:
         if self.cast is None:

@@ -70,6 +70,19 @@ def test_fused_projections_equal_separate(monkeypatch, mixer, operator, mixer_kw
         assert [o.is_contiguous() for o in x.project([torch.nn.Linear(48, 5, bias=False)] * 2, True)] == [True, True]
 
 
+def test_fused_output_rows_are_padded_to_eight_columns():
+    """The stacked output has a multiple of 8 columns (zero weight rows appended), so its rows are 16-byte aligned in
+    bf16; the outputs are the separate projections' values, and the padding gets no gradient."""
+    linears = [torch.nn.Linear(48, n, bias=False) for n in (16, 24, 3, 3)]  # 46 outputs -> 48 columns
+    hidden = torch.randn(2, 5, 48, requires_grad=True)
+    outs = ProjectionInput(hidden).project(linears, True)
+    assert [o.shape[-1] for o in outs] == [16, 24, 3, 3] and all(o.stride(1) == 48 for o in outs)
+    for o, linear in zip(outs, linears, strict=True):
+        assert torch.allclose(o, linear(hidden), atol=1e-6)
+    sum(o.square().sum() for o in outs).backward()
+    assert all(linear.weight.grad is not None for linear in linears)
+
+
 def test_fused_projections_must_be_a_bool():
     with pytest.raises(TypeError, match="fused_projections must be true or false"):
         tiny("attention", None, {}, "yes")
