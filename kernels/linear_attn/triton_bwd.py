@@ -13,6 +13,13 @@ dS_out the gradient of the state leaving it:
 Gate gradient: every decay enters as exp(G_t - G_s) with G the in-document cumsum of g, so
 dL/dG_t = q_t . dq_t - k_t . dk_t (+ <S_T, dS_T> at a document's last token, from the final state), and
 dg_t = sum_{s >= t in its document} dL/dG_s. (Derived by hand; checked against autograd of the chunk path.)
+That sum is not taken over the whole document: its terms are large and cancel (a pair of tokens i > j enters
+at i through q_i . dq_i and leaves at j through k_j . dk_j, each rounded on its own path), and in bf16 the
+leftover grew with the number of chunks summed (linear_attn's dg ratio 1.76e-2 of the 2e-2 bound at T = 777; the
+HLA compositions' passes compound it past the bound). Instead, at the first token after a chunk,
+dg = <dS_out, S_out> exactly (g_t scales the whole state it decays, read by every later token): one inner product
+of the chunk's outgoing state and its gradient, which _chunk_dstates_bwd takes in fp32 as it walks back. A token's
+dg is that boundary value plus the sum of dL/dG over the rest of its own chunk (at most 64 terms).
 """
 
 from typing import Optional
@@ -37,8 +44,8 @@ from .triton_fwd import (
 FUSED_MAX_DIM = 128  # larger head dims take the two-kernel backward (K- and V-blocked)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])
-def _chunk_dstates_bwd(q, do, g, dht, dhs, dh0, bounds, offsets, scale, T, NT,
+@triton.jit(do_not_specialize=["T", "NT", "ROWS"])
+def _chunk_dstates_bwd(q, do, g, dht, ht, hs, dhs, dh0, dgb, bounds, offsets, scale, T, NT, ROWS,
                        H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                        BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr, HAS_DHT: tl.constexpr,
                        STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
@@ -58,6 +65,14 @@ def _chunk_dstates_bwd(q, do, g, dht, dhs, dh0, bounds, offsets, scale, T, NT,
     for it in range(nchunks):
         c = nchunks - 1 - it
         tl.store(dhs + ((c0 + c) * H + i_h) * K * V + kv_off, dstate.to(dhs.dtype.element_ty), mask=m_kv)
+        if HAS_G:  # this tile's share of <dS_out, S_out>: S_out = hs[c + 1], or the final state after the last chunk
+            if c < nchunks - 1:
+                s_out = tl.load(hs + ((c0 + c + 1) * H + i_h) * K * V + kv_off, mask=m_kv, other=0.0).to(tl.float32)
+            elif HAS_DHT:
+                s_out = tl.load(ht + i_nh.to(tl.int64) * K * V + kv_off, mask=m_kv, other=0.0)
+            else:
+                s_out = tl.zeros([BK, BV], dtype=tl.float32)
+            tl.store(dgb + (i_kv.to(tl.int64) * ROWS + c0 + c) * H + i_h, tl.sum(tl.sum(dstate * s_out, 1), 0))
         o_t = bos + c * BT + tl.arange(0, BT)
         m_t = o_t < eos
         qb = tl.load(q + (o_t[:, None] * G + i_h // (H // G)) * K + o_k[None, :],
@@ -171,11 +186,13 @@ def _chunk_dv_bwd(q, k, g, do, dhs, dv, table, scale, T, NT,
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
-def _chunk_bwd_fused(q, k, v, g, do, hs, dhs, dq, dk, dv, dgp, table, scale, T, NT,
+def _chunk_bwd_fused(q, k, v, g, do, hs, dhs, dq, dk, dv, dg, dgb, table, scale, T, NT, ROWS,
                      H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                     BV: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """dq, dk, dv and the gate partial of one (chunk, head) when K <= BK and V <= BV (one tile each): q, k, v,
-    do and both states are read once. Ordered so that one gradient accumulator is live at a time."""
+                     BV: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
+                     NKV: tl.constexpr):
+    """dq, dk, dv and dg of one (chunk, head) when K <= BK and V <= BV (one tile each): q, k, v, do and both
+    states are read once. Ordered so that one gradient accumulator is live at a time. dg: the chunk's boundary term
+    (the NKV state tiles' shares in dgb) plus the in-chunk reverse cumsum of q . dq - k . dk."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     start, end = _chunk_bounds(table, i_c, T, NT, BT, IS_VARLEN)
     if start >= end:
@@ -232,8 +249,11 @@ def _chunk_bwd_fused(q, k, v, g, do, hs, dhs, dq, dk, dv, dgp, table, scale, T, 
     acc_k += tl.dot(tl.trans(d_scores), qb, input_precision=PREC)
     tl.store(dk + tok_k, acc_k.to(dk.dtype.element_ty), mask=m_tk)
     if HAS_G:
-        dgate -= tl.sum(kb.to(tl.float32) * acc_k, 1)
-        tl.store(dgp + o_t * H + i_h, dgate, mask=m_t)
+        dgate -= tl.sum(kb.to(tl.float32) * acc_k, 1)  # 0 past the chunk's end
+        dgate += tl.sum(dgate, 0) - tl.cumsum(dgate, 0)
+        for j in range(NKV):
+            dgate += tl.load(dgb + (j * ROWS + i_c.to(tl.int64)) * H + i_h)
+        tl.store(dg + o_t * H + i_h, dgate, mask=m_t)
 
 
 def _segment_reverse_cumsum(x: torch.Tensor, lay: Layout) -> torch.Tensor:
@@ -252,6 +272,27 @@ def _segment_reverse_cumsum(x: torch.Tensor, lay: Layout) -> torch.Tensor:
     return (csum[:, last] - csum + xt).t().to(torch.float32)
 
 
+def _chunked_gate_grad(x: torch.Tensor, boundary: torch.Tensor, lay: Layout) -> torch.Tensor:
+    """dg_t = boundary[chunk of t] + sum_{s >= t in t's chunk} x_s, for x [TT, H] (dL/dG per token) and boundary
+    [rows, H] (<dS_out, S_out> per chunk: dg at the first token after it; <dS_T, S_T> after a document's last
+    chunk). The two-kernel path's (the fused backward does the same in-kernel). Equal to the in-document reverse
+    cumsum of x, without summing cancelling terms across chunks (see the module docstring)."""
+    tokens = torch.arange(lay.total, device=x.device)
+    if lay.varlen:
+        seq = (torch.searchsorted(lay.bounds, tokens, right=True) - 1).clamp_(max=lay.n - 1)  # bounds[0] = 0
+        bos = lay.bounds[seq]
+        c = (tokens - bos) // BT
+        row = lay.offsets.to(torch.int64)[seq] + c
+        last = torch.minimum(bos + (c + 1) * BT, lay.bounds[seq + 1]) - 1
+    else:
+        n, c = tokens // lay.seqlen, tokens % lay.seqlen // BT
+        row = n * lay.nt + c
+        last = torch.minimum(n * lay.seqlen + (c + 1) * BT, (n + 1) * lay.seqlen) - 1
+    xt = x.t().to(torch.float64).contiguous()  # scanned along the inner axis (see _segment_reverse_cumsum)
+    csum = torch.cumsum(xt, 1)
+    return ((csum[:, last] - csum + xt).t() + boundary[row]).to(torch.float32)
+
+
 def chunk_bwd(q, k, v, g, do, dht, ht, hs, scale, h0, lay: Layout, need_dh0: bool):
     """Gradients (dq, dk, dv, dg or None, dh0 or None) on the packed layout; hs are the forward's chunk states. q, k
     [TT, G, K] (G dividing H) as in chunk_fwd; dq, dk come per head, [TT, H, K] (their sum over a group's heads is
@@ -263,9 +304,12 @@ def chunk_bwd(q, k, v, g, do, dht, ht, hs, scale, h0, lay: Layout, need_dh0: boo
     dh0 = torch.empty(lay.n, h, dk_, dv_, device=q.device, dtype=torch.float32) if need_dh0 else None
     bk, bv = state_blocks(dk_, dv_, lay.n * h)
     grid = (triton.cdiv(dk_, bk) * triton.cdiv(dv_, bv), lay.n * h)
-    _chunk_dstates_bwd[grid](q, do, g if g is not None else q, dht if dht is not None else q, dhs,
-                             dh0 if dh0 is not None else dhs, lay.bounds, lay.offsets, scale, lay.seqlen, lay.nt,
-                             H=h, G=groups, K=dk_, V=dv_, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
+    # per chunk and state tile, <dS_out, S_out>: a chunk's dg at the first token after it (unused table rows: 0)
+    dgb = torch.zeros(grid[0], lay.rows, h, device=q.device, dtype=torch.float32) if g is not None else None
+    _chunk_dstates_bwd[grid](q, do, g if g is not None else q, dht if dht is not None else q,
+                             ht if dht is not None else q, hs, dhs, dh0 if dh0 is not None else dhs,
+                             dgb if dgb is not None else dhs, lay.bounds, lay.offsets, scale, lay.seqlen, lay.nt,
+                             lay.rows, H=h, G=groups, K=dk_, V=dv_, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
                              HAS_DHT=dht is not None, STORE_DH0=need_dh0, IS_VARLEN=lay.varlen, PREC=dot_precision(k),
                              num_warps=4, num_stages=2)
     dq = q.new_empty(lay.total, h, dk_)
@@ -273,15 +317,17 @@ def chunk_bwd(q, k, v, g, do, dht, ht, hs, scale, h0, lay: Layout, need_dh0: boo
     dv = torch.empty_like(v)
     gate = g if g is not None else q
     prec = dot_precision(k)
+    dg = None
     # fp32 tiles are twice as large: the fused kernel at K = V = 128 needs 272 KiB of shared memory (the H200 has
     # 227 KiB; measured 2026-11-29), so wide fp32 heads take the two-kernel path with K in 64-wide blocks.
     wide_fp32 = q.element_size() > 2 and max(dk_, dv_) > 64
     if dk_ <= FUSED_MAX_DIM and dv_ <= FUSED_MAX_DIM and not wide_fp32:
-        dgp = torch.empty(1, lay.total, h, device=q.device, dtype=torch.float32) if g is not None else None
-        _chunk_bwd_fused[(lay.rows, h)](q, k, v, gate, do, hs, dhs, dq, dk, dv, dgp if dgp is not None else q,
-                                        lay.table, scale, lay.seqlen, lay.nt, H=h, G=groups, K=dk_, V=dv_, BT=BT,
-                                        BK=_pow2(dk_), BV=_pow2(dv_), HAS_G=g is not None, IS_VARLEN=lay.varlen,
-                                        PREC=prec, num_warps=8, num_stages=1)
+        dg = torch.empty(lay.total, h, device=q.device, dtype=torch.float32) if g is not None else None
+        _chunk_bwd_fused[(lay.rows, h)](q, k, v, gate, do, hs, dhs, dq, dk, dv, dg if dg is not None else q,
+                                        dgb if dgb is not None else q, lay.table, scale, lay.seqlen, lay.nt,
+                                        lay.rows, H=h, G=groups, K=dk_, V=dv_, BT=BT, BK=_pow2(dk_),
+                                        BV=_pow2(dv_), HAS_G=g is not None, IS_VARLEN=lay.varlen, PREC=prec,
+                                        NKV=grid[0], num_warps=8, num_stages=1)
     else:
         bk = _pow2(dk_, hi=64 if wide_fp32 else 128)
         stages = 1 if wide_fp32 else 2
@@ -296,18 +342,8 @@ def chunk_bwd(q, k, v, g, do, dht, ht, hs, scale, h0, lay: Layout, need_dh0: boo
                                                            lay.nt, H=h, G=groups, K=dk_, V=dv_, BT=BT, BK=bk,
                                                            BV=bv, HAS_G=g is not None, IS_VARLEN=lay.varlen,
                                                            PREC=prec, num_warps=4, num_stages=stages)
-    dg = None
-    if g is not None:
-        dgate = dgp.sum(0)
-        if dht is not None:
-            # <S_T, dS_T> enters at each document's last token
-            last = (lay.bounds[1:] - 1).clamp(min=0) if lay.varlen else (
-                torch.arange(1, lay.n + 1, device=q.device) * lay.seqlen - 1)
-            nonempty = (lay.bounds[1:] > lay.bounds[:-1]) if lay.varlen else torch.ones(
-                lay.n, dtype=torch.bool, device=q.device)
-            term = (ht * dht).sum((-2, -1)) * nonempty[:, None]
-            dgate = dgate.index_add(0, last, term.to(dgate.dtype))
-        dg = _segment_reverse_cumsum(dgate, lay)
+        if g is not None:
+            dg = _chunked_gate_grad(dgp.sum(0), dgb.sum(0), lay)
     return dq, dk, dv, dg, dh0
 
 
