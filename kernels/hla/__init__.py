@@ -10,13 +10,15 @@ as scale^2 and hla3 as scale^3), b_t = prod_{r <= t} exp(g_r) within a document:
 (kernels.hla.naive gives the masked-matrix forms). Backends:
   "torch"   the exact composition of linear_attn passes (kernels.hla.compose) over linear_attn's chunked
             PyTorch path; the default off CUDA;
-  "triton"  the same composition over linear_attn's Triton kernels, run in fp32, forward and backward; hla3's
-            default on CUDA;
+  "triton"  the same composition over linear_attn's Triton kernels, forward and backward: for bf16 inputs of
+            hla2 and hla3 in bf16 ("compose16", see kernels.hla.compose; HILO_HLA=compose16=1 adds ahla, =0
+            removes all), else in fp32. The default on CUDA for hla3, and for hla2 with bf16 inputs (4.4-4.9 ms
+            fwd+bwd at 16K x 2 on the H200 against the fused kernels' 7.1, within the bf16 check);
   "fused"   hla2 and ahla: SPEC §3's chunked second-order algorithm in Triton
             (kernels.hla.triton_fused), the inner and outer states (S and F; P and E) carried in fp32 and the
-            inputs read in their own dtype, forward and backward; the default for hla2 and ahla on CUDA (checked
-            in bf16 on the H200 and ~20x faster than "triton" there, benchmarks/RESULTS.md); on CPU tensors it
-            needs TRITON_INTERPRET=1, like "triton";
+            inputs read in their own dtype, forward and backward; the default on CUDA for ahla, and for hla2 with
+            fp32 / fp16 inputs (~20x faster than fp32 passes); on CPU tensors it needs TRITON_INTERPRET=1, like
+            "triton";
   "naive"   the token recurrences of kernels.hla.naive: the oracle.
 States: kernels.hla.state (HLA2State, AHLAState, HLA3State). Decode: hla2_step, ahla_step, hla3_step.
 """
@@ -26,21 +28,29 @@ import torch
 from kernels.common.precision import autocast_off
 from kernels.common.validate import check_recurrent_inputs, resolve_backend
 
-from .compose import hla_compose
+from .compose import compose16, hla_compose
 from .naive import hla2_chunked, hla_masked, hla_recurrent
 from .state import AHLAState, HLA2State, HLA3State, check_state, decay_powers
 from .step import ahla_step, hla2_step, hla3_step, hla_step
 
-__all__ = ["AHLAState", "HLA2State", "HLA3State", "ahla", "ahla_step", "hla2", "hla2_chunked", "hla2_step", "hla3",
-           "hla3_step", "hla_masked", "hla_step"]
+__all__ = ["AHLAState", "HLA2State", "HLA3State", "ahla", "ahla_step", "default_backend", "hla2", "hla2_chunked",
+           "hla2_step", "hla3", "hla3_step", "hla_masked", "hla_step"]
+
+
+def default_backend(op: str, dtype: torch.dtype, on_cuda: bool) -> str | None:
+    """backend=None's choice: on CUDA the composition for hla3 and where compose16 applies (bf16 hla2), else the
+    fused kernels; None (resolve_backend's default) off CUDA and for float64."""
+    if not on_cuda or dtype == torch.float64:
+        return None
+    return "triton" if op == "hla3" or compose16(op, dtype) else "fused"
 
 
 @autocast_off
 def _hla(op, q, k, v, g, decay, normalize, eps, scale, initial_state, output_final_state, cu_seqlens, backend):
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"{op}: q must be a torch.Tensor, got {type(q).__name__}")
-    if backend is None and op != "hla3" and q.is_cuda and q.dtype != torch.float64:
-        backend = "fused"
+    if backend is None:
+        backend = default_backend(op, q.dtype, q.is_cuda)
     fused = backend == "fused"
     if fused and op == "hla3":
         raise ValueError(f"{op}: backend='fused' exists for hla2 and ahla only; use 'triton' (the composition)")

@@ -15,11 +15,16 @@ Passes run in float32 (float64 for float64 inputs) so the intermediates K~, V~, 
 precision; o is returned in q's dtype. Gradients are autograd through the passes of the chosen linear_attn backend
 ("torch": chunked PyTorch; "triton": linear_attn's Triton kernels, forward and backward).
 
-With HILO_HLA=compose16=1, bf16 inputs on the "triton" backend run the passes in bf16 instead, as fla's two-pass
-composition does: linear_attn's 16-bit kernels (tensor-core dots), K~ / V~ and their gradients rounded to bf16
-between the passes, decays and states in fp32. In float64 on CPU that rounding moves the bf16 error ratio of o and
-of every gradient from 1.65e-3 (inputs and output rounded) to 2.1-2.35e-3 at T = 4K and 16K, with and without decay
-(benchmarks/hla_compose_rounding.py).
+bf16 inputs on the "triton" backend run the passes in bf16 instead ("compose16"), as fla's two-pass composition
+does: linear_attn's 16-bit kernels (tensor-core dots), K~ / V~ and their gradients rounded to bf16 between the
+passes, decays and states in fp32. That is the default for hla2 and hla3 (and, through kernels.hla, their default
+backend on CUDA for bf16 inputs); HILO_HLA=compose16=1 extends it to ahla, compose16=0 turns it off. On the H200
+(2026-11-30, 16K x 2, H = 16, D = 128, fwd+bwd; benchmarks/RESULTS.md) compose16 passes SPEC §2's bf16 check for all
+three ops (worst: hla2 final state 4.1e-3, ahla o 5.00e-3 at its 5e-3 bound, hla3 o 4.3e-3) and takes hla2
+4.4-4.9 ms against the fused kernels' 7.1, ahla 4.4-5.0 against 7.1 and hla3 6.6-7.4 (fp32 passes: ahla's two took
+200 ms). ahla keeps the fused kernels by default: its output sits at the tolerance. In float64 on CPU the rounding
+between passes alone moves the bf16 error ratio of o and every gradient from 1.65e-3 to 2.1-2.35e-3 at T = 4K and
+16K (benchmarks/hla_compose_rounding.py).
 """
 
 import torch
@@ -38,16 +43,26 @@ def _pass(q, k, v, g, power, state, output_final_state, cu_seqlens, backend):
 # Input dtypes compose16 runs the passes in: bf16 only. fp16's range (65504) is too small for HLA's intermediates
 # and outputs, which grow with t: with non-negative features and a weak decay, fp16 passes gave inf / NaN at T = 70.
 COMPOSE16_DTYPES = (torch.bfloat16,)
+# The ops compose16 applies to unless HILO_HLA=compose16 says otherwise (see the module docstring).
+COMPOSE16_DEFAULT_OPS = ("hla2", "hla3")
 
 
-def pass_dtype(dtype: torch.dtype, backend: str) -> torch.dtype:
-    """The dtype the passes run in: the input's own for bf16 inputs on "triton" under HILO_HLA=compose16=1 (see
-    COMPOSE16_DTYPES), else float32 (float64 for float64 inputs)."""
-    if backend == "triton" and dtype in COMPOSE16_DTYPES:
-        from .triton_fused import OPTIONS
+def compose16(op: str, dtype: torch.dtype) -> bool:
+    """Whether `op`'s composition runs its passes in `dtype` (HILO_HLA=compose16: unset, the default ops; 1, all;
+    0, none)."""
+    from .triton_fused import OPTIONS
 
-        if OPTIONS["compose16"]:
-            return dtype
+    if dtype not in COMPOSE16_DTYPES:
+        return False
+    flag = OPTIONS["compose16"]
+    return op in COMPOSE16_DEFAULT_OPS if flag is None else bool(flag)
+
+
+def pass_dtype(op: str, dtype: torch.dtype, backend: str) -> torch.dtype:
+    """The dtype the passes run in: the input's own under compose16 on "triton", else float32 (float64 for float64
+    inputs)."""
+    if backend == "triton" and compose16(op, dtype):
+        return dtype
     return torch.promote_types(dtype, torch.float32)
 
 
@@ -56,7 +71,7 @@ def hla_compose(op, q, k, v, g, decay, normalize, eps, scale, initial_state, out
     """op ("hla2", "ahla", "hla3") through linear_attn passes; returns (o [B, T, H, V] in q's dtype, op's
     state or None). backend is linear_attn's ("torch" or "triton")."""
     p_in, p_out = decay_powers(op, decay)
-    dt = pass_dtype(q.dtype, backend)
+    dt = pass_dtype(op, q.dtype, backend)
     qs = q.to(dt) * scale
     kk = k.to(dt)
     vv = with_ones(v.to(dt)) if normalize else v.to(dt)

@@ -71,10 +71,10 @@ from .state import STATE_TYPES, decay_powers, split_normalized, with_ones
 # operands (and hla2's gate partial once, elementwise), which keep the same 11 bits.
 # Both off: on the H200 (hla2 at 16K x 2, H = 16, D = 128, bf16 fwd+bwd, session 13) states16 took 8.88 ms and
 # states16 + mid16 13.47 against 7.52 without: the scale passes cost more than the bytes they save.
-# HILO_HLA="compose16=1" is not this module's: the "triton" backend's compositions (kernels/hla/compose.py) run
-# their linear_attn passes in bf16 for bf16 inputs, fla's two-pass precision (hla3 has no fused kernel).
+# HILO_HLA="compose16=0|1" is not this module's: whether the "triton" backend's compositions (kernels/hla/compose.py)
+# run their linear_attn passes in bf16 for bf16 inputs (unset: hla2 and hla3 do, and take that backend by default).
 OPTIONS = {"lowp": False, "lowp_scan": False, "lowp_out": False, "lowp_dvalues": False, "lowp_dqk": False,
-           "fp16": False, "states16": False, "mid16": False, "compose16": False}
+           "fp16": False, "states16": False, "mid16": False, "compose16": None}
 # Launch configuration of each kernel family (HILO_HLA="out_warps=4,out_stages=3,dqk_bv=64", ...; 0 keeps the
 # default of LAUNCH_DEFAULTS): num_warps ("<family>_warps"), num_stages ("<family>_stages") and the tiles the
 # family's loops step by ("scan_by": the scans' state columns, capped at 64 and halved to 32 on small grids by

@@ -82,9 +82,10 @@ class HLAMixer(nn.Module):
       conv_size         None: no short conv; an int: the kernel size of the short convs on q, k and v.
       a_init_range, dt_min, dt_max   decay init: exp(A_log) ~ U[1, 16]; softplus(dt_bias) log-uniform in
                         [1e-3, 1e-1].
-      backend           the operator's backend: None (on CUDA the fused kernels for hla2 / ahla and the composition for
-                        hla3; torch elsewhere), "triton" (the composition of linear_attn kernels: fp32 passes, or bf16
-                        ones under HILO_HLA=compose16=1), "fused" (one-pass Triton hla2/ahla), "torch", "naive".
+      backend           the operator's backend: None (kernels.hla.default_backend: on CUDA the composition for
+                        hla3 and for bf16 hla2, the fused kernels otherwise; torch elsewhere), "triton" (the
+                        composition of linear_attn kernels: bf16 passes for bf16 hla2 / hla3, fp32 ones otherwise;
+                        HILO_HLA=compose16 changes that), "fused" (one-pass Triton hla2/ahla), "torch", "naive".
 
     forward(hidden [B, T, C], position_ids [B, T], cu_seqlens [N+1] or None, cache HiloCache or None) -> [B, T, C].
     The cache slot holds the operator's recurrent state field by field (kernels.hla.state: "S", "F" for hla2;

@@ -115,7 +115,8 @@ def test_bf16_linear_attn_grouped_q_k(groups, heads, dk, dv, varlen):
 @pytest.mark.parametrize("op", ["hla2", "ahla", "hla3"])
 def test_bf16_hla_compose16_matches_fp32_oracle(monkeypatch, op):
     """HILO_HLA=compose16=1: the HLA ops as compositions of linear_attn's bf16 kernels (K~ / V~ rounded to bf16
-    between the passes) against the fp32 oracle at SPEC §2's tolerances, with and without packed documents."""
+    between the passes) against the fp32 oracle at SPEC §2's tolerances, with and without packed documents (the
+    default for hla2 and hla3; ahla's output sat at its 5e-3 bound on the H200, 2026-11-30)."""
     import dataclasses
 
     from benchmarks.kernels import CASES, check

@@ -361,6 +361,42 @@ def test_compose16_runs_passes_in_the_input_dtype(monkeypatch, op, decay, normal
     assert max(errors[False]) < 1e-3 and max(errors[False]) < max(errors[True]), errors
 
 
+def test_default_backend_takes_compose16_for_bf16_hla2_and_hla3(monkeypatch):
+    """backend=None on CUDA: bf16 hla2 and hla3 take the bf16 composition (within the bf16 check on the H200 and
+    faster than the fused kernels), ahla and other dtypes keep the fused kernels (hla3: fp32 passes); HILO_HLA's
+    compose16 moves all ops at once; off CUDA the choice is resolve_backend's."""
+    from kernels.hla import compose, default_backend, triton_fused
+
+    monkeypatch.setitem(triton_fused.OPTIONS, "compose16", None)
+    bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
+    assert [default_backend(op, bf16, True) for op in ("hla2", "ahla", "hla3")] == ["triton", "fused", "triton"]
+    assert [default_backend(op, fp16, True) for op in ("hla2", "ahla", "hla3")] == ["fused", "fused", "triton"]
+    assert default_backend("hla2", fp32, True) == "fused"
+    assert default_backend("hla2", torch.float64, True) is None and default_backend("hla2", bf16, False) is None
+    assert [compose.pass_dtype(op, bf16, "triton") for op in ("hla2", "ahla", "hla3")] == [bf16, fp32, bf16]
+    assert compose.pass_dtype("hla2", bf16, "torch") == fp32 and compose.pass_dtype("hla3", fp16, "triton") == fp32
+    monkeypatch.setitem(triton_fused.OPTIONS, "compose16", True)
+    assert [default_backend(op, bf16, True) for op in ("hla2", "ahla", "hla3")] == ["triton"] * 3
+    assert compose.pass_dtype("ahla", bf16, "triton") == bf16
+    monkeypatch.setitem(triton_fused.OPTIONS, "compose16", False)
+    assert [default_backend(op, bf16, True) for op in ("hla2", "ahla", "hla3")] == ["fused", "fused", "triton"]
+    assert compose.pass_dtype("hla3", bf16, "triton") == fp32
+
+
+def test_compose16_option_parses(monkeypatch):
+    """HILO_HLA=compose16=<flag> sets the option to a bool; unset it stays None (the per-op default)."""
+    from kernels.hla import triton_fused
+
+    for val, want in (("1", True), ("off", False)):
+        monkeypatch.setitem(triton_fused.OPTIONS, "compose16", None)
+        monkeypatch.setenv("HILO_HLA", f"compose16={val}")
+        triton_fused._read_options()
+        assert triton_fused.OPTIONS["compose16"] is want
+    monkeypatch.setenv("HILO_HLA", "compose16=maybe")
+    with pytest.raises(ValueError, match="compose16"):
+        triton_fused._read_options()
+
+
 def test_low_precision_inputs():
     """bf16 inputs: o in bf16, states fp32, close to the float64 definition (the passes run in fp32)."""
     q, k, v, g = make(1, 24, 2, 8, 4, "weak", seed=20)
