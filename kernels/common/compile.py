@@ -80,6 +80,12 @@ def dense_outputs(fn: Callable) -> Callable:
     return wrapper
 
 
+def absent_grad(like: torch.Tensor) -> torch.Tensor:
+    """A backward custom op's output for an input that has no gradient (an optional g or initial state left None):
+    an empty fp32 tensor, a new one each time, since a custom op's outputs may not alias one another."""
+    return like.new_empty(0, dtype=torch.float32)
+
+
 def traced_as_custom_op(fn: Callable, stateless: bool = False, op_backend: str = "triton") -> Callable:
     """fn traced when it will take its custom op (no cu_seqlens; backend op_backend, or None on CUDA tensors that
     are not float64; stateless: also no initial_state and no output_final_state), opaque_to_compile(fn) otherwise."""

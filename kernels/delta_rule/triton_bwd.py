@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common.compile import dense_outputs
+from kernels.common.compile import absent_grad, dense_outputs
 from kernels.common.varlen import chunk_table, sequence_bounds
 
 from .triton_fwd import (
@@ -584,16 +584,15 @@ def _delta_rule_backward_op(do: _Tensor, dht: _OptTensor, q: _Tensor, k: _Tensor
     dq, dk, dv, dbeta, dg, dh0 = delta_rule_bwd(q, k, v, beta, g, scale, want_dh0, bounds, table, choff,
                                                 (gamma, tinv, w, ut, u, hs), do.contiguous(),
                                                 None if dht is None else dht.contiguous().float())
-    empty = q.new_empty(0, dtype=torch.float32)
-    return (dq, dk, dv, dbeta.to(beta.dtype), empty if dg is None else dg.to(g.dtype),
-            empty if dh0 is None else dh0)
+    return (dq, dk, dv, dbeta.to(beta.dtype), absent_grad(q) if dg is None else dg.to(g.dtype),
+            absent_grad(q) if dh0 is None else dh0)
 
 
 @_delta_rule_backward_op.register_fake
 def _(do, dht, q, k, v, beta, g, h0, scale, want_dh0, bounds, table, choff, gamma, tinv, w, ut, u, hs):
-    empty = q.new_empty(0, dtype=torch.float32)
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), beta.new_empty(beta.shape),
-            empty if g is None else g.new_empty(g.shape), h0.new_empty(h0.shape) if want_dh0 else empty)
+            absent_grad(q) if g is None else g.new_empty(g.shape),
+            h0.new_empty(h0.shape) if want_dh0 else absent_grad(q))
 
 
 def _delta_rule_setup(ctx, inputs, output):

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common.compile import dense_outputs
+from kernels.common.compile import absent_grad, dense_outputs
 
 from .triton_fwd import (
     BT,
@@ -442,16 +442,16 @@ def _linear_attn_backward_op(do: torch.Tensor, dht: Optional[torch.Tensor], q: t
     dq, dk_, dv_, dg, dh0 = chunk_bwd(qg, kg, vf, gf, do, dht, ht if ht.numel() else None, hs, scale, h0f, lay,
                                       need_dh0=h0 is not None)
     dq, dk_ = _group_grad(dq, groups, q.dtype), _group_grad(dk_, groups, k.dtype)
-    empty = q.new_empty(0, dtype=torch.float32)
     return (dq.reshape(q.shape), dk_.reshape(k.shape), dv_.reshape(v.shape).to(v.dtype),
-            empty if g is None else dg.reshape(g.shape).to(g.dtype), empty if h0 is None else dh0.to(h0.dtype))
+            absent_grad(q) if g is None else dg.reshape(g.shape).to(g.dtype),
+            absent_grad(q) if h0 is None else dh0.to(h0.dtype))
 
 
 @_linear_attn_backward_op.register_fake
 def _(do, dht, q, k, v, g, h0, ht, hs, scale):
-    empty = q.new_empty(0, dtype=torch.float32)
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
-            empty if g is None else g.new_empty(g.shape), empty if h0 is None else h0.new_empty(h0.shape))
+            absent_grad(q) if g is None else g.new_empty(g.shape),
+            absent_grad(q) if h0 is None else h0.new_empty(h0.shape))
 
 
 def _linear_attn_setup(ctx, inputs, output):

@@ -186,6 +186,7 @@ def _device_inputs(inputs, h0=None):
     (1, 63, 100, 60, "strong", False),
     (1, 70, 16, 32, "zero", True),
     (2, 65, 32, 16, None, True),
+    (1, 40, 16, 16, None, False),  # neither g nor h0: two absent gradients (custom op outputs must not alias)
 ])
 def test_triton_matches_naive(b, t, dk, dv, decay, with_h0):
     inputs = make(b, t, 2, dk, dv, seed=8, decay=decay, normalize=decay != "zero")

@@ -211,6 +211,7 @@ triton_only = pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INT
         (1, 63, 2, 60, 100, "weak", True),
         (2, 63, 1, 32, 16, "zero", False),
         (1, 130, 2, 16, 16, "none", True),
+        (1, 70, 2, 16, 16, "none", False),  # neither g nor h0: two absent gradients (custom op outputs must not alias)
         (1, 40, 1, 130, 20, "weak", True),  # K > 128: the K-blocked two-kernel backward
     ],
 )
