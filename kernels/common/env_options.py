@@ -2,6 +2,8 @@
 that is neither a recognised flag nor an integer is an error naming the variable, the option and what it takes,
 not a silent "off"."""
 
+import os
+
 FLAG_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
@@ -19,3 +21,13 @@ def parse_int(var: str, key: str, val: str) -> int:
         return int(val.strip())
     except ValueError:
         raise ValueError(f"{var}: {key}={val.strip()!r}: expected an integer") from None
+
+
+def read_flags(var: str, options: dict) -> None:
+    """Set options' on / off entries from the environment variable `var` ("key=1,other=0"); an unknown key or a
+    value that is not a flag is an error naming both."""
+    for item in filter(None, (x.strip() for x in os.environ.get(var, "").split(","))):
+        key, _, val = (part.strip() for part in item.partition("="))
+        if key not in options:
+            raise ValueError(f"{var}: unknown option {key!r}; expected one of {sorted(options)}")
+        options[key] = parse_flag(var, key, val)
