@@ -16,10 +16,15 @@ dg_t = sum_{s >= t in its document} dL/dG_s. (Derived by hand; checked against a
 That sum is not taken over the whole document: its terms are large and cancel (a pair of tokens i > j enters
 at i through q_i . dq_i and leaves at j through k_j . dk_j, each rounded on its own path), and in bf16 the
 leftover grew with the number of chunks summed (linear_attn's dg ratio 1.76e-2 of the 2e-2 bound at T = 777; the
-HLA compositions' passes compound it past the bound). Instead, at the first token after a chunk,
-dg = <dS_out, S_out> exactly (g_t scales the whole state it decays, read by every later token): one inner product
-of the chunk's outgoing state and its gradient, which _chunk_dstates_bwd takes in fp32 as it walks back. A token's
-dg is that boundary value plus the sum of dL/dG over the rest of its own chunk (at most 64 terms).
+HLA compositions' passes compound it past the bound). Instead, at a chunk's first token,
+  dg = <dS_in, S_in> = exp(gl) <dS_out, S_in> + sum_t q_t . dq_t(through S_in)
+exactly (g there scales the whole entering state, read by every later token; dS_in as above, the gradient S_in
+gets from this chunk on), from tiles each chunk's backward program loads anyway (the two-kernel path takes
+<dS_out, S_in> in _chunk_dv_bwd, run first), and a token's dg is that value minus the sum of dL/dG over the chunk's
+earlier tokens (at most 63 terms). On the H200 (bf16, T = 777) dg's error ratio went 1.76e-2 -> 4.7e-3 with the
+same value taken in the sequential dstates pass (session 14), which cost that pass 128 -> 228 registers a thread
+(sm_90, AOT) and linear_attn 2.07 -> 2.18 ms at 16K; this form leaves the pass as it was (128) and is exact in fp32
+under the interpreter, but has not yet run on a GPU.
 """
 
 from typing import Optional
@@ -44,8 +49,8 @@ from .triton_fwd import (
 FUSED_MAX_DIM = 128  # larger head dims take the two-kernel backward (K- and V-blocked)
 
 
-@triton.jit(do_not_specialize=["T", "NT", "ROWS"])
-def _chunk_dstates_bwd(q, do, g, dht, ht, hs, dhs, dh0, dgb, bounds, offsets, scale, T, NT, ROWS,
+@triton.jit(do_not_specialize=["T", "NT"])
+def _chunk_dstates_bwd(q, do, g, dht, dhs, dh0, bounds, offsets, scale, T, NT,
                        H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                        BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr, HAS_DHT: tl.constexpr,
                        STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
@@ -65,14 +70,6 @@ def _chunk_dstates_bwd(q, do, g, dht, ht, hs, dhs, dh0, dgb, bounds, offsets, sc
     for it in range(nchunks):
         c = nchunks - 1 - it
         tl.store(dhs + ((c0 + c) * H + i_h) * K * V + kv_off, dstate.to(dhs.dtype.element_ty), mask=m_kv)
-        if HAS_G:  # this tile's share of <dS_out, S_out>: S_out = hs[c + 1], or the final state after the last chunk
-            if c < nchunks - 1:
-                s_out = tl.load(hs + ((c0 + c + 1) * H + i_h) * K * V + kv_off, mask=m_kv, other=0.0).to(tl.float32)
-            elif HAS_DHT:
-                s_out = tl.load(ht + i_nh.to(tl.int64) * K * V + kv_off, mask=m_kv, other=0.0)
-            else:
-                s_out = tl.zeros([BK, BV], dtype=tl.float32)
-            tl.store(dgb + (i_kv.to(tl.int64) * ROWS + c0 + c) * H + i_h, tl.sum(tl.sum(dstate * s_out, 1), 0))
         o_t = bos + c * BT + tl.arange(0, BT)
         m_t = o_t < eos
         qb = tl.load(q + (o_t[:, None] * G + i_h // (H // G)) * K + o_k[None, :],
@@ -92,9 +89,10 @@ def _chunk_dstates_bwd(q, do, g, dht, ht, hs, dhs, dh0, dgb, bounds, offsets, sc
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
-def _chunk_dqk_bwd(q, k, v, g, do, hs, dhs, dq, dk, dgp, table, scale, T, NT, TT,
+def _chunk_dqk_bwd(q, k, v, g, do, hs, dhs, state_dots, dq, dk, dgp, table, scale, T, NT, TT, ROWS,
                    H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                   BV: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
+                   BV: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
+                   NV: tl.constexpr):
     i_k, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     start, end = _chunk_bounds(table, i_c, T, NT, BT, IS_VARLEN)
     if start >= end:
@@ -131,6 +129,11 @@ def _chunk_dqk_bwd(q, k, v, g, do, hs, dhs, dq, dk, dgp, table, scale, T, NT, TT
         acc_q *= (tl.exp(gc) * scale)[:, None]
         acc_k *= tl.exp(gl - gc)[:, None]
         d_scores *= tl.exp(tl.where(causal, gc[:, None] - gc[None, :], float("-inf"))) * scale
+        # dg at the first token; <dS_out, S_in> comes from _chunk_dv_bwd (NV V-blocks' shares), added by K-block 0
+        entering = tl.sum(tl.sum(qb.to(tl.float32) * acc_q, 1), 0)
+        if i_k == 0:
+            for j in range(NV):
+                entering += tl.exp(gl) * tl.load(state_dots + (j * ROWS + i_c.to(tl.int64)) * H + i_h)
     else:
         acc_q *= scale
         d_scores *= scale
@@ -140,15 +143,18 @@ def _chunk_dqk_bwd(q, k, v, g, do, hs, dhs, dq, dk, dgp, table, scale, T, NT, TT
     tok = (o_t[:, None] * H + i_h) * K + o_k[None, :]
     tl.store(dq + tok, acc_q.to(dq.dtype.element_ty), mask=m_tk)
     tl.store(dk + tok, acc_k.to(dk.dtype.element_ty), mask=m_tk)
-    if HAS_G:
+    if HAS_G:  # this K-block's share of dg (the host sums the blocks)
         dgate = tl.sum(qb.to(tl.float32) * acc_q - kb.to(tl.float32) * acc_k, 1)
+        dgate = entering - (tl.cumsum(dgate, 0) - dgate)
         tl.store(dgp + i_k.to(tl.int64) * TT * H + o_t * H + i_h, dgate, mask=m_t)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
-def _chunk_dv_bwd(q, k, g, do, dhs, dv, table, scale, T, NT,
+def _chunk_dv_bwd(q, k, g, do, hs, dhs, dv, state_dots, table, scale, T, NT, ROWS,
                   H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                   BV: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """dv of one (V-block, chunk, head), and with g this V-block's share of <dS_out, S_in> for _chunk_dqk_bwd's dg
+    (there, inside its V loop, the product spilled registers at K = 256; 2026-11-30, AOT for sm_90)."""
     i_v, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     start, end = _chunk_bounds(table, i_c, T, NT, BT, IS_VARLEN)
     if start >= end:
@@ -160,13 +166,18 @@ def _chunk_dv_bwd(q, k, g, do, dhs, dv, table, scale, T, NT,
     state_base = (i_c.to(tl.int64) * H + i_h) * K * V
     scores_t = tl.zeros([BT, BT], dtype=tl.float32)  # [j, i] = k_j . q_i
     acc = tl.zeros([BT, BV], dtype=tl.float32)
+    state_dot = 0.0
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_tk = m_t[:, None] & (o_k[None, :] < K)
         qb = tl.load(q + (o_t[:, None] * G + i_h // (H // G)) * K + o_k[None, :], mask=m_tk, other=0.0)
         kb = tl.load(k + (o_t[:, None] * G + i_h // (H // G)) * K + o_k[None, :], mask=m_tk, other=0.0)
-        dhb = tl.load(dhs + state_base + o_k[:, None] * V + o_v[None, :],
-                      mask=(o_k[:, None] < K) & (o_v[None, :] < V), other=0.0).to(kb.dtype)
+        m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
+        dhb = tl.load(dhs + state_base + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
+        if HAS_G:
+            hb = tl.load(hs + state_base + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
+            state_dot += tl.sum(tl.sum(hb.to(tl.float32) * dhb.to(tl.float32), 1), 0)
+        dhb = dhb.to(kb.dtype)
         scores_t += tl.dot(kb, tl.trans(qb), input_precision=PREC)
         acc += tl.dot(kb, dhb, input_precision=PREC)
     o_i = tl.arange(0, BT)
@@ -183,16 +194,17 @@ def _chunk_dv_bwd(q, k, g, do, dhs, dv, table, scale, T, NT,
     scores_t = tl.where(anti, scores_t, 0.0).to(dob.dtype)
     acc += tl.dot(scores_t, dob, input_precision=PREC)
     tl.store(dv + (o_t[:, None] * H + i_h) * V + o_v[None, :], acc.to(dv.dtype.element_ty), mask=m_tv)
+    if HAS_G:
+        tl.store(state_dots + (i_v * ROWS + i_c.to(tl.int64)) * H + i_h, state_dot)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
-def _chunk_bwd_fused(q, k, v, g, do, hs, dhs, dq, dk, dv, dg, dgb, table, scale, T, NT, ROWS,
+def _chunk_bwd_fused(q, k, v, g, do, hs, dhs, dq, dk, dv, dg, table, scale, T, NT,
                      H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                     BV: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
-                     NKV: tl.constexpr):
+                     BV: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
     """dq, dk, dv and dg of one (chunk, head) when K <= BK and V <= BV (one tile each): q, k, v, do and both
-    states are read once. Ordered so that one gradient accumulator is live at a time. dg: the chunk's boundary term
-    (the NKV state tiles' shares in dgb) plus the in-chunk reverse cumsum of q . dq - k . dk."""
+    states are read once. Ordered so that one gradient accumulator is live at a time. dg as the module docstring
+    says: <dS_in, S_in> at the chunk's first token, less the in-chunk cumsum of q . dq - k . dk before each."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     start, end = _chunk_bounds(table, i_c, T, NT, BT, IS_VARLEN)
     if start >= end:
@@ -238,6 +250,9 @@ def _chunk_bwd_fused(q, k, v, g, do, hs, dhs, dq, dk, dv, dg, dgb, table, scale,
         acc_q *= (tl.exp(gc) * scale)[:, None]
     else:
         acc_q *= scale
+    if HAS_G:  # dg at the chunk's first token: exp(gl) <dS_out, S_in> + sum_t q_t . dq_t(through S_in)
+        entering = (tl.exp(gl) * tl.sum(tl.sum(hb.to(tl.float32) * dhb.to(tl.float32), 1), 0)
+                    + tl.sum(tl.sum(qb.to(tl.float32) * acc_q, 1), 0))
     acc_q += tl.dot(d_scores, kb, input_precision=PREC)
     tl.store(dq + tok_k, acc_q.to(dq.dtype.element_ty), mask=m_tk)
     if HAS_G:
@@ -250,10 +265,7 @@ def _chunk_bwd_fused(q, k, v, g, do, hs, dhs, dq, dk, dv, dg, dgb, table, scale,
     tl.store(dk + tok_k, acc_k.to(dk.dtype.element_ty), mask=m_tk)
     if HAS_G:
         dgate -= tl.sum(kb.to(tl.float32) * acc_k, 1)  # 0 past the chunk's end
-        dgate += tl.sum(dgate, 0) - tl.cumsum(dgate, 0)
-        for j in range(NKV):
-            dgate += tl.load(dgb + (j * ROWS + i_c.to(tl.int64)) * H + i_h)
-        tl.store(dg + o_t * H + i_h, dgate, mask=m_t)
+        tl.store(dg + o_t * H + i_h, entering - (tl.cumsum(dgate, 0) - dgate), mask=m_t)
 
 
 def _segment_reverse_cumsum(x: torch.Tensor, lay: Layout) -> torch.Tensor:
@@ -272,28 +284,7 @@ def _segment_reverse_cumsum(x: torch.Tensor, lay: Layout) -> torch.Tensor:
     return (csum[:, last] - csum + xt).t().to(torch.float32)
 
 
-def _chunked_gate_grad(x: torch.Tensor, boundary: torch.Tensor, lay: Layout) -> torch.Tensor:
-    """dg_t = boundary[chunk of t] + sum_{s >= t in t's chunk} x_s, for x [TT, H] (dL/dG per token) and boundary
-    [rows, H] (<dS_out, S_out> per chunk: dg at the first token after it; <dS_T, S_T> after a document's last
-    chunk). The two-kernel path's (the fused backward does the same in-kernel). Equal to the in-document reverse
-    cumsum of x, without summing cancelling terms across chunks (see the module docstring)."""
-    tokens = torch.arange(lay.total, device=x.device)
-    if lay.varlen:
-        seq = (torch.searchsorted(lay.bounds, tokens, right=True) - 1).clamp_(max=lay.n - 1)  # bounds[0] = 0
-        bos = lay.bounds[seq]
-        c = (tokens - bos) // BT
-        row = lay.offsets.to(torch.int64)[seq] + c
-        last = torch.minimum(bos + (c + 1) * BT, lay.bounds[seq + 1]) - 1
-    else:
-        n, c = tokens // lay.seqlen, tokens % lay.seqlen // BT
-        row = n * lay.nt + c
-        last = torch.minimum(n * lay.seqlen + (c + 1) * BT, (n + 1) * lay.seqlen) - 1
-    xt = x.t().to(torch.float64).contiguous()  # scanned along the inner axis (see _segment_reverse_cumsum)
-    csum = torch.cumsum(xt, 1)
-    return ((csum[:, last] - csum + xt).t() + boundary[row]).to(torch.float32)
-
-
-def chunk_bwd(q, k, v, g, do, dht, ht, hs, scale, h0, lay: Layout, need_dh0: bool):
+def chunk_bwd(q, k, v, g, do, dht, hs, scale, h0, lay: Layout, need_dh0: bool):
     """Gradients (dq, dk, dv, dg or None, dh0 or None) on the packed layout; hs are the forward's chunk states. q, k
     [TT, G, K] (G dividing H) as in chunk_fwd; dq, dk come per head, [TT, H, K] (their sum over a group's heads is
     the group's gradient)."""
@@ -304,12 +295,9 @@ def chunk_bwd(q, k, v, g, do, dht, ht, hs, scale, h0, lay: Layout, need_dh0: boo
     dh0 = torch.empty(lay.n, h, dk_, dv_, device=q.device, dtype=torch.float32) if need_dh0 else None
     bk, bv = state_blocks(dk_, dv_, lay.n * h)
     grid = (triton.cdiv(dk_, bk) * triton.cdiv(dv_, bv), lay.n * h)
-    # per chunk and state tile, <dS_out, S_out>: a chunk's dg at the first token after it (unused table rows: 0)
-    dgb = torch.zeros(grid[0], lay.rows, h, device=q.device, dtype=torch.float32) if g is not None else None
-    _chunk_dstates_bwd[grid](q, do, g if g is not None else q, dht if dht is not None else q,
-                             ht if dht is not None else q, hs, dhs, dh0 if dh0 is not None else dhs,
-                             dgb if dgb is not None else dhs, lay.bounds, lay.offsets, scale, lay.seqlen, lay.nt,
-                             lay.rows, H=h, G=groups, K=dk_, V=dv_, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
+    _chunk_dstates_bwd[grid](q, do, g if g is not None else q, dht if dht is not None else q, dhs,
+                             dh0 if dh0 is not None else dhs, lay.bounds, lay.offsets, scale, lay.seqlen, lay.nt,
+                             H=h, G=groups, K=dk_, V=dv_, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
                              HAS_DHT=dht is not None, STORE_DH0=need_dh0, IS_VARLEN=lay.varlen, PREC=dot_precision(k),
                              num_warps=4, num_stages=2)
     dq = q.new_empty(lay.total, h, dk_)
@@ -324,26 +312,29 @@ def chunk_bwd(q, k, v, g, do, dht, ht, hs, scale, h0, lay: Layout, need_dh0: boo
     if dk_ <= FUSED_MAX_DIM and dv_ <= FUSED_MAX_DIM and not wide_fp32:
         dg = torch.empty(lay.total, h, device=q.device, dtype=torch.float32) if g is not None else None
         _chunk_bwd_fused[(lay.rows, h)](q, k, v, gate, do, hs, dhs, dq, dk, dv, dg if dg is not None else q,
-                                        dgb if dgb is not None else q, lay.table, scale, lay.seqlen, lay.nt,
-                                        lay.rows, H=h, G=groups, K=dk_, V=dv_, BT=BT, BK=_pow2(dk_),
-                                        BV=_pow2(dv_), HAS_G=g is not None, IS_VARLEN=lay.varlen, PREC=prec,
-                                        NKV=grid[0], num_warps=8, num_stages=1)
+                                        lay.table, scale, lay.seqlen, lay.nt, H=h, G=groups, K=dk_, V=dv_, BT=BT,
+                                        BK=_pow2(dk_), BV=_pow2(dv_), HAS_G=g is not None, IS_VARLEN=lay.varlen,
+                                        PREC=prec, num_warps=8, num_stages=1)
     else:
         bk = _pow2(dk_, hi=64 if wide_fp32 else 128)
         stages = 1 if wide_fp32 else 2
         nk = triton.cdiv(dk_, bk)
-        dgp = torch.empty(nk, lay.total, h, device=q.device, dtype=torch.float32) if g is not None else None
-        _chunk_dqk_bwd[(nk, lay.rows, h)](q, k, v, gate, do, hs, dhs, dq, dk, dgp if dgp is not None else q,
-                                          lay.table, scale, lay.seqlen, lay.nt, lay.total, H=h, G=groups, K=dk_,
-                                          V=dv_, BT=BT, BK=bk, BV=_pow2(dv_, hi=64), HAS_G=g is not None,
-                                          IS_VARLEN=lay.varlen, PREC=prec, num_warps=8, num_stages=stages)
         bv = _pow2(dv_, hi=64)
-        _chunk_dv_bwd[(triton.cdiv(dv_, bv), lay.rows, h)](q, k, gate, do, dhs, dv, lay.table, scale, lay.seqlen,
-                                                           lay.nt, H=h, G=groups, K=dk_, V=dv_, BT=BT, BK=bk,
-                                                           BV=bv, HAS_G=g is not None, IS_VARLEN=lay.varlen,
-                                                           PREC=prec, num_warps=4, num_stages=stages)
+        nv = triton.cdiv(dv_, bv)
+        # dv first: with g it also takes each V-block's share of <dS_out, S_in> per chunk and head for dg
+        state_dots = torch.empty(nv, lay.rows, h, device=q.device, dtype=torch.float32) if g is not None else None
+        _chunk_dv_bwd[(nv, lay.rows, h)](q, k, gate, do, hs, dhs, dv, state_dots if state_dots is not None else q,
+                                         lay.table, scale, lay.seqlen, lay.nt, lay.rows, H=h, G=groups, K=dk_, V=dv_,
+                                         BT=BT, BK=bk, BV=bv, HAS_G=g is not None, IS_VARLEN=lay.varlen, PREC=prec,
+                                         num_warps=4, num_stages=stages)
+        dgp = torch.empty(nk, lay.total, h, device=q.device, dtype=torch.float32) if g is not None else None
+        _chunk_dqk_bwd[(nk, lay.rows, h)](q, k, v, gate, do, hs, dhs, state_dots if state_dots is not None else q,
+                                          dq, dk, dgp if dgp is not None else q, lay.table, scale, lay.seqlen,
+                                          lay.nt, lay.total, lay.rows, H=h, G=groups, K=dk_, V=dv_, BT=BT, BK=bk,
+                                          BV=_pow2(dv_, hi=64), HAS_G=g is not None, IS_VARLEN=lay.varlen, PREC=prec,
+                                          NV=nv, num_warps=8, num_stages=stages)
         if g is not None:
-            dg = _chunked_gate_grad(dgp.sum(0), dgb.sum(0), lay)
+            dg = dgp.sum(0)
     return dq, dk, dv, dg, dh0
 
 
@@ -378,19 +369,19 @@ class LinearAttnFunction(torch.autograd.Function):
         # The chunk states (K*V/64 values per token and head, in the inputs' dtype) are kept for the backward:
         # recomputing them is a sequential pass that costs as much as the rest of the backward at long T.
         # Grouped q and k stay per group: the kernels read head h's from group h // (H / G).
-        ctx.save_for_backward(qg, kg, vf, gf, h0f, ht, hs)
+        ctx.save_for_backward(qg, kg, vf, gf, h0f, hs)
         ctx.lay, ctx.scale, ctx.shape = lay, scale, (b, t, h, dk, dv)
         ctx.h0_dtype = None if h0 is None else h0.dtype
         return o.reshape(b, t, h, dv), ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        qg, kg, vf, gf, h0f, ht, hs = ctx.saved_tensors
+        qg, kg, vf, gf, h0f, hs = ctx.saved_tensors
         b, t, h, dk, dv = ctx.shape
         groups = qg.shape[1]
         do = do.reshape(b * t, h, dv).contiguous().to(vf.dtype)
         dht = None if dht is None else dht.contiguous().float()
-        dq, dk_, dv_, dg, dh0 = chunk_bwd(qg, kg, vf, gf, do, dht, ht, hs, ctx.scale, h0f, ctx.lay,
+        dq, dk_, dv_, dg, dh0 = chunk_bwd(qg, kg, vf, gf, do, dht, hs, ctx.scale, h0f, ctx.lay,
                                           need_dh0=h0f is not None)
         dq, dk_ = (_group_grad(x, groups, qg.dtype).reshape(b, t, groups, dk) for x in (dq, dk_))
         dv_ = dv_.reshape(b, t, h, dv)
@@ -430,7 +421,7 @@ def _(q, k, v, g, h0, scale, output_final_state):
 @dense_outputs
 def _linear_attn_backward_op(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tensor,  # noqa: UP045
                              k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],  # noqa: UP045
-                             h0: Optional[torch.Tensor], ht: torch.Tensor, hs: torch.Tensor,  # noqa: UP045
+                             h0: Optional[torch.Tensor], hs: torch.Tensor,  # noqa: UP045
                              scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                                     torch.Tensor]:
     """(dq, dk, dv, dg (empty without g), dh0 (empty without h0)) in their inputs' dtypes."""
@@ -439,8 +430,7 @@ def _linear_attn_backward_op(do: torch.Tensor, dht: Optional[torch.Tensor], q: t
     qg, kg, vf, gf, h0f, lay = _flat_inputs(q, k, v, g, h0)
     do = do.reshape(b * t, h, dv).contiguous().to(vf.dtype)
     dht = None if dht is None else dht.contiguous().float()
-    dq, dk_, dv_, dg, dh0 = chunk_bwd(qg, kg, vf, gf, do, dht, ht if ht.numel() else None, hs, scale, h0f, lay,
-                                      need_dh0=h0 is not None)
+    dq, dk_, dv_, dg, dh0 = chunk_bwd(qg, kg, vf, gf, do, dht, hs, scale, h0f, lay, need_dh0=h0 is not None)
     dq, dk_ = _group_grad(dq, groups, q.dtype), _group_grad(dk_, groups, k.dtype)
     return (dq.reshape(q.shape), dk_.reshape(k.shape), dv_.reshape(v.shape).to(v.dtype),
             absent_grad(q) if g is None else dg.reshape(g.shape).to(g.dtype),
@@ -448,7 +438,7 @@ def _linear_attn_backward_op(do: torch.Tensor, dht: Optional[torch.Tensor], q: t
 
 
 @_linear_attn_backward_op.register_fake
-def _(do, dht, q, k, v, g, h0, ht, hs, scale):
+def _(do, dht, q, k, v, g, h0, hs, scale):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             absent_grad(q) if g is None else g.new_empty(g.shape),
             absent_grad(q) if h0 is None else h0.new_empty(h0.shape))
@@ -456,15 +446,15 @@ def _(do, dht, q, k, v, g, h0, ht, hs, scale):
 
 def _linear_attn_setup(ctx, inputs, output):
     q, k, v, g, h0, scale, output_final_state = inputs
-    _, ht, hs = output
-    ctx.save_for_backward(q, k, v, g, h0, ht, hs)
+    _, _, hs = output
+    ctx.save_for_backward(q, k, v, g, h0, hs)
     ctx.scale, ctx.output_final_state = scale, output_final_state
 
 
 def _linear_attn_grads(ctx, do, dht, _dhs):
-    q, k, v, g, h0, ht, hs = ctx.saved_tensors
+    q, k, v, g, h0, hs = ctx.saved_tensors
     dht = dht if ctx.output_final_state else None
-    dq, dk, dv, dg, dh0 = _linear_attn_backward_op(do, dht, q, k, v, g, h0, ht, hs, ctx.scale)
+    dq, dk, dv, dg, dh0 = _linear_attn_backward_op(do, dht, q, k, v, g, h0, hs, ctx.scale)
     return dq, dk, dv, (dg if g is not None else None), (dh0 if h0 is not None else None), None, None
 
 
