@@ -30,7 +30,8 @@ if str(REPO) not in sys.path:
 READERS = {"HILO_LOGLINEAR": ("kernels.loglinear_attn.triton_fwd", "_apply_env_options"),
            "HILO_LOGLINEAR_DELTA": ("kernels.loglinear_delta_rule.triton_bwd", "_read_options"),
            "HILO_HLA": ("kernels.hla.triton_fused", "_read_options"),
-           "HILO_DELTA_RULE": ("kernels.delta_rule.triton_fwd", "_apply_env_options")}
+           "HILO_DELTA_RULE": ("kernels.delta_rule.triton_fwd", "_apply_env_options"),
+           "HILO_LINEAR_ATTN": ("kernels.linear_attn.triton_fwd", "_read_options")}
 
 
 def parse_variant(text: str) -> dict[str, str]:

@@ -301,9 +301,9 @@ def test_split_scores_reduces_16bit_rounding(monkeypatch):
     assert errors[True] < 0.85 * errors[False] and errors[False] < 1e-3, errors
     monkeypatch.setitem(triton_fwd.OPTIONS, "split_scores", False)
     monkeypatch.setenv("HILO_LINEAR_ATTN", "split_scores=on")
-    triton_fwd.read_flags("HILO_LINEAR_ATTN", triton_fwd.OPTIONS)
+    triton_fwd._read_options()
     assert triton_fwd.OPTIONS["split_scores"] is True
     monkeypatch.setenv("HILO_LINEAR_ATTN", "split=1")
     with pytest.raises(ValueError, match="unknown option 'split'"):
-        triton_fwd.read_flags("HILO_LINEAR_ATTN", triton_fwd.OPTIONS)
+        triton_fwd._read_options()
 
