@@ -72,7 +72,7 @@ def hla_compose(op, q, k, v, g, decay, normalize, eps, scale, initial_state, out
     state or None). backend is linear_attn's ("torch" or "triton")."""
     p_in, p_out = decay_powers(op, decay)
     dt = pass_dtype(op, q.dtype, backend)
-    qs = q.to(dt) * scale
+    qs = q.to(dt) if scale == 1.0 else q.to(dt) * scale  # HLA's usual scale 1 costs no copy (and no backward op)
     kk = k.to(dt)
     vv = with_ones(v.to(dt)) if normalize else v.to(dt)
     gg = None if g is None else g.to(torch.promote_types(dt, torch.float32))  # decays stay fp32 under compose16
