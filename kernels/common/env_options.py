@@ -23,11 +23,18 @@ def parse_int(var: str, key: str, val: str) -> int:
         raise ValueError(f"{var}: {key}={val.strip()!r}: expected an integer") from None
 
 
-def read_flags(var: str, options: dict) -> None:
-    """Set options' on / off entries from the environment variable `var` ("key=1,other=0"); an unknown key or a
-    value that is not a flag is an error naming both."""
+def read_options(var: str, options: dict, allowed: dict | None = None) -> None:
+    """Set options' entries from the environment variable `var` ("key=1,other=32"): on / off for boolean entries,
+    integers for integer ones (one of allowed[key] when given); an unknown key or a bad value is an error naming
+    both."""
     for item in filter(None, (x.strip() for x in os.environ.get(var, "").split(","))):
         key, _, val = (part.strip() for part in item.partition("="))
         if key not in options:
             raise ValueError(f"{var}: unknown option {key!r}; expected one of {sorted(options)}")
-        options[key] = parse_flag(var, key, val)
+        if isinstance(options[key], bool):
+            options[key] = parse_flag(var, key, val)
+            continue
+        number = parse_int(var, key, val)
+        if allowed and key in allowed and number not in allowed[key]:
+            raise ValueError(f"{var}: {key}={val!r}: expected one of {list(allowed[key])}")
+        options[key] = number

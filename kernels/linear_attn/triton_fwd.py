@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common.env_options import read_flags
+from kernels.common.env_options import read_options
 from kernels.common.varlen import chunk_table
 
 BT = 64
@@ -27,11 +27,16 @@ BT = 64
 # rounding is the largest the kernel adds: o's error ratio against fp32 goes 3.71e-3 -> 3.34e-3 for linear_attn at
 # SPEC's check shape, and 4.96e-3 -> 4.31e-3 for ahla's bf16 composition (its bound is 5e-3); the rest is the
 # rounding of the inputs and of o. Off until timed and checked on a GPU.
-OPTIONS = {"split_scores": False}
+# HILO_LINEAR_ATTN="state_bk=64,state_bv=16,state_warps=2": the [K, V] tile and warps of the sequential state kernels
+# (_chunk_states_fwd, _chunk_dstates_bwd; 0: state_blocks' choice, 4 warps). Each program walks all of a document's chunks one after another, so
+# at few sequence-heads (T = 32K, B = 1, H = 16: 128 programs) these two kernels were 1.4 of linear_attn's 3.5 ms
+# (session 3 profile); narrower tiles give more programs, each with less work a step. For session 15's sweep.
+OPTIONS = {"split_scores": False, "state_bk": 0, "state_bv": 0, "state_warps": 0}
+_ALLOWED = {"state_bk": (0, 16, 32, 64), "state_bv": (0, 16, 32, 64), "state_warps": (0, 1, 2, 4, 8)}
 
 
 def _read_options() -> None:
-    read_flags("HILO_LINEAR_ATTN", OPTIONS)
+    read_options("HILO_LINEAR_ATTN", OPTIONS, _ALLOWED)
 
 
 _read_options()
@@ -172,10 +177,15 @@ class Layout:
 
 
 def state_blocks(dk: int, dv: int, programs_per_block: int) -> tuple[int, int]:
-    """K/V tiles of the sequential state kernels: 64x64, or 64x32 when that leaves the GPU under-filled."""
+    """K/V tiles of the sequential state kernels: 64x64, or 64x32 when that leaves the GPU under-filled
+    (OPTIONS' state_bk / state_bv override either)."""
     bk, bv = _pow2(dk, hi=64), _pow2(dv, hi=64)
     if programs_per_block * triton.cdiv(dk, bk) * triton.cdiv(dv, bv) < 256 and bv > 32:
         bv = 32
+    if OPTIONS["state_bk"]:
+        bk = _pow2(dk, hi=OPTIONS["state_bk"])
+    if OPTIONS["state_bv"]:
+        bv = _pow2(dv, hi=OPTIONS["state_bv"])
     return bk, bv
 
 
@@ -192,7 +202,8 @@ def chunk_states(k, v, g, h0, lay: Layout, store_final: bool):
                             ht if ht is not None else hs, lay.bounds, lay.offsets, lay.seqlen, lay.nt,
                             H=h, G=k.shape[1], K=dk, V=dv, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
                             HAS_H0=h0 is not None,
-                            STORE_HT=store_final, IS_VARLEN=lay.varlen, PREC=dot_precision(k), num_warps=4, num_stages=2)
+                            STORE_HT=store_final, IS_VARLEN=lay.varlen, PREC=dot_precision(k),
+                            num_warps=OPTIONS["state_warps"] or 4, num_stages=2)
     return hs, ht
 
 

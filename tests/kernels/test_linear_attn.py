@@ -307,3 +307,26 @@ def test_split_scores_reduces_16bit_rounding(monkeypatch):
     with pytest.raises(ValueError, match="unknown option 'split'"):
         triton_fwd._read_options()
 
+
+@triton_only
+@pytest.mark.parametrize("tiles", ["state_bk=16,state_bv=16", "state_bv=16,state_warps=2", "state_bk=32,state_bv=64"])
+def test_state_tile_options_keep_the_values(monkeypatch, tiles):
+    """HILO_LINEAR_ATTN's state_bk / state_bv retile the sequential state kernels (forward and backward) without
+    changing a value: every output and gradient as with the default tiles, on packed documents with an initial
+    state; a tile outside 16 / 32 / 64 is refused."""
+    from kernels.linear_attn import triton_fwd
+
+    q, k, v, g, h0 = make(1, 150, 2, 48, 40, "weak", n_state=3, device=DEV)
+    cu = torch.tensor([0, 1, 70, 150], device=DEV)
+    want = run(q, k, v, g, h0, "triton", cu=cu)
+    default_tiles = triton_fwd.state_blocks(48, 40, 2)
+    monkeypatch.setenv("HILO_LINEAR_ATTN", tiles)
+    monkeypatch.setattr(triton_fwd, "OPTIONS", dict(triton_fwd.OPTIONS))
+    triton_fwd._read_options()
+    assert triton_fwd.state_blocks(48, 40, 2) != default_tiles
+    got = run(q, k, v, g, h0, "triton", cu=cu)
+    assert_close(got, want, what=tiles, tol=1e-5)
+    monkeypatch.setenv("HILO_LINEAR_ATTN", "state_bv=8")
+    with pytest.raises(ValueError, match="state_bv"):
+        triton_fwd._read_options()
+
