@@ -27,10 +27,11 @@ BT = 64
 # rounding is the largest the kernel adds: o's error ratio against fp32 goes 3.71e-3 -> 3.34e-3 for linear_attn at
 # SPEC's check shape, and 4.96e-3 -> 4.31e-3 for ahla's bf16 composition (its bound is 5e-3); the rest is the
 # rounding of the inputs and of o. Off until timed and checked on a GPU.
-# HILO_LINEAR_ATTN="state_bk=64,state_bv=16,state_warps=2": the [K, V] tile and warps of the sequential state kernels
-# (_chunk_states_fwd, _chunk_dstates_bwd; 0: state_blocks' choice, 4 warps). Each program walks all of a document's chunks one after another, so
-# at few sequence-heads (T = 32K, B = 1, H = 16: 128 programs) these two kernels were 1.4 of linear_attn's 3.5 ms
-# (session 3 profile); narrower tiles give more programs, each with less work a step. For session 15's sweep.
+# HILO_LINEAR_ATTN="state_bk=64,state_bv=16,state_warps=2": the [K, V] tile and warps of the sequential state
+# kernels (_chunk_states_fwd, _chunk_dstates_bwd; 0: state_blocks' choice, 4 warps). Each program walks all of a
+# document's chunks one after another, so at few sequence-heads (T = 32K, B = 1, H = 16: 128 programs) these two
+# kernels were 1.4 of linear_attn's 3.5 ms (session 3 profile); narrower tiles give more programs, each with less
+# work a step. For session 15's sweep.
 OPTIONS = {"split_scores": False, "state_bk": 0, "state_bv": 0, "state_warps": 0}
 _ALLOWED = {"state_bk": (0, 16, 32, 64), "state_bv": (0, 16, 32, 64), "state_warps": (0, 1, 2, 4, 8)}
 
