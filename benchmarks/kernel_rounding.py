@@ -11,6 +11,11 @@ linear_attn and for the HLA compositions hla2 ("d1") and ahla, whose passes also
 V~). The table gives each rounding alone, everything, and everything but it; the GPU's own numbers for the same
 check are in benchmarks/RESULTS.md (linear_attn o 3.73e-3, ahla's composition 5.00e-3, session 14), which the
 "all" column reproduces (3.71e-3, 4.96e-3).
+
+`--dg`: linear_attn's decay gradient in bf16 as its backward kernels round it, in the three forms hilo has used
+(gate_grad_forms). At the check's shape it gives 1.52e-2 for one reverse sum over the document and 4.94e-3 for the
+per-chunk value from the dstates pass, which the H200 measured at 1.76e-2 and 4.71e-3 (session 14), and 3.85e-3
+for the committed form, computed in the chunk programs.
 """
 
 import argparse
@@ -81,6 +86,69 @@ def forward(op: str, x: dict, rounds: set, split=False) -> torch.Tensor:
     return la_forward(q, k, mid, g, second, 1.0, rounds, split)
 
 
+def gate_grad_forms(x: dict, do: torch.Tensor, dfinal: torch.Tensor, rnd: bool) -> dict[str, torch.Tensor]:
+    """linear_attn's dg [B, T, H] as its bf16 Triton backward computes it (rnd: the kernels' roundings; else exact),
+    in the three forms hilo has used, from the same per-token x_t = q_t . dq_t - k_t . dk_t:
+      "document sum"   one reverse cumsum of x over the document (until session 14),
+      "dstates pass"   per chunk <dS_out, S_out> from the sequential pass (fp32 dS) plus the in-chunk reverse sum,
+      "chunk programs" at each chunk's first token exp(gl) <dS_out, S_in> + sum_t q_t . dq_t(through S_in), from the
+                       bf16 tiles the chunk's program loads, less the in-chunk sum before each token (the committed).
+    x as in benchmarks/kernels.py's check (initial state, final-state cotangent dfinal); one sequence per row."""
+    q, k, v = (_bf16(x[n].double(), rnd) for n in ("q", "k", "v"))
+    g, h0 = x["g"].double(), x["initial_state"].double()
+    do, dfinal = _bf16(do.double(), rnd), dfinal.double()
+    t, d = q.shape[1], q.shape[-1]
+    scale = d ** -0.5
+    chunks = [slice(c, min(c + CHUNK, t)) for c in range(0, t, CHUNK)]
+    state, entering = h0.clone(), []  # the forward's stored states (bf16 in the kernels)
+    for sl in chunks:
+        entering.append(_bf16(state, rnd))
+        gc = g[:, sl].cumsum(1)
+        gl = gc[:, -1]
+        keys = _bf16(k[:, sl] * (gl[:, None] - gc).exp()[..., None], rnd)
+        state = state * gl.exp()[..., None, None] + torch.einsum("bthk,bthv->bhkv", keys, v[:, sl])
+    final = state
+    dstate, d_out, d_out32 = dfinal.clone(), [None] * len(chunks), [None] * len(chunks)
+    for c in reversed(range(len(chunks))):  # the dstates pass: dS leaving each chunk (stored bf16; fp32 in-pass)
+        sl = chunks[c]
+        d_out[c], d_out32[c] = _bf16(dstate, rnd), dstate.clone()
+        gc = g[:, sl].cumsum(1)
+        queries = _bf16(q[:, sl] * (gc.exp() * scale)[..., None], rnd)
+        dstate = dstate * gc[:, -1].exp()[..., None, None] + torch.einsum("bthk,bthv->bhkv", queries, do[:, sl])
+    xs, first, after = [], [], []
+    tril = torch.ones(CHUNK, CHUNK, dtype=torch.bool).tril()
+    for c, sl in enumerate(chunks):
+        qc, kc, vc, doc = q[:, sl], k[:, sl], v[:, sl], do[:, sl]
+        gc = g[:, sl].cumsum(1)
+        gl, gt, n = gc[:, -1], gc.transpose(1, 2), qc.shape[1]
+        decay = torch.where(tril[:n, :n], (gt[..., :, None] - gt[..., None, :]).clamp(max=0).exp(), 0.0)
+        d_scores = _bf16(torch.einsum("bihv,bjhv->bhij", doc, vc) * decay * scale, rnd)
+        dq_state = torch.einsum("bthv,bhkv->bthk", doc, entering[c]) * (gc.exp() * scale)[..., None]
+        dq = dq_state + torch.einsum("bhij,bjhk->bihk", d_scores, kc)
+        dk = (torch.einsum("bthv,bhkv->bthk", vc, d_out[c]) * (gl[:, None] - gc).exp()[..., None]
+              + torch.einsum("bhij,bihk->bjhk", d_scores, qc))
+        xs.append((qc * dq).sum(-1) - (kc * dk).sum(-1))
+        first.append(gl.exp() * (entering[c] * d_out[c]).sum((-2, -1)) + (qc * dq_state).sum((1, 3)))
+        leaving = entering[c + 1] if c + 1 < len(chunks) else final
+        after.append((d_out32[c] * leaving).sum((-2, -1)))
+    xall = torch.cat(xs, 1)
+    xall[:, -1] += (final * dfinal).sum((-2, -1))  # the final state's term at the last token
+    return {"document sum": xall.flip(1).cumsum(1).flip(1),
+            "dstates pass": torch.cat([b[:, None] + xc.flip(1).cumsum(1).flip(1) for b, xc in zip(after, xs)], 1),
+            "chunk programs": torch.cat([b[:, None] - (xc.cumsum(1) - xc) for b, xc in zip(first, xs)], 1)}
+
+
+def gate_grad_table(x: dict, seed: int = 11) -> list[str]:
+    """bf16 error ratio of each form's dg against the exact value (check inputs and cotangents of kernels.py)."""
+    gen = torch.Generator().manual_seed(seed)
+    do = torch.randn(x["v"].shape, generator=gen)
+    dfinal = torch.randn(x["initial_state"].shape, generator=gen)
+    exact = gate_grad_forms(x, do, dfinal, False)["document sum"]
+    got = gate_grad_forms(x, do, dfinal, True)
+    return ["| dg form | bf16 error ratio |", "|---|---|"] + [
+        f"| {name} | {error_ratio(dg, exact):.2e} |" for name, dg in got.items()]
+
+
 def table(ops, x) -> list[str]:
     lines = ["| op | rounding | alone | all but it |", "|---|---|---|---|"]
     for op in ops:
@@ -105,8 +173,12 @@ def main(argv=None) -> None:
     ap.add_argument("--dim", type=int, default=128)
     ops = ["linear_attn", "hla2", "ahla"]
     ap.add_argument("--ops", nargs="+", default=ops, choices=ops)
+    ap.add_argument("--dg", action="store_true", help="instead: linear_attn's backward dg in its three forms")
     args = ap.parse_args(argv)
     shape = (args.batch, args.seq_len, args.heads, args.dim, "cpu")
+    if args.dg:
+        print("\n".join(gate_grad_table(_make_linear_attn(*shape, seed=0, n_state=args.batch))))
+        return
     for op in args.ops:
         x = (_make_linear_attn if op == "linear_attn" else _make_hla)(*shape, seed=0, n_state=args.batch)
         print("\n".join(table([op], x)[0 if op == args.ops[0] else 2:]))

@@ -42,3 +42,22 @@ def test_split_scores_recovers_the_scores_rounding():
     every = set(ROUNDINGS)
     assert error_ratio(forward("ahla", x, every, split=True), ref) < error_ratio(forward("ahla", x, every), ref)
     assert torch.isfinite(forward("ahla", x, every)).all()
+
+
+def test_gate_grad_forms_agree_exactly_and_the_chunk_forms_round_less():
+    """linear_attn's dg in its three forms: equal without rounding (and equal to autograd of the naive operator), and
+    in bf16 the per-chunk forms' errors are several times smaller than one reverse sum over the document."""
+    from benchmarks.kernel_rounding import gate_grad_forms
+
+    x = _make_linear_attn(2, 200, 2, 32, "cpu", seed=5, n_state=2)
+    gen = torch.Generator().manual_seed(6)
+    do, dfinal = torch.randn(2, 200, 2, 32, generator=gen), torch.randn(2, 2, 32, 32, generator=gen)
+    exact = gate_grad_forms(x, do, dfinal, False)
+    leaves = {n: t.double().requires_grad_(n == "g") for n, t in x.items()}
+    o, final = linear_attn(leaves["q"], leaves["k"], leaves["v"], leaves["g"], initial_state=leaves["initial_state"],
+                           output_final_state=True, backend="naive")
+    (dg,) = torch.autograd.grad((o * do.double()).sum() + (final * dfinal.double()).sum(), [leaves["g"]])
+    for name, value in exact.items():
+        assert error_ratio(value, dg) < 1e-12, name
+    got = {name: error_ratio(value, dg) for name, value in gate_grad_forms(x, do, dfinal, True).items()}
+    assert got["chunk programs"] < 0.6 * got["document sum"] and got["dstates pass"] < 0.6 * got["document sum"], got
