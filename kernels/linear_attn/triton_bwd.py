@@ -24,7 +24,8 @@ gets from this chunk on), from tiles each chunk's backward program loads anyway 
 earlier tokens (at most 63 terms). On the H200 (bf16, T = 777) dg's error ratio went 1.76e-2 -> 4.7e-3 with the
 same value taken in the sequential dstates pass (session 14), which cost that pass 128 -> 228 registers a thread
 (sm_90, AOT) and linear_attn 2.07 -> 2.18 ms at 16K; this form leaves the pass as it was (128) and is exact in fp32
-under the interpreter, but has not yet run on a GPU.
+under the interpreter, but has not yet run on a GPU. A float64 emulation of the kernels' bf16 roundings
+(benchmarks/kernel_rounding.py --dg) reproduces both measured forms (1.52e-2, 4.94e-3) and gives this one 3.85e-3.
 """
 
 from typing import Optional
