@@ -10,5 +10,9 @@ V=("" "HILO_LINEAR_ATTN=state_bv=16" "HILO_LINEAR_ATTN=state_bv=16,state_warps=2
 sweep 150 la16 --op linear_attn --seq-len 16384 --variants "${V[@]}"
 sweep 120 la32 --op linear_attn --seq-len 32768 --skip-check --variants "${V[@]}"
 sweep 120 hla2 --op hla2 --backend triton --seq-len 16384 --skip-check --variants "${V[@]:0:4}"
+# hla3 is traced under compile since session 14 (its composition's linear_attn ops in the graph; it used to run
+# eagerly between graphs): the compiled hla3 Transformer at 8K, never measured
+l=$(left); [ "$l" -gt 70 ] && throughput $(( l > 120 ? 120 : l )) hla3_tr --steps 12 --compile --models hla3_transformer \
+  --seq-lens 8192
 el done
 cat "$L"

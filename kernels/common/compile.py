@@ -7,10 +7,10 @@ break, not a trace of the kernel's host code. `opaque_to_compile` is torch.compi
 operators' Python never becomes part of a graph, whatever they take or return.
 
 `compile_safe_operators()` maps each public operator of kernels (kernels.__all__) to the callable a compiled model
-should hold instead: loglinear_delta_rule and hla3 always opaque; linear_attn, delta_rule and loglinear_attn traced
-when they take their Triton custom ops (fixed-length calls on CUDA; loglinear_attn also without states), hla2 and
-ahla when they take their fused kernels' custom op (fixed-length calls without states, backend "fused": their default
-on CUDA), opaque otherwise;
+should hold instead: loglinear_delta_rule always opaque; linear_attn, delta_rule and loglinear_attn traced
+when they take their Triton custom ops (fixed-length calls on CUDA; loglinear_attn also without states); hla2, ahla
+and hla3 when they take custom ops (fixed-length calls without states: the fused kernels' op, or the composition of
+linear_attn's ops with backend "triton", one of which is their default on CUDA), opaque otherwise;
 softmax_attn traced (SDPA is one node of the graph) unless it gets cu_seqlens, whose per-document loop reads the
 boundaries on the host (opaque then, so no graph specialises on them); short_conv always traced (its Triton path is a
 torch.library custom op). `make_opaque_in(namespace)` swaps those
@@ -32,10 +32,11 @@ ALWAYS_TRACED = ("short_conv",)
 # Operators whose Triton path without cu_seqlens is a custom op: traced there, opaque otherwise (their torch paths
 # and packed documents read boundaries on the host). Those in STATELESS_CUSTOM_OP take it only without an initial
 # or a final state (loglinear_attn: a prior's tokens are read on the host, its levels returned by torch code).
-TRACED_AS_CUSTOM_OP = ("delta_rule", "linear_attn", "loglinear_attn", "hla2", "ahla")
-STATELESS_CUSTOM_OP = ("loglinear_attn", "hla2", "ahla")
-# The backend that holds the custom op, where it is not "triton" (the default backend on CUDA either way).
-CUSTOM_OP_BACKEND = {"hla2": "fused", "ahla": "fused"}
+TRACED_AS_CUSTOM_OP = ("delta_rule", "linear_attn", "loglinear_attn", "hla2", "ahla", "hla3")
+STATELESS_CUSTOM_OP = ("loglinear_attn", "hla2", "ahla", "hla3")
+# The backends that run as custom ops, where not only "triton" (one of them is the default backend on CUDA): the HLA
+# ops' fused kernels are one op, their "triton" composition a few of linear_attn's, traced together.
+CUSTOM_OP_BACKENDS = {"hla2": ("fused", "triton"), "ahla": ("fused", "triton")}
 
 _SAFE: dict[int, Callable] = {}  # id(operator) -> its compile-safe callable (one per operator, stable identity)
 
@@ -86,15 +87,16 @@ def absent_grad(like: torch.Tensor) -> torch.Tensor:
     return like.new_empty(0, dtype=torch.float32)
 
 
-def traced_as_custom_op(fn: Callable, stateless: bool = False, op_backend: str = "triton") -> Callable:
-    """fn traced when it will take its custom op (no cu_seqlens; backend op_backend, or None on CUDA tensors that
-    are not float64; stateless: also no initial_state and no output_final_state), opaque_to_compile(fn) otherwise."""
+def traced_as_custom_op(fn: Callable, stateless: bool = False, op_backends: tuple[str, ...] = ("triton",)) -> Callable:
+    """fn traced when it will take its custom ops (no cu_seqlens; a backend of op_backends, or None on CUDA tensors
+    that are not float64; stateless: also no initial_state and no output_final_state), opaque_to_compile(fn)
+    otherwise."""
     opaque = opaque_to_compile(fn)
 
     @functools.wraps(fn)
     def wrapper(q, *args, cu_seqlens=None, backend=None, **kwargs):
         default = backend is None and q.is_cuda and q.dtype != torch.float64
-        custom_op = cu_seqlens is None and (backend == op_backend or default)
+        custom_op = cu_seqlens is None and (backend in op_backends or default)
         if stateless:
             custom_op = custom_op and kwargs.get("initial_state") is None and not kwargs.get("output_final_state")
         if custom_op:
@@ -116,7 +118,7 @@ def compile_safe_operators() -> dict[int, Callable]:
                 continue
             if name in TRACED_AS_CUSTOM_OP:
                 _SAFE[id(fn)] = traced_as_custom_op(fn, stateless=name in STATELESS_CUSTOM_OP,
-                                                    op_backend=CUSTOM_OP_BACKEND.get(name, "triton"))
+                                                    op_backends=CUSTOM_OP_BACKENDS.get(name, ("triton",)))
             elif name in TRACED_WITHOUT_CU_SEQLENS:
                 _SAFE[id(fn)] = traced_without_cu_seqlens(fn)
             else:

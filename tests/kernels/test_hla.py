@@ -893,6 +893,38 @@ def test_fused_custom_op_compiles_into_one_graph(op, decay, normalize, gated):
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("op", ["hla2", "ahla", "hla3"])
+def test_composition_compiles_into_one_graph(op):
+    """The "triton" composition (hla3's only path; bf16 hla2's default on CUDA) as a compiled model holds it: a
+    fixed-length call without states is traced, its linear_attn passes custom ops in one graph (no break at the
+    operator), with eager's values and gradients; with packed documents it stays opaque."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from kernels.common.compile import compile_safe_operators
+    from tests.kernels.compile_checks import assert_one_graph_with_eager_values
+
+    traced = compile_safe_operators()[id(OPS[op])]
+    q, k, v, g = (x.float() for x in make(2, 70, 2, 12, 6, "weak", seed=48))
+    leaves = [x.to(FUSED_DEV).requires_grad_() for x in (q, k, v, g)]
+
+    def f(q, k, v, g):
+        o, _ = traced(q, k, v, g, backend="triton")
+        return o.float().square().sum()
+
+    assert_one_graph_with_eager_values(f, leaves, "linear_attn", rtol=1e-4, atol=1e-5)
+    cu = torch.tensor([0, 30, 140], device=FUSED_DEV)
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("eager")
+
+    def packed(*x):
+        return traced(*(y.reshape(1, 140, *y.shape[2:]) for y in x), cu_seqlens=cu, backend="triton")[0].sum()
+
+    got = torch.compile(packed, backend=counter)(*leaves)
+    assert not any("hilo." in gm.code for gm in counter.graphs)  # the operator ran outside every graph
+    assert torch.allclose(got, packed(*leaves), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
 @pytest.mark.parametrize("op", ["hla2", "ahla"])
 def test_fused_initial_state_without_final_state(op):
     """initial_state given, output_final_state=False: the backward starts both reverse scans from zero."""
