@@ -316,7 +316,8 @@ def chunk_bwd(q, k, v, g, do, dht, hs, scale, h0, lay: Layout, need_dh0: bool):
         _chunk_bwd_fused[(lay.rows, h)](q, k, v, gate, do, hs, dhs, dq, dk, dv, dg if dg is not None else q,
                                         lay.table, scale, lay.seqlen, lay.nt, H=h, G=groups, K=dk_, V=dv_, BT=BT,
                                         BK=_pow2(dk_), BV=_pow2(dv_), HAS_G=g is not None, IS_VARLEN=lay.varlen,
-                                        PREC=prec, num_warps=8, num_stages=1)
+                                        PREC=prec, num_warps=OPTIONS["bwd_warps"] or 8,
+                                        num_stages=OPTIONS["bwd_stages"] or 1)
     else:
         bk = _pow2(dk_, hi=64 if wide_fp32 else 128)
         stages = 1 if wide_fp32 else 2

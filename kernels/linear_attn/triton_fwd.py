@@ -31,9 +31,14 @@ BT = 64
 # kernels (_chunk_states_fwd, _chunk_dstates_bwd; 0: state_blocks' choice, 4 warps). Each program walks all of a
 # document's chunks one after another, so at few sequence-heads (T = 32K, B = 1, H = 16: 128 programs) these two
 # kernels were 1.4 of linear_attn's 3.5 ms (session 3 profile); narrower tiles give more programs, each with less
-# work a step. For session 15's sweep.
-OPTIONS = {"split_scores": False, "state_bk": 0, "state_bv": 0, "state_warps": 0}
-_ALLOWED = {"state_bk": (0, 16, 32, 64), "state_bv": (0, 16, 32, 64), "state_warps": (0, 1, 2, 4, 8)}
+# work a step. "out_warps" / "out_stages" (_chunk_out_fwd; default 4 warps, 2 stages) and "bwd_warps" / "bwd_stages"
+# (the fused backward _chunk_bwd_fused; 8 and 1) set the chunk-parallel kernels' launches. All for session 15's
+# sweeps; 0 keeps the default.
+OPTIONS = {"split_scores": False, "state_bk": 0, "state_bv": 0, "state_warps": 0, "out_warps": 0, "out_stages": 0,
+           "bwd_warps": 0, "bwd_stages": 0}
+_WARPS, _STAGES = (0, 1, 2, 4, 8, 16), (0, 1, 2, 3, 4)
+_ALLOWED = {"state_bk": (0, 16, 32, 64), "state_bv": (0, 16, 32, 64), "state_warps": _WARPS, "out_warps": _WARPS,
+            "out_stages": _STAGES, "bwd_warps": _WARPS, "bwd_stages": _STAGES}
 
 
 def _read_options() -> None:
@@ -223,5 +228,6 @@ def chunk_fwd(q, k, v, g, scale, h0, lay: Layout, store_final: bool):
     _chunk_out_fwd[grid](q, k, v, g if g is not None else q, hs, o, lay.table, scale, lay.seqlen, lay.nt,
                          H=lay.heads, G=q.shape[1], K=dk, V=dv, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
                          IS_VARLEN=lay.varlen, PREC=dot_precision(k),
-                         SPLIT=OPTIONS["split_scores"] and v.element_size() == 2, num_warps=4, num_stages=2)
+                         SPLIT=OPTIONS["split_scores"] and v.element_size() == 2,
+                         num_warps=OPTIONS["out_warps"] or 4, num_stages=OPTIONS["out_stages"] or 2)
     return o, ht, hs

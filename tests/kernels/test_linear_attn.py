@@ -309,11 +309,13 @@ def test_split_scores_reduces_16bit_rounding(monkeypatch):
 
 
 @triton_only
-@pytest.mark.parametrize("tiles", ["state_bk=16,state_bv=16", "state_bv=16,state_warps=2", "state_bk=32,state_bv=64"])
+@pytest.mark.parametrize("tiles", ["state_bk=16,state_bv=16", "state_bv=16,state_warps=2",
+                                   "state_bk=32,state_bv=64,out_warps=8,out_stages=3,bwd_warps=4,bwd_stages=2"])
 def test_state_tile_options_keep_the_values(monkeypatch, tiles):
     """HILO_LINEAR_ATTN's state_bk / state_bv retile the sequential state kernels (forward and backward) without
     changing a value: every output and gradient as with the default tiles, on packed documents with an initial
-    state; a tile outside 16 / 32 / 64 is refused."""
+    state (the launch options ride along: the interpreter ignores warps and stages, the GPU tests do not); a tile
+    outside 16 / 32 / 64 is refused."""
     from kernels.linear_attn import triton_fwd
 
     q, k, v, g, h0 = make(1, 150, 2, 48, 40, "weak", n_state=3, device=DEV)
