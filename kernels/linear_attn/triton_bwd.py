@@ -246,15 +246,15 @@ def _chunk_bwd_fused(q, k, v, g, do, hs, dhs, dq, dk, dv, dg, table, scale, T, N
     # dA_ij = scale * decay_ij * (do_i . v_j);  dq = scale * exp(gc) * (do S_in^T) + dA k
     vb = tl.load(v + tok_v, mask=m_tv, other=0.0)
     hb = tl.load(hs + state_off, mask=m_kv, other=0.0).to(dob.dtype)
+    if HAS_G:  # dg at the chunk's first token: exp(gl) <dS_out, S_in> + sum_t q_t . dq_t(through S_in)
+        entering = tl.exp(gl) * tl.sum(tl.sum(hb.to(tl.float32) * dhb.to(tl.float32), 1), 0)
     d_scores = (tl.dot(dob, tl.trans(vb), input_precision=PREC) * decay).to(kb.dtype)
     acc_q = tl.dot(dob, tl.trans(hb), input_precision=PREC)
     if HAS_G:
         acc_q *= (tl.exp(gc) * scale)[:, None]
+        entering += tl.sum(tl.sum(qb.to(tl.float32) * acc_q, 1), 0)
     else:
         acc_q *= scale
-    if HAS_G:  # dg at the chunk's first token: exp(gl) <dS_out, S_in> + sum_t q_t . dq_t(through S_in)
-        entering = (tl.exp(gl) * tl.sum(tl.sum(hb.to(tl.float32) * dhb.to(tl.float32), 1), 0)
-                    + tl.sum(tl.sum(qb.to(tl.float32) * acc_q, 1), 0))
     acc_q += tl.dot(d_scores, kb, input_precision=PREC)
     tl.store(dq + tok_k, acc_q.to(dq.dtype.element_ty), mask=m_tk)
     if HAS_G:
