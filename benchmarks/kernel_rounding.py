@@ -47,27 +47,40 @@ def _scores_times_v(scores, v, on: bool, split: bool):
     return out
 
 
+def entering_states(k, v, g, h0, round_states: bool, round_keys: bool):
+    """The state entering each chunk as _chunk_states_fwd stores it (bf16 with round_states), and the final state;
+    the decayed keys of each update rounded with round_keys. h0 [B, H, K, V] or None."""
+    b, t, h, dk = k.shape
+    state = torch.zeros(b, h, dk, v.shape[-1], dtype=torch.float64) if h0 is None else h0.clone()
+    stored = []
+    for c0 in range(0, t, CHUNK):
+        sl = slice(c0, min(c0 + CHUNK, t))
+        stored.append(_bf16(state, round_states))
+        gc = g[:, sl].cumsum(1)  # [B, n, H]
+        gl = gc[:, -1]  # [B, H]
+        keys = _bf16(k[:, sl] * (gl[:, None] - gc).exp()[..., None], round_keys)
+        state = state * gl.exp()[..., None, None] + torch.einsum("bthk,bthv->bhkv", keys, v[:, sl])
+    return stored, state
+
+
 def la_forward(q, k, v, g, h0, scale, rounds: set, split=False, out_key="output"):
     """One linear_attn pass (q, k, v, g float64 [B, T, H, *], h0 [B, H, K, V] or None) as the Triton forward computes
     it, rounding at the points named in `rounds`; out_key names the rounding its output takes."""
-    b, t, h, dk = q.shape
-    state = torch.zeros(b, h, dk, v.shape[-1], dtype=torch.float64) if h0 is None else h0.clone()
-    o = torch.empty(b, t, h, v.shape[-1], dtype=torch.float64)
+    t = q.shape[1]
+    stored, _ = entering_states(k, v, g, h0, "states" in rounds, "decayed_keys" in rounds)
+    o = torch.empty(*q.shape[:3], v.shape[-1], dtype=torch.float64)
     tril = torch.ones(CHUNK, CHUNK, dtype=torch.bool).tril()
-    for c0 in range(0, t, CHUNK):
+    for c, c0 in enumerate(range(0, t, CHUNK)):
         sl = slice(c0, min(c0 + CHUNK, t))
         qc, kc, vc = q[:, sl], k[:, sl], v[:, sl]
-        gc = g[:, sl].cumsum(1)  # [B, n, H]
+        gc = g[:, sl].cumsum(1)
         n = qc.shape[1]
-        acc = torch.einsum("bthk,bhkv->bthv", qc, _bf16(state, "states" in rounds)) * gc.exp()[..., None]
+        acc = torch.einsum("bthk,bhkv->bthv", qc, stored[c]) * gc.exp()[..., None]
         gt = gc.transpose(1, 2)  # [B, H, n]
         decay = (gt[..., :, None] - gt[..., None, :]).clamp(max=0).exp()
         scores = torch.where(tril[:n, :n], torch.einsum("bihk,bjhk->bhij", qc, kc) * decay, 0.0)
         acc = acc + _scores_times_v(scores, vc, "scores" in rounds, split)
         o[:, sl] = _bf16(acc * scale, out_key in rounds)
-        gl = gc[:, -1]  # [B, H]
-        keys = _bf16(kc * (gl[:, None] - gc).exp()[..., None], "decayed_keys" in rounds)
-        state = state * gl.exp()[..., None, None] + torch.einsum("bthk,bthv->bhkv", keys, vc)
     return o
 
 
@@ -100,14 +113,7 @@ def gate_grad_forms(x: dict, do: torch.Tensor, dfinal: torch.Tensor, rnd: bool) 
     t, d = q.shape[1], q.shape[-1]
     scale = d ** -0.5
     chunks = [slice(c, min(c + CHUNK, t)) for c in range(0, t, CHUNK)]
-    state, entering = h0.clone(), []  # the forward's stored states (bf16 in the kernels)
-    for sl in chunks:
-        entering.append(_bf16(state, rnd))
-        gc = g[:, sl].cumsum(1)
-        gl = gc[:, -1]
-        keys = _bf16(k[:, sl] * (gl[:, None] - gc).exp()[..., None], rnd)
-        state = state * gl.exp()[..., None, None] + torch.einsum("bthk,bthv->bhkv", keys, v[:, sl])
-    final = state
+    entering, final = entering_states(k, v, g, h0, rnd, rnd)  # the forward's stored states (bf16 in the kernels)
     dstate, d_out, d_out32 = dfinal.clone(), [None] * len(chunks), [None] * len(chunks)
     for c in reversed(range(len(chunks))):  # the dstates pass: dS leaving each chunk (stored bf16; fp32 in-pass)
         sl = chunks[c]
