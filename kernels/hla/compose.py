@@ -20,11 +20,12 @@ does: linear_attn's 16-bit kernels (tensor-core dots), K~ / V~ and their gradien
 passes, decays and states in fp32. That is the default for hla2 and hla3 (and, through kernels.hla, their default
 backend on CUDA for bf16 inputs); HILO_HLA=compose16=1 extends it to ahla, compose16=0 turns it off. On the H200
 (2026-11-30, 16K x 2, H = 16, D = 128, fwd+bwd; benchmarks/RESULTS.md) compose16 passes SPEC §2's bf16 check for all
-three ops (worst: hla2 final state 4.1e-3, ahla o 5.00e-3 at its 5e-3 bound, hla3 o 4.3e-3) and takes hla2
-4.4-4.9 ms against the fused kernels' 7.1, ahla 4.4-5.0 against 7.1 and hla3 6.6-7.4 (fp32 passes: ahla's two took
-200 ms). ahla keeps the fused kernels by default: its output sits at the tolerance. In float64 on CPU the rounding
-between passes alone moves the bf16 error ratio of o and every gradient from 1.65e-3 to 2.1-2.35e-3 at T = 4K and
-16K (benchmarks/hla_compose_rounding.py).
+three ops (worst, with linear_attn's split_scores: hla2 final state 3.9e-3, ahla o 4.3e-3 of its 5e-3 bound, hla3 o
+4.3e-3) and takes hla2 4.1 ms against the fused kernels' 7.1, ahla 4.2 against 7.0 and hla3 6.6-7.4 (fp32 passes:
+ahla's two took 200 ms). ahla keeps the fused kernels by default: at T = 32,768 its compose16 output error is 5.4e-3
+and 5.0e-3 of the bound with decays 0.999 and 0.99 (hla2 and hla3 there: 2.9-4.4e-3; benchmarks/hla_numerics.py).
+In float64 on CPU the rounding between passes alone moves the bf16 error ratio of o and every gradient from 1.65e-3
+to 2.1-2.35e-3 at T = 4K and 16K (benchmarks/hla_compose_rounding.py).
 """
 
 import torch

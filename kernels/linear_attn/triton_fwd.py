@@ -21,24 +21,25 @@ from kernels.common.env_options import read_options
 from kernels.common.varlen import chunk_table
 
 BT = 64
-# HILO_LINEAR_ATTN="split_scores=1": 16-bit inputs multiply _chunk_out_fwd's intra-chunk scores into v as two 16-bit
-# halves (the scores rounded, then what rounding left out, rounded) instead of one rounded copy, one more [BT, BT] x
-# [BT, BV] product. In a float64 emulation of the bf16 forward (2026-11-30, benchmarks/kernel_rounding.py) that
-# rounding is the largest the kernel adds: o's error ratio against fp32 goes 3.71e-3 -> 3.34e-3 for linear_attn at
-# SPEC's check shape, and 4.96e-3 -> 4.31e-3 for ahla's bf16 composition (its bound is 5e-3); the rest is the
-# rounding of the inputs and of o. Off until timed and checked on a GPU.
-# HILO_LINEAR_ATTN="state_bk=64,state_bv=16,state_warps=2": the [K, V] tile and warps of the sequential state
-# kernels (_chunk_states_fwd, _chunk_dstates_bwd; 0: state_blocks' choice, 4 warps). Each program walks all of a
+# HILO_LINEAR_ATTN="split_scores=0|1" (default 1): 16-bit inputs multiply _chunk_out_fwd's intra-chunk scores into v
+# as two 16-bit halves (the scores rounded, then what rounding left out, rounded) instead of one rounded copy, one more
+# [BT, BT] x [BT, BV] product. That rounding is the largest the kernel adds (a float64 emulation of the bf16 forward,
+# benchmarks/kernel_rounding.py); on the H200 (2026-11-30, SPEC's bf16 check, 16K x 2, H = 16, D = 128) o's error
+# ratio went 3.73e-3 -> 3.36e-3 for linear_attn, 5.00e-3 -> 4.33e-3 (of 5e-3) for ahla's bf16 composition, for
+# 1.989 -> 1.998 ms fwd+bwd. 0 restores the single rounded copy.
+# HILO_LINEAR_ATTN="state_bk=64,state_bv=16,state_warps=2,state_stages=3": the [K, V] tile, warps and software
+# pipeline depth of the sequential state kernels (_chunk_states_fwd, _chunk_dstates_bwd; 0: state_blocks' choice, 4
+# warps, 2 stages). Each program walks all of a
 # document's chunks one after another, so at few sequence-heads (T = 32K, B = 1, H = 16: 128 programs) these two
 # kernels were 1.4 of linear_attn's 3.5 ms (session 3 profile); narrower tiles give more programs, each with less
 # work a step. "out_warps" / "out_stages" (_chunk_out_fwd; default 4 warps, 2 stages) and "bwd_warps" / "bwd_stages"
 # (the fused backward _chunk_bwd_fused; 8 and 1) set the chunk-parallel kernels' launches. All for session 15's
 # sweeps; 0 keeps the default.
-OPTIONS = {"split_scores": False, "state_bk": 0, "state_bv": 0, "state_warps": 0, "out_warps": 0, "out_stages": 0,
-           "bwd_warps": 0, "bwd_stages": 0}
+OPTIONS = {"split_scores": True, "state_bk": 0, "state_bv": 0, "state_warps": 0, "state_stages": 0, "out_warps": 0,
+           "out_stages": 0, "bwd_warps": 0, "bwd_stages": 0}
 _WARPS, _STAGES = (0, 1, 2, 4, 8, 16), (0, 1, 2, 3, 4)
-_ALLOWED = {"state_bk": (0, 16, 32, 64), "state_bv": (0, 16, 32, 64), "state_warps": _WARPS, "out_warps": _WARPS,
-            "out_stages": _STAGES, "bwd_warps": _WARPS, "bwd_stages": _STAGES}
+_ALLOWED = {"state_bk": (0, 16, 32, 64), "state_bv": (0, 16, 32, 64), "state_warps": _WARPS, "state_stages": _STAGES,
+            "out_warps": _WARPS, "out_stages": _STAGES, "bwd_warps": _WARPS, "bwd_stages": _STAGES}
 
 
 def _read_options() -> None:
@@ -209,7 +210,7 @@ def chunk_states(k, v, g, h0, lay: Layout, store_final: bool):
                             H=h, G=k.shape[1], K=dk, V=dv, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
                             HAS_H0=h0 is not None,
                             STORE_HT=store_final, IS_VARLEN=lay.varlen, PREC=dot_precision(k),
-                            num_warps=OPTIONS["state_warps"] or 4, num_stages=2)
+                            num_warps=OPTIONS["state_warps"] or 4, num_stages=OPTIONS["state_stages"] or 2)
     return hs, ht
 
 
