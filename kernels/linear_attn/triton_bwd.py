@@ -301,7 +301,7 @@ def chunk_bwd(q, k, v, g, do, dht, hs, scale, h0, lay: Layout, need_dh0: bool):
                              dh0 if dh0 is not None else dhs, lay.bounds, lay.offsets, scale, lay.seqlen, lay.nt,
                              H=h, G=groups, K=dk_, V=dv_, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
                              HAS_DHT=dht is not None, STORE_DH0=need_dh0, IS_VARLEN=lay.varlen, PREC=dot_precision(k),
-                             num_warps=OPTIONS["state_warps"] or 4, num_stages=OPTIONS["state_stages"] or 2)
+                             num_warps=OPTIONS["state_warps"] or 4, num_stages=OPTIONS["state_stages"] or 3)
     dq = q.new_empty(lay.total, h, dk_)
     dk = k.new_empty(lay.total, h, dk_)
     dv = torch.empty_like(v)

@@ -27,12 +27,13 @@ BT = 64
 # benchmarks/kernel_rounding.py); on the H200 (2026-11-30, SPEC's bf16 check, 16K x 2, H = 16, D = 128) o's error
 # ratio went 3.73e-3 -> 3.36e-3 for linear_attn, 5.00e-3 -> 4.33e-3 (of 5e-3) for ahla's bf16 composition, for
 # 1.989 -> 1.998 ms fwd+bwd. 0 restores the single rounded copy.
-# HILO_LINEAR_ATTN="state_bk=64,state_bv=16,state_warps=2,state_stages=3": the [K, V] tile, warps and software
+# HILO_LINEAR_ATTN="state_bk=64,state_bv=16,state_warps=2,state_stages=4": the [K, V] tile, warps and software
 # pipeline depth of the sequential state kernels (_chunk_states_fwd, _chunk_dstates_bwd; 0: state_blocks' choice, 4
-# warps, 2 stages). Each program walks all of a
-# document's chunks one after another, so at few sequence-heads (T = 32K, B = 1, H = 16: 128 programs) these two
-# kernels were 1.4 of linear_attn's 3.5 ms (session 3 profile); narrower tiles give more programs, each with less
-# work a step. "out_warps" / "out_stages" (_chunk_out_fwd; default 4 warps, 2 stages) and "bwd_warps" / "bwd_stages"
+# warps, 3 stages: on the H200, fwd+bwd at 16K x 2 / 32K x 1, 1 stage 2.35 / 3.27 ms, 2 stages 2.00 / 2.59 (2.47 at
+# 32x32 tiles), 3 stages 1.98 / 2.56 (2.46), 4 stages 1.99 / 2.57; session 15). Each program walks all of a
+# document's chunks one after another (~1.3-1.5 us a chunk on the H200), so at long T these two kernels dominate: at
+# 32K x 1 they were 1.35 of linear_attn's 2.87 ms (session 15 profile; at 16K x 2, 0.74 of 2.26, the fused backward
+# 0.89). state_blocks narrows the tiles on small grids. "out_warps" / "out_stages" (_chunk_out_fwd; default 4 warps, 2 stages) and "bwd_warps" / "bwd_stages"
 # (the fused backward _chunk_bwd_fused; 8 and 1) set the chunk-parallel kernels' launches. All for session 15's
 # sweeps; 0 keeps the default.
 OPTIONS = {"split_scores": True, "state_bk": 0, "state_bv": 0, "state_warps": 0, "state_stages": 0, "out_warps": 0,
@@ -184,11 +185,20 @@ class Layout:
 
 
 def state_blocks(dk: int, dv: int, programs_per_block: int) -> tuple[int, int]:
-    """K/V tiles of the sequential state kernels: 64x64, or 64x32 when that leaves the GPU under-filled
-    (OPTIONS' state_bk / state_bv override either)."""
+    """K/V tiles of the sequential state kernels: 64x64, narrowed to 64x32 and then 32x32 while the grid has fewer
+    than 256 programs (OPTIONS' state_bk / state_bv override either). Each program walks every chunk of its document
+    at ~1.3-1.5 us a chunk on the H200, whatever its tile, so on few sequence-heads more, smaller programs finish
+    sooner: at 32K x 1, H = 16 (16 sequence-heads) 32x32 took linear_attn fwd+bwd from 2.59 to 2.46 ms (session 15);
+    at 16K x 2 the 256 programs of 64x32 were as fast as 512 of 32x32."""
     bk, bv = _pow2(dk, hi=64), _pow2(dv, hi=64)
-    if programs_per_block * triton.cdiv(dk, bk) * triton.cdiv(dv, bv) < 256 and bv > 32:
+
+    def programs():
+        return programs_per_block * triton.cdiv(dk, bk) * triton.cdiv(dv, bv)
+
+    if programs() < 256 and bv > 32:
         bv = 32
+    if programs() < 256 and bk > 32:
+        bk = 32
     if OPTIONS["state_bk"]:
         bk = _pow2(dk, hi=OPTIONS["state_bk"])
     if OPTIONS["state_bv"]:
@@ -210,7 +220,7 @@ def chunk_states(k, v, g, h0, lay: Layout, store_final: bool):
                             H=h, G=k.shape[1], K=dk, V=dv, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
                             HAS_H0=h0 is not None,
                             STORE_HT=store_final, IS_VARLEN=lay.varlen, PREC=dot_precision(k),
-                            num_warps=OPTIONS["state_warps"] or 4, num_stages=OPTIONS["state_stages"] or 2)
+                            num_warps=OPTIONS["state_warps"] or 4, num_stages=OPTIONS["state_stages"] or 3)
     return hs, ht
 
 

@@ -308,6 +308,18 @@ def test_split_scores_reduces_16bit_rounding(monkeypatch):
         triton_fwd._read_options()
 
 
+def test_state_blocks_narrow_on_small_grids():
+    """The sequential state kernels' tiles: 64x64 on grids of 256+ programs, then 64x32, then 32x32 (no further), so
+    that few sequence-heads still fill the GPU; small head dims keep their own power of two."""
+    from kernels.linear_attn.triton_fwd import state_blocks
+
+    assert state_blocks(128, 64, 128) == (64, 64)  # 128 sequence-heads x 2 tiles
+    assert state_blocks(128, 128, 32) == (64, 32)  # 16K x 2, H = 16
+    assert state_blocks(128, 128, 16) == (32, 32)  # 32K x 1, H = 16
+    assert state_blocks(128, 128, 1) == (32, 32)
+    assert state_blocks(16, 24, 1) == (16, 32)
+
+
 @triton_only
 @pytest.mark.parametrize("tiles", ["state_bk=16,state_bv=16", "state_bv=16,state_warps=2,state_stages=3",
                                    "state_bk=32,state_bv=64,out_warps=8,out_stages=3,bwd_warps=4,bwd_stages=2"])
