@@ -49,10 +49,10 @@ def parse_tiles(spec: str) -> dict:
 
 
 def parse_bwd(value: str) -> str:
-    """HILO_SHORT_CONV_BWD's value -> one of BWD_FORMS ("split" when empty)."""
-    value = value.strip() or "split"
+    """HILO_SHORT_CONV_BWD's value -> one of BWD_FORMS ("auto" when empty)."""
+    value = value.strip() or "auto"
     if value not in BWD_FORMS:
-        raise ValueError(f"HILO_SHORT_CONV_BWD={value!r}: expected 'split' (the default), 'fused' or 'graph'")
+        raise ValueError(f"HILO_SHORT_CONV_BWD={value!r}: expected 'auto' (the default), 'split', 'fused' or 'graph'")
     return value
 
 
@@ -61,9 +61,12 @@ def parse_bwd(value: str) -> str:
 # round trip, at 182 registers instead of 78-80 for the pair at 32x64w4) or "graph" (the kernels compute the linear
 # conv and SiLU runs as torch ops after it: under torch.compile inductor fuses SiLU and its derivative into the
 # elementwise kernels around the op, so the backward gets dpre in x's dtype from them and needs no dpre pass; the
-# conv's output is rounded to x's dtype before the SiLU, one rounding more than the other forms). Read at import
-# (HILO_SHORT_CONV_BWD); H200 timings in benchmarks/RESULTS.md.
-BWD_FORMS = ("split", "fused", "graph")
+# conv's output is rounded to x's dtype before the SiLU, one rounding more than the other forms). "auto", the default:
+# "graph" while torch.compile traces the call, "split" in eager (where SiLU as torch ops would be two more passes).
+# Compiled 340m training on the H200, two sessions' paired runs: graph over split +1.4% / +2.4% for Gated DeltaNet
+# at 8K, +1.2% / +2.2% for Mamba-2 at 16K (benchmarks/RESULTS.md, sessions 14 and 15). Read at import
+# (HILO_SHORT_CONV_BWD).
+BWD_FORMS = ("auto", "split", "fused", "graph")
 TILES = parse_tiles(os.environ.get("HILO_SHORT_CONV_TILES", ""))
 BWD = parse_bwd(os.environ.get("HILO_SHORT_CONV_BWD", ""))
 
@@ -250,7 +253,7 @@ def _short_conv_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Ten
     grid = (triton.cdiv(t, bt), triton.cdiv(c, bc), b)
     state_arg, pos_arg = (state if state is not None else x), (pos if pos is not None else x)
     dy = dy.contiguous()
-    split = silu and t and BWD == "split"
+    split = silu and t and BWD in ("split", "auto")  # "auto" reaches here with silu only in eager
     if split:
         dpre = torch.empty(b, t, c, device=x.device, dtype=torch.float32)
         _short_conv_dpre[grid](x, x.stride(0), x.stride(1), weight, bias if bias is not None else weight, state_arg,
@@ -328,7 +331,7 @@ def short_conv_triton(x, weight, bias, initial_state, cu_seqlens, silu):
     if cu_seqlens is not None:
         pos = positions_in_documents(x.shape[1], cu_seqlens, x.device).to(torch.int32)
     state = None if initial_state is None else initial_state.contiguous()
-    in_graph = silu and BWD == "graph"
+    in_graph = silu and (BWD == "graph" or (BWD == "auto" and torch.compiler.is_compiling()))
     y = _short_conv_op(x, weight.contiguous(), None if bias is None else bias.contiguous(), state, pos,
                        silu and not in_graph)
     return torch.nn.functional.silu(y) if in_graph else y

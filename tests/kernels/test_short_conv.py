@@ -153,9 +153,10 @@ def test_triton_bf16_inputs_keep_their_dtype():
     assert error_ratio(y, ref) <= 8e-3  # one bf16 rounding of the output
 
 
-@pytest.mark.parametrize("form", ["split", "graph"])
+@pytest.mark.parametrize("form", ["split", "graph", "auto"])
 def test_triton_op_compiles_into_one_graph(monkeypatch, form):
-    """One graph with eager's values and gradients, the SiLU in the kernels or (graph) as torch ops around the op."""
+    """One graph with eager's values and gradients, the SiLU in the kernels or (graph; auto under compile) as torch
+    ops around the op."""
     from kernels.short_conv import triton as conv_triton
 
     monkeypatch.setattr(conv_triton, "BWD", form)
@@ -167,6 +168,30 @@ def test_triton_op_compiles_into_one_graph(monkeypatch, form):
 
     leaves = [z.to(DEV).requires_grad_() for z in (x, w, bb)]
     assert_one_graph_with_eager_values(f, leaves, "short_conv")
+
+
+@pytest.mark.parametrize("compiling", [False, True])
+def test_auto_backward_form_follows_compilation(monkeypatch, compiling):
+    """HILO_SHORT_CONV_BWD=auto (the default): while torch.compile traces, SiLU leaves the op for torch ops (graph),
+    so inductor fuses it; in eager the op keeps it (split). Same values either way."""
+    from kernels.short_conv import triton as conv_triton
+
+    monkeypatch.setattr(conv_triton, "BWD", "auto")
+    calls = []
+    op = conv_triton._short_conv_op
+
+    def spy(*args):
+        calls.append(args[-1])
+        return op(*args)
+
+    monkeypatch.setattr(conv_triton, "_short_conv_op", spy)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
+    x, w, bb, _ = make(1, 30, 16, 4, True, False, seed=7)
+    x, w, bb = x.to(DEV), w.to(DEV), bb.to(DEV)
+    y = conv_triton.short_conv_triton(x, w, bb, None, None, True)
+    assert calls == [not compiling]  # the op's own silu flag
+    ref = short_conv(x.double(), w.double(), bb.double(), activation="silu", backend="naive")
+    assert error_ratio(y.double().cpu(), ref.cpu()) <= TOL
 
 
 def test_bad_inputs_raise_clear_errors():
@@ -216,12 +241,12 @@ def test_triton_tiles_and_backward_form_from_the_environment():
     for spec in ("48x64w4", "64x64", "8x64w4"):
         with pytest.raises(ValueError, match=f"HILO_SHORT_CONV_TILES='{spec}': expected BTxBCwW"):
             conv_triton.parse_tiles(spec)
-    with pytest.raises(ValueError, match="HILO_SHORT_CONV_BWD='atomic': expected 'split' \\(the default\\), 'fused' or "
-                                         "'graph'"):
+    with pytest.raises(ValueError, match="HILO_SHORT_CONV_BWD='atomic': expected 'auto' \\(the default\\), 'split', "
+                                         "'fused' or 'graph'"):
         conv_triton.parse_bwd("atomic")
     assert conv_triton.parse_tiles("") == {False: (64, 64, 4), True: (32, 64, 4)}
     assert conv_triton.parse_tiles(" 128x32w8 ") == {False: (128, 32, 8), True: (128, 32, 8)}
-    assert conv_triton.parse_bwd("") == "split" and conv_triton.parse_bwd("fused") == "fused"
+    assert conv_triton.parse_bwd("") == "auto" and conv_triton.parse_bwd("fused") == "fused"
     probe = ("import importlib; m = importlib.import_module('kernels.short_conv.triton'); "
              "print(m.TILES[False], m.TILES[True], m.BWD)")
     env = dict(os.environ, HILO_SHORT_CONV_TILES="128x32w8", HILO_SHORT_CONV_BWD="fused")
