@@ -45,18 +45,25 @@ from .triton_fwd import (
     _seq_bounds,
     chunk_fwd,
     dot_precision,
+    segment_gate_sums,
+    segments,
     state_blocks,
 )
 
 FUSED_MAX_DIM = 128  # larger head dims take the two-kernel backward (K- and V-blocked)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])
-def _chunk_dstates_bwd(q, do, g, dht, dhs, dh0, bounds, offsets, scale, T, NT,
+@triton.jit(do_not_specialize=["T", "NT", "SEG", "NSEG"])
+def _chunk_dstates_bwd(q, do, g, dht, dhs, dh0, fin, gseg, bounds, offsets, scale, T, NT, SEG, NSEG,
                        H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                        BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr, HAS_DHT: tl.constexpr,
-                       STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
-    i_kv, i_nh = tl.program_id(0), tl.program_id(1)
+                       STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr, FINALS: tl.constexpr):
+    """dS_out of each chunk of a segment, walking it backwards (segments as in _chunk_states_fwd, mirrored: FINALS
+    launches segments 1 .. NSEG - 1 from a zero gradient and stores where each begins; the others start from dht
+    carried back through the later segments' fin)."""
+    i_kv, i_nh, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if FINALS:
+        i_s += 1  # segment 0's own share carries nowhere
     NV: tl.constexpr = triton.cdiv(V, BV)
     i_k, i_v = i_kv // NV, i_kv % NV
     i_n, i_h = i_nh // H, i_nh % H
@@ -65,13 +72,23 @@ def _chunk_dstates_bwd(q, do, g, dht, dhs, dh0, bounds, offsets, scale, T, NT,
     o_v = i_v * BV + tl.arange(0, BV)
     m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
     kv_off = o_k[:, None] * V + o_v[None, :]
+    n_kv = tl.num_programs(1).to(tl.int64) * K * V
     dstate = tl.zeros([BK, BV], dtype=tl.float32)
-    if HAS_DHT:
-        dstate += tl.load(dht + i_nh.to(tl.int64) * K * V + kv_off, mask=m_kv, other=0.0).to(tl.float32)
+    if not FINALS:
+        if HAS_DHT:
+            dstate += tl.load(dht + i_nh.to(tl.int64) * K * V + kv_off, mask=m_kv, other=0.0).to(tl.float32)
+        for jj in range(NSEG - 1 - i_s):  # the gradient leaving this segment, from the later segments' own shares
+            j = NSEG - 1 - jj
+            if HAS_G:
+                dstate *= tl.exp(tl.load(gseg + j * tl.num_programs(1) + i_nh))
+            dstate += tl.load(fin + j * n_kv + i_nh.to(tl.int64) * K * V + kv_off, mask=m_kv, other=0.0)
     nchunks = tl.cdiv(eos - bos, BT)
-    for it in range(nchunks):
-        c = nchunks - 1 - it
-        tl.store(dhs + ((c0 + c) * H + i_h) * K * V + kv_off, dstate.to(dhs.dtype.element_ty), mask=m_kv)
+    c_lo = i_s * SEG
+    c_hi = tl.minimum(c_lo + SEG, nchunks)
+    for it in range(c_hi - c_lo):
+        c = c_hi - 1 - it
+        if not FINALS:
+            tl.store(dhs + ((c0 + c) * H + i_h) * K * V + kv_off, dstate.to(dhs.dtype.element_ty), mask=m_kv)
         o_t = bos + c * BT + tl.arange(0, BT)
         m_t = o_t < eos
         qb = tl.load(q + (o_t[:, None] * G + i_h // (H // G)) * K + o_k[None, :],
@@ -86,8 +103,11 @@ def _chunk_dstates_bwd(q, do, g, dht, dhs, dh0, bounds, offsets, scale, T, NT,
         else:
             qb = (qb * scale).to(dob.dtype)
         dstate += tl.dot(tl.trans(qb), dob, input_precision=PREC)
-    if STORE_DH0:
-        tl.store(dh0 + i_nh.to(tl.int64) * K * V + kv_off, dstate, mask=m_kv)
+    if FINALS:
+        tl.store(fin + i_s * n_kv + i_nh.to(tl.int64) * K * V + kv_off, dstate, mask=m_kv)
+    elif STORE_DH0:  # noqa: SIM102 (a constexpr around a runtime test)
+        if i_s == 0:
+            tl.store(dh0 + i_nh.to(tl.int64) * K * V + kv_off, dstate, mask=m_kv)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
@@ -296,12 +316,24 @@ def chunk_bwd(q, k, v, g, do, dht, hs, scale, h0, lay: Layout, need_dh0: bool):
     dhs = torch.empty_like(hs)
     dh0 = torch.empty(lay.n, h, dk_, dv_, device=q.device, dtype=torch.float32) if need_dh0 else None
     bk, bv = state_blocks(dk_, dv_, lay.n * h)
-    grid = (triton.cdiv(dk_, bk) * triton.cdiv(dv_, bv), lay.n * h)
-    _chunk_dstates_bwd[grid](q, do, g if g is not None else q, dht if dht is not None else q, dhs,
-                             dh0 if dh0 is not None else dhs, lay.bounds, lay.offsets, scale, lay.seqlen, lay.nt,
-                             H=h, G=groups, K=dk_, V=dv_, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
-                             HAS_DHT=dht is not None, STORE_DH0=need_dh0, IS_VARLEN=lay.varlen, PREC=dot_precision(k),
-                             num_warps=OPTIONS["state_warps"] or 4, num_stages=OPTIONS["state_stages"] or 3)
+    seg, nseg = segments(dk_, dv_, lay, bk, bv)
+    fin = gseg = None
+    if nseg > 1:
+        fin = torch.empty(nseg, lay.n * h, dk_, dv_, device=q.device, dtype=torch.float32)
+        gseg = segment_gate_sums(g, lay, seg, nseg)
+    tiles = triton.cdiv(dk_, bk) * triton.cdiv(dv_, bv)
+
+    def launch(nprog: int, finals: bool):
+        _chunk_dstates_bwd[(tiles, lay.n * h, nprog)](
+            q, do, g if g is not None else q, dht if dht is not None else q, dhs, dh0 if dh0 is not None else dhs,
+            fin if fin is not None else dhs, gseg if gseg is not None else dhs, lay.bounds, lay.offsets, scale,
+            lay.seqlen, lay.nt, seg, nseg, H=h, G=groups, K=dk_, V=dv_, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
+            HAS_DHT=dht is not None, STORE_DH0=need_dh0, IS_VARLEN=lay.varlen, PREC=dot_precision(k), FINALS=finals,
+            num_warps=OPTIONS["state_warps"] or 4, num_stages=OPTIONS["state_stages"] or 3)
+
+    if nseg > 1:  # segment 0's own share carries nowhere
+        launch(nseg - 1, True)
+    launch(nseg, False)
     dq = q.new_empty(lay.total, h, dk_)
     dk = k.new_empty(lay.total, h, dk_)
     dv = torch.empty_like(v)

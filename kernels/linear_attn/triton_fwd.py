@@ -33,14 +33,17 @@ BT = 64
 # 32x32 tiles), 3 stages 1.98 / 2.56 (2.46), 4 stages 1.99 / 2.57; session 15). Each program walks all of a
 # document's chunks one after another (~1.3-1.5 us a chunk on the H200), so at long T these two kernels dominate: at
 # 32K x 1 they were 1.35 of linear_attn's 2.87 ms (session 15 profile; at 16K x 2, 0.74 of 2.26, the fused backward
-# 0.89). state_blocks narrows the tiles on small grids. "out_warps" / "out_stages" (_chunk_out_fwd; default 4 warps, 2 stages) and "bwd_warps" / "bwd_stages"
-# (the fused backward _chunk_bwd_fused; 8 and 1) set the chunk-parallel kernels' launches. All for session 15's
-# sweeps; 0 keeps the default.
-OPTIONS = {"split_scores": True, "state_bk": 0, "state_bv": 0, "state_warps": 0, "state_stages": 0, "out_warps": 0,
-           "out_stages": 0, "bwd_warps": 0, "bwd_stages": 0}
+# 0.89). state_blocks narrows the tiles on small grids, and "state_segments=n" (1, the default: off; 0: segment_count's
+# rule; 2-32) splits each walk into n shorter ones side by side (segment_count says how; CPU-tested, not yet timed).
+# "out_warps" / "out_stages" (_chunk_out_fwd; default 4 warps, 2 stages) and "bwd_warps" / "bwd_stages" (the fused
+# backward _chunk_bwd_fused; 8 and 1) set the chunk-parallel kernels' launches: no variant was faster at 16K x 2
+# (session 15). 0 keeps the default.
+OPTIONS = {"split_scores": True, "state_bk": 0, "state_bv": 0, "state_warps": 0, "state_stages": 0,
+           "state_segments": 1, "out_warps": 0, "out_stages": 0, "bwd_warps": 0, "bwd_stages": 0}
 _WARPS, _STAGES = (0, 1, 2, 4, 8, 16), (0, 1, 2, 3, 4)
 _ALLOWED = {"state_bk": (0, 16, 32, 64), "state_bv": (0, 16, 32, 64), "state_warps": _WARPS, "state_stages": _STAGES,
-            "out_warps": _WARPS, "out_stages": _STAGES, "bwd_warps": _WARPS, "bwd_stages": _STAGES}
+            "state_segments": (0, 1, 2, 3, 4, 6, 8, 12, 16, 32), "out_warps": _WARPS, "out_stages": _STAGES,
+            "bwd_warps": _WARPS, "bwd_stages": _STAGES}
 
 
 def _read_options() -> None:
@@ -77,12 +80,16 @@ def _seq_bounds(bounds, offsets, i_n, T, NT, IS_VARLEN: tl.constexpr):
     return bos, eos, c0
 
 
-@triton.jit(do_not_specialize=["T", "NT"])
-def _chunk_states_fwd(k, v, g, h0, hs, ht, bounds, offsets, T, NT,
+@triton.jit(do_not_specialize=["T", "NT", "SEG", "NSEG"])
+def _chunk_states_fwd(k, v, g, h0, hs, ht, fin, gseg, bounds, offsets, T, NT, SEG, NSEG,
                       H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr, HAS_H0: tl.constexpr,
-                      STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
-    i_kv, i_nh = tl.program_id(0), tl.program_id(1)
+                      STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr, FINALS: tl.constexpr):
+    """The state entering each chunk of segment program_id(2) (chunks [i_s SEG, (i_s + 1) SEG) of a document; one
+    segment of NT chunks unless segment_count says otherwise). FINALS: walk the segment from a zero state and store
+    only where it ends, fin [NSEG, N H, K, V] fp32; else start from h0 carried through the earlier segments' fin
+    (each decayed by exp(gseg), its gates' sum) and store hs (and ht after the last segment)."""
+    i_kv, i_nh, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NV: tl.constexpr = triton.cdiv(V, BV)
     i_k, i_v = i_kv // NV, i_kv % NV
     i_n, i_h = i_nh // H, i_nh % H
@@ -91,12 +98,20 @@ def _chunk_states_fwd(k, v, g, h0, hs, ht, bounds, offsets, T, NT,
     o_v = i_v * BV + tl.arange(0, BV)
     m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
     kv_off = o_k[:, None] * V + o_v[None, :]
+    n_kv = tl.num_programs(1).to(tl.int64) * K * V  # one segment's slice of fin
     state = tl.zeros([BK, BV], dtype=tl.float32)
-    if HAS_H0:
-        state += tl.load(h0 + i_nh.to(tl.int64) * K * V + kv_off, mask=m_kv, other=0.0).to(tl.float32)
+    if not FINALS:
+        if HAS_H0:
+            state += tl.load(h0 + i_nh.to(tl.int64) * K * V + kv_off, mask=m_kv, other=0.0).to(tl.float32)
+        for j in range(i_s):  # the state entering this segment, from the earlier segments' own contributions
+            if HAS_G:
+                state *= tl.exp(tl.load(gseg + j * tl.num_programs(1) + i_nh))
+            state += tl.load(fin + j * n_kv + i_nh.to(tl.int64) * K * V + kv_off, mask=m_kv, other=0.0)
     nchunks = tl.cdiv(eos - bos, BT)
-    for c in range(nchunks):
-        tl.store(hs + ((c0 + c) * H + i_h) * K * V + kv_off, state.to(hs.dtype.element_ty), mask=m_kv)
+    c_end = tl.minimum((i_s + 1) * SEG, nchunks)
+    for c in range(i_s * SEG, c_end):
+        if not FINALS:
+            tl.store(hs + ((c0 + c) * H + i_h) * K * V + kv_off, state.to(hs.dtype.element_ty), mask=m_kv)
         o_t = bos + c * BT + tl.arange(0, BT)
         m_t = o_t < eos
         kb = tl.load(k + (o_t[:, None] * G + i_h // (H // G)) * K + o_k[None, :],
@@ -110,8 +125,11 @@ def _chunk_states_fwd(k, v, g, h0, hs, ht, bounds, offsets, T, NT,
             state *= tl.exp(gl)
             kb = (kb * tl.exp(gl - gc)[:, None]).to(vb.dtype)
         state += tl.dot(tl.trans(kb), vb, input_precision=PREC)
-    if STORE_HT:
-        tl.store(ht + i_nh.to(tl.int64) * K * V + kv_off, state, mask=m_kv)
+    if FINALS:
+        tl.store(fin + i_s * n_kv + i_nh.to(tl.int64) * K * V + kv_off, state, mask=m_kv)
+    elif STORE_HT:  # noqa: SIM102 (a constexpr around a runtime test)
+        if i_s == NSEG - 1:
+            tl.store(ht + i_nh.to(tl.int64) * K * V + kv_off, state, mask=m_kv)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
@@ -206,6 +224,38 @@ def state_blocks(dk: int, dv: int, programs_per_block: int) -> tuple[int, int]:
     return bk, bv
 
 
+def segment_count(nt: int, programs: int, varlen: bool) -> int:
+    """How many segments the sequential state kernels split each document's chunks into (OPTIONS' state_segments:
+    1, the default, none; 0 the rule below; n, n). Each program walks its chunks one after another at ~1.4 us a
+    chunk on the H200, whatever its tile, so the walk's length, not the GPU's width, sets these kernels' time; in
+    segments the walks are shorter and run side by side, at the price of a first pass over every segment but the
+    last (to carry its state to the next) and one read more of the kernels' inputs. The rule: enough segments for
+    1024 programs, none shorter than 16 chunks. Packed documents (varlen) are not split."""
+    want = OPTIONS["state_segments"]
+    if varlen or want == 1:
+        return 1
+    if want == 0:
+        want = min(triton.cdiv(1024, programs), nt // 16)
+    want = max(1, min(want, nt))
+    return triton.cdiv(nt, triton.cdiv(nt, want))  # every segment non-empty
+
+
+def segment_gate_sums(g, lay: Layout, seg: int, nseg: int):
+    """gseg [nseg, N H] fp32: each segment's sum of the gates of its tokens (fixed-length layouts), or None."""
+    if g is None:
+        return None
+    gb = g.view(lay.n, lay.seqlen, lay.heads).float()
+    gb = torch.nn.functional.pad(gb, (0, 0, 0, nseg * seg * BT - lay.seqlen))
+    return gb.view(lay.n, nseg, seg * BT, lay.heads).sum(2).transpose(0, 1).reshape(nseg, -1).contiguous()
+
+
+def segments(dk: int, dv: int, lay: Layout, bk: int, bv: int):
+    """(chunks a segment, segments) of the state kernels' launches for these tiles; one segment covers any
+    document."""
+    nseg = segment_count(lay.nt, triton.cdiv(dk, bk) * triton.cdiv(dv, bv) * lay.n * lay.heads, lay.varlen)
+    return (triton.cdiv(lay.nt, nseg) if nseg > 1 else 2 ** 31 - 1), nseg
+
+
 def chunk_states(k, v, g, h0, lay: Layout, store_final: bool):
     """hs [rows, H, K, V] in k's dtype (state entering each chunk) and the final state [N, H, K, V] fp32; k [TT, G, K]
     (G dividing H)."""
@@ -214,13 +264,24 @@ def chunk_states(k, v, g, h0, lay: Layout, store_final: bool):
     hs = torch.empty(lay.rows, h, dk, dv, device=k.device, dtype=k.dtype)
     ht = torch.empty(lay.n, h, dk, dv, device=k.device, dtype=torch.float32) if store_final else None
     bk, bv = state_blocks(dk, dv, lay.n * h)
-    grid = (triton.cdiv(dk, bk) * triton.cdiv(dv, bv), lay.n * h)
-    _chunk_states_fwd[grid](k, v, g if g is not None else k, h0 if h0 is not None else k, hs,
-                            ht if ht is not None else hs, lay.bounds, lay.offsets, lay.seqlen, lay.nt,
-                            H=h, G=k.shape[1], K=dk, V=dv, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
-                            HAS_H0=h0 is not None,
-                            STORE_HT=store_final, IS_VARLEN=lay.varlen, PREC=dot_precision(k),
-                            num_warps=OPTIONS["state_warps"] or 4, num_stages=OPTIONS["state_stages"] or 3)
+    seg, nseg = segments(dk, dv, lay, bk, bv)
+    fin = gseg = None
+    if nseg > 1:
+        fin = torch.empty(nseg, lay.n * h, dk, dv, device=k.device, dtype=torch.float32)
+        gseg = segment_gate_sums(g, lay, seg, nseg)
+    tiles = triton.cdiv(dk, bk) * triton.cdiv(dv, bv)
+
+    def launch(nprog: int, finals: bool):
+        _chunk_states_fwd[(tiles, lay.n * h, nprog)](
+            k, v, g if g is not None else k, h0 if h0 is not None else k, hs, ht if ht is not None else hs,
+            fin if fin is not None else hs, gseg if gseg is not None else hs, lay.bounds, lay.offsets, lay.seqlen,
+            lay.nt, seg, nseg, H=h, G=k.shape[1], K=dk, V=dv, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
+            HAS_H0=h0 is not None, STORE_HT=store_final, IS_VARLEN=lay.varlen, PREC=dot_precision(k), FINALS=finals,
+            num_warps=OPTIONS["state_warps"] or 4, num_stages=OPTIONS["state_stages"] or 3)
+
+    if nseg > 1:  # the last segment's own contribution carries nowhere
+        launch(nseg - 1, True)
+    launch(nseg, False)
     return hs, ht
 
 

@@ -320,6 +320,40 @@ def test_state_blocks_narrow_on_small_grids():
     assert state_blocks(16, 24, 1) == (16, 32)
 
 
+def test_segment_count_rule(monkeypatch):
+    """state_segments: 1 (the default) none; 0 enough for 1024 programs, none under 16 chunks; n, n, every segment
+    non-empty; packed documents never split."""
+    from kernels.linear_attn import triton_fwd
+
+    count = triton_fwd.segment_count
+    monkeypatch.setitem(triton_fwd.OPTIONS, "state_segments", 1)
+    assert count(256, 256, False) == 1
+    monkeypatch.setitem(triton_fwd.OPTIONS, "state_segments", 0)
+    assert count(256, 256, False) == 4 and count(512, 256, False) == 4  # 16K x 2 and 32K x 1 at H = 16
+    assert count(32, 2048, False) == 1 and count(40, 256, False) == 2 and count(256, 256, True) == 1
+    monkeypatch.setitem(triton_fwd.OPTIONS, "state_segments", 4)
+    assert count(5, 8, False) == 3 and count(1, 8, False) == 1  # 5 chunks: 2 + 2 + 1
+
+
+@triton_only
+@pytest.mark.parametrize("segments", [2, 3])
+@pytest.mark.parametrize("decay,n_state", [("strong", 2), ("weak", None), (None, 2)])
+def test_segmented_state_walks_keep_the_values(monkeypatch, segments, decay, n_state):
+    """HILO_LINEAR_ATTN=state_segments=n: the sequential state kernels (forward and backward) walk each sequence's
+    chunks as n segments side by side, each carried into the next through its own contribution: the same output,
+    final state and gradients (dq, dk, dv, dg, dh0) as one walk, with and without decay and initial state, 5 chunks
+    of a 300-token sequence (the last one partial)."""
+    from kernels.linear_attn import triton_fwd
+
+    q, k, v, g, h0 = make(2, 300, 2, 24, 40, decay, n_state=n_state, device=DEV)
+    want = run(q, k, v, g, h0, "triton")
+    monkeypatch.setitem(triton_fwd.OPTIONS, "state_segments", segments)
+    lay = triton_fwd.Layout(2, 300, 2, None, "cpu")
+    assert triton_fwd.segments(24, 40, lay, 32, 32)[1] == segments
+    got = run(q, k, v, g, h0, "triton")
+    assert_close(got, want, what=f"{segments} segments", tol=1e-5)
+
+
 @triton_only
 @pytest.mark.parametrize("tiles", ["state_bk=16,state_bv=16", "state_bv=16,state_warps=2,state_stages=3",
                                    "state_bk=32,state_bv=64,out_warps=8,out_stages=3,bwd_warps=4,bwd_stages=2"])
