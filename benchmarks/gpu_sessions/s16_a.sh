@@ -5,8 +5,8 @@
 # segments): each walk split into shorter ones side by side, one pass more over all but the last segment. If it
 # wins, make segment_count's rule (state_segments=0) the default; issue 5's hla2 at 16K needs 3.92 ms (4.14 now).
 # 1. check + time linear_attn at 16K x 2 and 32K x 1, segments off / rule / 2 / 8 / 16; 2. hla2 compose16 at
-# 16K with the rule; 3. the GPU tests with 4 segments forced on every fixed-length call (as on CPU); 4. compiled Mamba-2 16K with the rule (124,250 tokens/s
-# in s15_d without).
+# 16K with the rule; 3. the GPU tests with 4 segments forced on every fixed-length call (as on CPU); 4. compiled
+# Mamba-2 16K with the rule (124,250 tokens/s in s15_d without).
 source benchmarks/gpu_sessions/lib.sh
 V=("" "HILO_LINEAR_ATTN=state_segments=0" "HILO_LINEAR_ATTN=state_segments=2" "HILO_LINEAR_ATTN=state_segments=8" \
    "HILO_LINEAR_ATTN=state_segments=16")
