@@ -23,9 +23,10 @@ gets from this chunk on), from tiles each chunk's backward program loads anyway 
 <dS_out, S_in> in _chunk_dv_bwd, run first), and a token's dg is that value minus the sum of dL/dG over the chunk's
 earlier tokens (at most 63 terms). On the H200 (bf16, T = 777) dg's error ratio went 1.76e-2 -> 4.7e-3 with the
 same value taken in the sequential dstates pass (session 14), which cost that pass 128 -> 228 registers a thread
-(sm_90, AOT) and linear_attn 2.07 -> 2.18 ms at 16K; this form leaves the pass as it was (128) and is exact in fp32
-under the interpreter, but has not yet run on a GPU. A float64 emulation of the kernels' bf16 roundings
-(benchmarks/kernel_rounding.py --dg) reproduces both measured forms (1.52e-2, 4.94e-3) and gives this one 3.85e-3.
+(sm_90, AOT) and linear_attn 2.07 -> 2.18 ms at 16K; this form leaves the pass as it was (128): on the H200 its
+check passes with dg under o's 3.7e-3 and linear_attn takes 1.99 ms at 16K (session 15). A float64 emulation of the
+kernels' bf16 roundings (benchmarks/kernel_rounding.py --dg) reproduces both earlier forms (1.52e-2, 4.94e-3) and
+gives this one 3.85e-3.
 """
 
 from typing import Optional
