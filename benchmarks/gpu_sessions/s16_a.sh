@@ -6,11 +6,12 @@
 # wins, make segment_count's rule (state_segments=0) the default; issue 5's hla2 at 16K needs 3.92 ms (4.14 now).
 # 1. check + time linear_attn at 16K x 2 and 32K x 1, segments off / rule / 2 / 8 / 16; 2. hla2 compose16 at
 # 16K with the rule; 3. the GPU tests with 4 segments forced on every fixed-length call (as on CPU); 4. compiled
-# Mamba-2 16K with the rule (124,250 tokens/s in s15_d without).
+# Mamba-2 16K with the rule (124,250 tokens/s in s15_d without). Also, at 16K, the fused backward at 4 warps (it
+# spills 488 B a thread there, AOT, but two blocks fit a multiprocessor; never timed).
 source benchmarks/gpu_sessions/lib.sh
 V=("" "HILO_LINEAR_ATTN=state_segments=0" "HILO_LINEAR_ATTN=state_segments=2" "HILO_LINEAR_ATTN=state_segments=8" \
    "HILO_LINEAR_ATTN=state_segments=16")
-sweep 120 la16 --op linear_attn --seq-len 16384 --variants "${V[@]}"
+sweep 120 la16 --op linear_attn --seq-len 16384 --variants "${V[@]}" "HILO_LINEAR_ATTN=bwd_warps=4"
 sweep 100 la32 --op linear_attn --seq-len 32768 --variants "${V[@]}"
 sweep 80 hla2 --op hla2 --backend triton --seq-len 16384 --variants "" "HILO_LINEAR_ATTN=state_segments=0"
 HILO_LINEAR_ATTN=state_segments=4 tests gpu 120 8 tests/kernels/test_linear_attn.py tests/kernels/test_gpu_bf16.py \
