@@ -23,7 +23,6 @@ interpreter mode is fixed when they are decorated); fp64 inputs and groups wider
 torch code. models.norms dispatches to them when constructed with fused=True (config.fused_norms).
 """
 
-import functools
 import os
 
 import torch
@@ -31,6 +30,7 @@ import triton
 import triton.language as tl
 
 from kernels.common.compile import dense_outputs
+from kernels.common.gpu import multiprocessors
 
 # Widest group the kernels take (a program holds a whole group in registers; the backward spills beyond this on
 # sm_90); wider ones keep the torch code.
@@ -162,17 +162,12 @@ def _rows(t: torch.Tensor | None, dim: int) -> torch.Tensor | None:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _programs(n_tiles: int, n_groups: int, device: torch.device) -> int:
     """Backward programs along the rows: about 4 a streaming multiprocessor over all groups (each adds a row of
     dim fp32 partial weight gradients to sum), at most one a row tile; 4 under the interpreter."""
     if device.type != "cuda":
         return min(n_tiles, 4)
-    return max(1, min(n_tiles, 4 * _sm_count(device) // n_groups))
+    return max(1, min(n_tiles, 4 * multiprocessors(device) // n_groups))
 
 
 def _forward(x, residual, gate, weight, eps, group_size, norm_before_gate, y_dtype):

@@ -9,9 +9,10 @@
 # Mamba-2 16K with the rule (124,250 tokens/s in s15_d without). Also, at 16K, the fused backward at 4 warps (it
 # spills 488 B a thread there, AOT, but two blocks fit a multiprocessor; never timed).
 source benchmarks/gpu_sessions/lib.sh
-# By walk length alone (256 programs at 16K x 2 and at 32K x 1; ~7 state-kernel blocks fit a multiprocessor, ~920 on
-# the GPU): 2 segments walk as many chunks in a row as none (half in each launch), 3 about 2/3, the rule's 4 about
-# 3/4 (its 1,024 programs spill into a second wave) or 1/2 without that tail, 8 and 16 about 5/8.
+# The first launch is a plain sum of products per segment (no chain through the state), so by the second launch's
+# walk length alone (256 programs at 16K x 2 and at 32K x 1; 6-7 state-kernel blocks fit a multiprocessor, ~800-920
+# on the GPU): 2 segments halve the walk, 3 (the rule's choice) take a third, 8 and 16 two and four waves of an
+# eighth / a sixteenth (a quarter).
 V=("" "HILO_LINEAR_ATTN=state_segments=0" "HILO_LINEAR_ATTN=state_segments=2" "HILO_LINEAR_ATTN=state_segments=3" \
    "HILO_LINEAR_ATTN=state_segments=8" "HILO_LINEAR_ATTN=state_segments=16")
 sweep 120 la16 --op linear_attn --seq-len 16384 --variants "${V[@]}" "HILO_LINEAR_ATTN=bwd_warps=4"

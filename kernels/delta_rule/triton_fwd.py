@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels.common.env_options import parse_flag, parse_int
+from kernels.common.gpu import multiprocessors
 
 CHUNK = 64
 
@@ -367,9 +368,6 @@ def _output_kernel(
              mask=m2)
 
 
-_SM_COUNT: dict = {}
-
-
 def launch_warps(kernel: str) -> int:
     """Warps of one launch: OPTIONS[kernel + "_warps"] where set (state, state_bwd, grads), else NUM_WARPS."""
     return int(OPTIONS.get(kernel + "_warps", 0)) or NUM_WARPS[kernel]
@@ -384,10 +382,8 @@ def state_block_v(dk: int, dv: int, pairs: int, device: torch.device, which: str
     [K, 64]."""
     bv = min(STATE_BV[which], max(16, triton.next_power_of_2(dv)))
     if device.type == "cuda":
-        if device not in _SM_COUNT:
-            _SM_COUNT[device] = torch.cuda.get_device_properties(device).multi_processor_count
         floor = state_bv_floor(dk)
-        while bv > floor and pairs * triton.cdiv(dv, bv) < _SM_COUNT[device]:
+        while bv > floor and pairs * triton.cdiv(dv, bv) < multiprocessors(device):
             bv //= 2
     return bv
 

@@ -60,8 +60,9 @@ def _chunk_dstates_bwd(q, do, g, dht, dhs, dh0, fin, gseg, bounds, offsets, scal
                        BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr, HAS_DHT: tl.constexpr,
                        STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr, FINALS: tl.constexpr):
     """dS_out of each chunk of a segment, walking it backwards (segments as in _chunk_states_fwd, mirrored: FINALS
-    launches segments 1 .. NSEG - 1 from a zero gradient and stores where each begins; the others start from dht
-    carried back through the later segments' fin)."""
+    launches segments 1 .. NSEG - 1 and stores each one's own contribution to the gradient where it begins, walked
+    from its start as a plain sum of products; the others start from dht carried back through the later segments'
+    fin)."""
     i_kv, i_nh, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if FINALS:
         i_s += 1  # segment 0's own share carries nowhere
@@ -86,9 +87,12 @@ def _chunk_dstates_bwd(q, do, g, dht, dhs, dh0, fin, gseg, bounds, offsets, scal
     nchunks = tl.cdiv(eos - bos, BT)
     c_lo = i_s * SEG
     c_hi = tl.minimum(c_lo + SEG, nchunks)
+    before = 0.0  # FINALS: the gates of the segment's earlier chunks
     for it in range(c_hi - c_lo):
-        c = c_hi - 1 - it
-        if not FINALS:
+        if FINALS:  # from the segment's start: each token's decay to it is known, so a plain sum of products
+            c = c_lo + it
+        else:
+            c = c_hi - 1 - it
             tl.store(dhs + ((c0 + c) * H + i_h) * K * V + kv_off, dstate.to(dhs.dtype.element_ty), mask=m_kv)
         o_t = bos + c * BT + tl.arange(0, BT)
         m_t = o_t < eos
@@ -99,8 +103,12 @@ def _chunk_dstates_bwd(q, do, g, dht, dhs, dh0, fin, gseg, bounds, offsets, scal
         if HAS_G:
             gb = tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
             gc = tl.cumsum(gb, 0)
-            dstate *= tl.exp(tl.sum(gb, 0))
-            qb = (qb * (tl.exp(gc) * scale)[:, None]).to(dob.dtype)
+            if FINALS:
+                qb = (qb * (tl.exp(before + gc) * scale)[:, None]).to(dob.dtype)
+                before += tl.sum(gb, 0)
+            else:
+                dstate *= tl.exp(tl.sum(gb, 0))
+                qb = (qb * (tl.exp(gc) * scale)[:, None]).to(dob.dtype)
         else:
             qb = (qb * scale).to(dob.dtype)
         dstate += tl.dot(tl.trans(qb), dob, input_precision=PREC)
@@ -317,7 +325,7 @@ def chunk_bwd(q, k, v, g, do, dht, hs, scale, h0, lay: Layout, need_dh0: bool):
     dhs = torch.empty_like(hs)
     dh0 = torch.empty(lay.n, h, dk_, dv_, device=q.device, dtype=torch.float32) if need_dh0 else None
     bk, bv = state_blocks(dk_, dv_, lay.n * h)
-    seg, nseg = segments(dk_, dv_, lay, bk, bv)
+    seg, nseg = segments(dk_, dv_, lay, bk, bv, q.device)
     fin = gseg = None
     if nseg > 1:
         fin = torch.empty(nseg, lay.n * h, dk_, dv_, device=q.device, dtype=torch.float32)

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from kernels.common.env_options import read_options
+from kernels.common.gpu import DEFAULT_MULTIPROCESSORS, multiprocessors
 from kernels.common.varlen import chunk_table
 
 BT = 64
@@ -86,9 +87,10 @@ def _chunk_states_fwd(k, v, g, h0, hs, ht, fin, gseg, bounds, offsets, T, NT, SE
                       BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr, HAS_H0: tl.constexpr,
                       STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr, FINALS: tl.constexpr):
     """The state entering each chunk of segment program_id(2) (chunks [i_s SEG, (i_s + 1) SEG) of a document; one
-    segment of NT chunks unless segment_count says otherwise). FINALS: walk the segment from a zero state and store
-    only where it ends, fin [NSEG, N H, K, V] fp32; else start from h0 carried through the earlier segments' fin
-    (each decayed by exp(gseg), its gates' sum) and store hs (and ht after the last segment)."""
+    segment of NT chunks unless segment_count says otherwise). FINALS: the segment's own contribution to the state
+    where it ends, fin [NSEG, N H, K, V] fp32 (walked from the end, each chunk's keys decayed to there: no product
+    through the state between chunks); else start from h0 carried through the earlier segments' fin (each decayed by
+    exp(gseg), its gates' sum) and store hs (and ht after the last segment)."""
     i_kv, i_nh, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NV: tl.constexpr = triton.cdiv(V, BV)
     i_k, i_v = i_kv // NV, i_kv % NV
@@ -108,9 +110,14 @@ def _chunk_states_fwd(k, v, g, h0, hs, ht, fin, gseg, bounds, offsets, T, NT, SE
                 state *= tl.exp(tl.load(gseg + j * tl.num_programs(1) + i_nh))
             state += tl.load(fin + j * n_kv + i_nh.to(tl.int64) * K * V + kv_off, mask=m_kv, other=0.0)
     nchunks = tl.cdiv(eos - bos, BT)
-    c_end = tl.minimum((i_s + 1) * SEG, nchunks)
-    for c in range(i_s * SEG, c_end):
-        if not FINALS:
+    c_lo = i_s * SEG
+    c_end = tl.minimum(c_lo + SEG, nchunks)
+    rest = 0.0  # FINALS: the gates of the segment's later chunks
+    for it in range(c_end - c_lo):
+        if FINALS:  # from the segment's end: each token's decay to it is known, so a plain sum of products
+            c = c_end - 1 - it
+        else:
+            c = c_lo + it
             tl.store(hs + ((c0 + c) * H + i_h) * K * V + kv_off, state.to(hs.dtype.element_ty), mask=m_kv)
         o_t = bos + c * BT + tl.arange(0, BT)
         m_t = o_t < eos
@@ -122,8 +129,12 @@ def _chunk_states_fwd(k, v, g, h0, hs, ht, fin, gseg, bounds, offsets, T, NT, SE
             gb = tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
             gc = tl.cumsum(gb, 0)
             gl = tl.sum(gb, 0)
-            state *= tl.exp(gl)
-            kb = (kb * tl.exp(gl - gc)[:, None]).to(vb.dtype)
+            if FINALS:
+                kb = (kb * tl.exp(rest + gl - gc)[:, None]).to(vb.dtype)
+                rest += gl
+            else:
+                state *= tl.exp(gl)
+                kb = (kb * tl.exp(gl - gc)[:, None]).to(vb.dtype)
         state += tl.dot(tl.trans(kb), vb, input_precision=PREC)
     if FINALS:
         tl.store(fin + i_s * n_kv + i_nh.to(tl.int64) * K * V + kv_off, state, mask=m_kv)
@@ -224,18 +235,25 @@ def state_blocks(dk: int, dv: int, programs_per_block: int) -> tuple[int, int]:
     return bk, bv
 
 
-def segment_count(nt: int, programs: int, varlen: bool) -> int:
+# Blocks of a state kernel resident on one multiprocessor (AOT for sm_90, Triton 3.6, bf16 at 32x32 tiles: 6-7, by
+# registers); segment_count fills the GPU to this many a multiprocessor and no further.
+STATE_BLOCKS_PER_SM = 6
+
+
+def segment_count(nt: int, programs: int, varlen: bool, multiprocessors: int = DEFAULT_MULTIPROCESSORS) -> int:
     """How many segments the sequential state kernels split each document's chunks into (OPTIONS' state_segments:
     1, the default, none; 0 the rule below; n, n). Each program walks its chunks one after another at ~1.4 us a
     chunk on the H200, whatever its tile, so the walk's length, not the GPU's width, sets these kernels' time; in
-    segments the walks are shorter and run side by side, at the price of a first pass over every segment but the
-    last (to carry its state to the next) and one read more of the kernels' inputs. The rule: enough segments for
-    1024 programs, none shorter than 16 chunks. Packed documents (varlen) are not split."""
+    segments the walks are shorter and run side by side, after a first launch that takes each segment's own
+    contribution (a plain sum of products, no walk through the state) and at the price of one more read of the
+    kernels' inputs. The rule: as many segments as fit the programs in one wave (STATE_BLOCKS_PER_SM a
+    multiprocessor: a second wave would double the walk again), none shorter than 16 chunks. Packed documents
+    (varlen) are not split."""
     want = OPTIONS["state_segments"]
     if varlen or want == 1:
         return 1
     if want == 0:
-        want = min(triton.cdiv(1024, programs), nt // 16)
+        want = min(STATE_BLOCKS_PER_SM * multiprocessors // programs, nt // 16)
     want = max(1, min(want, nt))
     return triton.cdiv(nt, triton.cdiv(nt, want))  # every segment non-empty
 
@@ -249,10 +267,11 @@ def segment_gate_sums(g, lay: Layout, seg: int, nseg: int):
     return gb.view(lay.n, nseg, seg * BT, lay.heads).sum(2).transpose(0, 1).reshape(nseg, -1).contiguous()
 
 
-def segments(dk: int, dv: int, lay: Layout, bk: int, bv: int):
+def segments(dk: int, dv: int, lay: Layout, bk: int, bv: int, device):
     """(chunks a segment, segments) of the state kernels' launches for these tiles; one segment covers any
     document."""
-    nseg = segment_count(lay.nt, triton.cdiv(dk, bk) * triton.cdiv(dv, bv) * lay.n * lay.heads, lay.varlen)
+    nseg = segment_count(lay.nt, triton.cdiv(dk, bk) * triton.cdiv(dv, bv) * lay.n * lay.heads, lay.varlen,
+                         multiprocessors(device))
     return (triton.cdiv(lay.nt, nseg) if nseg > 1 else 2 ** 31 - 1), nseg
 
 
@@ -264,7 +283,7 @@ def chunk_states(k, v, g, h0, lay: Layout, store_final: bool):
     hs = torch.empty(lay.rows, h, dk, dv, device=k.device, dtype=k.dtype)
     ht = torch.empty(lay.n, h, dk, dv, device=k.device, dtype=torch.float32) if store_final else None
     bk, bv = state_blocks(dk, dv, lay.n * h)
-    seg, nseg = segments(dk, dv, lay, bk, bv)
+    seg, nseg = segments(dk, dv, lay, bk, bv, k.device)
     fin = gseg = None
     if nseg > 1:
         fin = torch.empty(nseg, lay.n * h, dk, dv, device=k.device, dtype=torch.float32)

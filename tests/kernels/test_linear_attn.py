@@ -321,16 +321,17 @@ def test_state_blocks_narrow_on_small_grids():
 
 
 def test_segment_count_rule(monkeypatch):
-    """state_segments: 1 (the default) none; 0 enough for 1024 programs, none under 16 chunks; n, n, every segment
-    non-empty; packed documents never split."""
+    """state_segments: 1 (the default) none; 0 as many as fit the programs in one wave of 6 blocks a multiprocessor,
+    none under 16 chunks; n, n, every segment non-empty; packed documents never split."""
     from kernels.linear_attn import triton_fwd
 
     count = triton_fwd.segment_count
     monkeypatch.setitem(triton_fwd.OPTIONS, "state_segments", 1)
-    assert count(256, 256, False) == 1
+    assert count(256, 256, False, 132) == 1
     monkeypatch.setitem(triton_fwd.OPTIONS, "state_segments", 0)
-    assert count(256, 256, False) == 4 and count(512, 256, False) == 4  # 16K x 2 and 32K x 1 at H = 16
-    assert count(32, 2048, False) == 1 and count(40, 256, False) == 2 and count(256, 256, True) == 1
+    assert count(256, 256, False, 132) == 3 and count(512, 256, False, 132) == 3  # 16K x 2, 32K x 1 at H = 16
+    assert count(512, 256, False, 264) == 6 and count(512, 1024, False, 132) == 1
+    assert count(32, 2048, False, 132) == 1 and count(40, 256, False, 132) == 2 and count(256, 256, True, 132) == 1
     monkeypatch.setitem(triton_fwd.OPTIONS, "state_segments", 4)
     assert count(5, 8, False) == 3 and count(1, 8, False) == 1  # 5 chunks: 2 + 2 + 1
 
@@ -349,7 +350,7 @@ def test_segmented_state_walks_keep_the_values(monkeypatch, segments, decay, n_s
     want = run(q, k, v, g, h0, "triton")
     monkeypatch.setitem(triton_fwd.OPTIONS, "state_segments", segments)
     lay = triton_fwd.Layout(2, 300, 2, None, "cpu")
-    assert triton_fwd.segments(24, 40, lay, 32, 32)[1] == segments
+    assert triton_fwd.segments(24, 40, lay, 32, 32, DEV)[1] == segments
     got = run(q, k, v, g, h0, "triton")
     assert_close(got, want, what=f"{segments} segments", tol=1e-5)
 
