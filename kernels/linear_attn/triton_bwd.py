@@ -54,13 +54,13 @@ from .triton_fwd import (
 FUSED_MAX_DIM = 128  # larger head dims take the two-kernel backward (K- and V-blocked)
 
 
-@triton.jit(do_not_specialize=["T", "NT", "SEG", "NSEG"])
-def _chunk_dstates_bwd(q, do, g, dht, dhs, dh0, fin, gseg, bounds, offsets, scale, T, NT, SEG, NSEG,
+@triton.jit(do_not_specialize=["T", "NT", "SEG"])
+def _chunk_dstates_bwd(q, do, g, dht, dhs, dh0, fin, gseg, bounds, offsets, scale, T, NT, SEG,
                        H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                        BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr, HAS_DHT: tl.constexpr,
                        STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr, FINALS: tl.constexpr):
     """dS_out of each chunk of a segment, walking it backwards (segments as in _chunk_states_fwd, mirrored: FINALS
-    launches segments 1 .. NSEG - 1 and stores each one's own contribution to the gradient where it begins, walked
+    launches segments from 1 on and stores each one's own contribution to the gradient where it begins, walked
     from its start as a plain sum of products; the others start from dht carried back through the later segments'
     fin)."""
     i_kv, i_nh, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -75,16 +75,19 @@ def _chunk_dstates_bwd(q, do, g, dht, dhs, dh0, fin, gseg, bounds, offsets, scal
     m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
     kv_off = o_k[:, None] * V + o_v[None, :]
     n_kv = tl.num_programs(1).to(tl.int64) * K * V
+    nchunks = tl.cdiv(eos - bos, BT)
+    nseg = tl.maximum(nchunks - 1, 0) // SEG + 1  # this document's (a shorter one leaves programs idle)
+    if i_s >= nseg:
+        return
     dstate = tl.zeros([BK, BV], dtype=tl.float32)
     if not FINALS:
         if HAS_DHT:
             dstate += tl.load(dht + i_nh.to(tl.int64) * K * V + kv_off, mask=m_kv, other=0.0).to(tl.float32)
-        for jj in range(NSEG - 1 - i_s):  # the gradient leaving this segment, from the later segments' own shares
-            j = NSEG - 1 - jj
+        for jj in range(nseg - 1 - i_s):  # the gradient leaving this segment, from the later segments' own shares
+            j = nseg - 1 - jj
             if HAS_G:
                 dstate *= tl.exp(tl.load(gseg + j * tl.num_programs(1) + i_nh))
             dstate += tl.load(fin + j * n_kv + i_nh.to(tl.int64) * K * V + kv_off, mask=m_kv, other=0.0)
-    nchunks = tl.cdiv(eos - bos, BT)
     c_lo = i_s * SEG
     c_hi = tl.minimum(c_lo + SEG, nchunks)
     before = 0.0  # FINALS: the gates of the segment's earlier chunks
@@ -336,7 +339,7 @@ def chunk_bwd(q, k, v, g, do, dht, hs, scale, h0, lay: Layout, need_dh0: bool):
         _chunk_dstates_bwd[(tiles, lay.n * h, nprog)](
             q, do, g if g is not None else q, dht if dht is not None else q, dhs, dh0 if dh0 is not None else dhs,
             fin if fin is not None else dhs, gseg if gseg is not None else dhs, lay.bounds, lay.offsets, scale,
-            lay.seqlen, lay.nt, seg, nseg, H=h, G=groups, K=dk_, V=dv_, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
+            lay.seqlen, lay.nt, seg, H=h, G=groups, K=dk_, V=dv_, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
             HAS_DHT=dht is not None, STORE_DH0=need_dh0, IS_VARLEN=lay.varlen, PREC=dot_precision(k), FINALS=finals,
             num_warps=OPTIONS["state_warps"] or 4, num_stages=OPTIONS["state_stages"] or 3)
 

@@ -81,16 +81,16 @@ def _seq_bounds(bounds, offsets, i_n, T, NT, IS_VARLEN: tl.constexpr):
     return bos, eos, c0
 
 
-@triton.jit(do_not_specialize=["T", "NT", "SEG", "NSEG"])
-def _chunk_states_fwd(k, v, g, h0, hs, ht, fin, gseg, bounds, offsets, T, NT, SEG, NSEG,
+@triton.jit(do_not_specialize=["T", "NT", "SEG"])
+def _chunk_states_fwd(k, v, g, h0, hs, ht, fin, gseg, bounds, offsets, T, NT, SEG,
                       H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr, HAS_H0: tl.constexpr,
                       STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr, FINALS: tl.constexpr):
-    """The state entering each chunk of segment program_id(2) (chunks [i_s SEG, (i_s + 1) SEG) of a document; one
-    segment of NT chunks unless segment_count says otherwise). FINALS: the segment's own contribution to the state
-    where it ends, fin [NSEG, N H, K, V] fp32 (walked from the end, each chunk's keys decayed to there: no product
-    through the state between chunks); else start from h0 carried through the earlier segments' fin (each decayed by
-    exp(gseg), its gates' sum) and store hs (and ht after the last segment)."""
+    """The state entering each chunk of segment program_id(2): chunks [i_s SEG, (i_s + 1) SEG) of a document, which
+    has cdiv(its chunks, SEG) segments (one unless segment_count says otherwise). FINALS: the segment's own
+    contribution to the state where it ends, fin [segments, N H, K, V] fp32, walked from the end with each chunk's
+    keys decayed to there (no product through the state between chunks); else start from h0 carried through the
+    earlier segments' fin (each decayed by exp(gseg), its gates' sum) and store hs (and ht after the last one)."""
     i_kv, i_nh, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NV: tl.constexpr = triton.cdiv(V, BV)
     i_k, i_v = i_kv // NV, i_kv % NV
@@ -101,6 +101,13 @@ def _chunk_states_fwd(k, v, g, h0, hs, ht, fin, gseg, bounds, offsets, T, NT, SE
     m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
     kv_off = o_k[:, None] * V + o_v[None, :]
     n_kv = tl.num_programs(1).to(tl.int64) * K * V  # one segment's slice of fin
+    nchunks = tl.cdiv(eos - bos, BT)
+    nseg = tl.maximum(nchunks - 1, 0) // SEG + 1  # this document's (a shorter one leaves programs idle)
+    n_run = nseg
+    if FINALS:
+        n_run = nseg - 1  # the last segment's own contribution carries nowhere
+    if i_s >= n_run:
+        return
     state = tl.zeros([BK, BV], dtype=tl.float32)
     if not FINALS:
         if HAS_H0:
@@ -109,7 +116,6 @@ def _chunk_states_fwd(k, v, g, h0, hs, ht, fin, gseg, bounds, offsets, T, NT, SE
             if HAS_G:
                 state *= tl.exp(tl.load(gseg + j * tl.num_programs(1) + i_nh))
             state += tl.load(fin + j * n_kv + i_nh.to(tl.int64) * K * V + kv_off, mask=m_kv, other=0.0)
-    nchunks = tl.cdiv(eos - bos, BT)
     c_lo = i_s * SEG
     c_end = tl.minimum(c_lo + SEG, nchunks)
     rest = 0.0  # FINALS: the gates of the segment's later chunks
@@ -139,7 +145,7 @@ def _chunk_states_fwd(k, v, g, h0, hs, ht, fin, gseg, bounds, offsets, T, NT, SE
     if FINALS:
         tl.store(fin + i_s * n_kv + i_nh.to(tl.int64) * K * V + kv_off, state, mask=m_kv)
     elif STORE_HT:  # noqa: SIM102 (a constexpr around a runtime test)
-        if i_s == NSEG - 1:
+        if i_s == nseg - 1:
             tl.store(ht + i_nh.to(tl.int64) * K * V + kv_off, state, mask=m_kv)
 
 
@@ -240,17 +246,18 @@ def state_blocks(dk: int, dv: int, programs_per_block: int) -> tuple[int, int]:
 STATE_BLOCKS_PER_SM = 6
 
 
-def segment_count(nt: int, programs: int, varlen: bool, multiprocessors: int = DEFAULT_MULTIPROCESSORS) -> int:
-    """How many segments the sequential state kernels split each document's chunks into (OPTIONS' state_segments:
-    1, the default, none; 0 the rule below; n, n). Each program walks its chunks one after another at ~1.4 us a
-    chunk on the H200, whatever its tile, so the walk's length, not the GPU's width, sets these kernels' time; in
-    segments the walks are shorter and run side by side, after a first launch that takes each segment's own
-    contribution (a plain sum of products, no walk through the state) and at the price of one more read of the
-    kernels' inputs. The rule: as many segments as fit the programs in one wave (STATE_BLOCKS_PER_SM a
-    multiprocessor: a second wave would double the walk again), none shorter than 16 chunks. Packed documents
-    (varlen) are not split."""
+def segment_count(nt: int, programs: int, multiprocessors: int = DEFAULT_MULTIPROCESSORS) -> int:
+    """How many segments the sequential state kernels split a document of up to nt chunks into, for a grid of
+    `programs` per segment (OPTIONS' state_segments: 1, the default, none; 0 the rule below; n, n). Each program
+    walks its chunks one after another at ~1.4 us a chunk on the H200, whatever its tile, so the walk's length, not
+    the GPU's width, sets these kernels' time; in segments the walks are shorter and run side by side, after a first
+    launch that takes each segment's own contribution (a plain sum of products, no walk through the state) and at
+    the price of one more read of the kernels' inputs. The rule: as many segments as fit the programs in one wave
+    (STATE_BLOCKS_PER_SM a multiprocessor: a second wave would double the walk again), none shorter than 16 chunks.
+    With packed documents nt is the longest a document can be, and shorter ones leave some segments' programs
+    idle."""
     want = OPTIONS["state_segments"]
-    if varlen or want == 1:
+    if want == 1:
         return 1
     if want == 0:
         want = min(STATE_BLOCKS_PER_SM * multiprocessors // programs, nt // 16)
@@ -259,20 +266,26 @@ def segment_count(nt: int, programs: int, varlen: bool, multiprocessors: int = D
 
 
 def segment_gate_sums(g, lay: Layout, seg: int, nseg: int):
-    """gseg [nseg, N H] fp32: each segment's sum of the gates of its tokens (fixed-length layouts), or None."""
+    """gseg [nseg, N H] fp32: the sum of the gates of segment s of each document (chunks [s seg, (s + 1) seg);
+    0 past its end), from an exclusive prefix sum in float64 (deterministic, unlike a scatter-add); None without g."""
     if g is None:
         return None
-    gb = g.view(lay.n, lay.seqlen, lay.heads).float()
-    gb = torch.nn.functional.pad(gb, (0, 0, 0, nseg * seg * BT - lay.seqlen))
-    return gb.view(lay.n, nseg, seg * BT, lay.heads).sum(2).transpose(0, 1).reshape(nseg, -1).contiguous()
+    bounds = lay.bounds if lay.varlen else torch.arange(lay.n + 1, device=g.device) * lay.seqlen
+    gt = g.t().to(torch.float64)  # [H, TT]: torch scans the inner axis fast, the outer one slowly
+    csum = torch.cat((gt.new_zeros(gt.shape[0], 1), torch.cumsum(gt, 1)), 1)
+    bos, eos = bounds[:-1, None], bounds[1:, None]
+    start = torch.minimum(bos + torch.arange(nseg, device=g.device) * (seg * BT), eos)  # [N, nseg]
+    end = torch.minimum(start + seg * BT, eos)
+    sums = csum[:, end] - csum[:, start]  # [H, N, nseg]
+    return sums.permute(2, 1, 0).reshape(nseg, -1).to(torch.float32).contiguous()
 
 
 def segments(dk: int, dv: int, lay: Layout, bk: int, bv: int, device):
     """(chunks a segment, segments) of the state kernels' launches for these tiles; one segment covers any
     document."""
-    nseg = segment_count(lay.nt, triton.cdiv(dk, bk) * triton.cdiv(dv, bv) * lay.n * lay.heads, lay.varlen,
-                         multiprocessors(device))
-    return (triton.cdiv(lay.nt, nseg) if nseg > 1 else 2 ** 31 - 1), nseg
+    nt = lay.nt if not lay.varlen else triton.cdiv(lay.total, BT)
+    nseg = segment_count(nt, triton.cdiv(dk, bk) * triton.cdiv(dv, bv) * lay.n * lay.heads, multiprocessors(device))
+    return (triton.cdiv(nt, nseg) if nseg > 1 else 2 ** 31 - 1), nseg
 
 
 def chunk_states(k, v, g, h0, lay: Layout, store_final: bool):
@@ -294,7 +307,7 @@ def chunk_states(k, v, g, h0, lay: Layout, store_final: bool):
         _chunk_states_fwd[(tiles, lay.n * h, nprog)](
             k, v, g if g is not None else k, h0 if h0 is not None else k, hs, ht if ht is not None else hs,
             fin if fin is not None else hs, gseg if gseg is not None else hs, lay.bounds, lay.offsets, lay.seqlen,
-            lay.nt, seg, nseg, H=h, G=k.shape[1], K=dk, V=dv, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
+            lay.nt, seg, H=h, G=k.shape[1], K=dk, V=dv, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
             HAS_H0=h0 is not None, STORE_HT=store_final, IS_VARLEN=lay.varlen, PREC=dot_precision(k), FINALS=finals,
             num_warps=OPTIONS["state_warps"] or 4, num_stages=OPTIONS["state_stages"] or 3)
 

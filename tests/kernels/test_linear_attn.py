@@ -322,18 +322,18 @@ def test_state_blocks_narrow_on_small_grids():
 
 def test_segment_count_rule(monkeypatch):
     """state_segments: 1 (the default) none; 0 as many as fit the programs in one wave of 6 blocks a multiprocessor,
-    none under 16 chunks; n, n, every segment non-empty; packed documents never split."""
+    none under 16 chunks; n, n, every segment non-empty."""
     from kernels.linear_attn import triton_fwd
 
     count = triton_fwd.segment_count
     monkeypatch.setitem(triton_fwd.OPTIONS, "state_segments", 1)
-    assert count(256, 256, False, 132) == 1
+    assert count(256, 256, 132) == 1
     monkeypatch.setitem(triton_fwd.OPTIONS, "state_segments", 0)
-    assert count(256, 256, False, 132) == 3 and count(512, 256, False, 132) == 3  # 16K x 2, 32K x 1 at H = 16
-    assert count(512, 256, False, 264) == 6 and count(512, 1024, False, 132) == 1
-    assert count(32, 2048, False, 132) == 1 and count(40, 256, False, 132) == 2 and count(256, 256, True, 132) == 1
+    assert count(256, 256, 132) == 3 and count(512, 256, 132) == 3  # 16K x 2, 32K x 1 at H = 16
+    assert count(512, 256, 264) == 6 and count(512, 1024, 132) == 1
+    assert count(32, 2048, 132) == 1 and count(40, 256, 132) == 2
     monkeypatch.setitem(triton_fwd.OPTIONS, "state_segments", 4)
-    assert count(5, 8, False) == 3 and count(1, 8, False) == 1  # 5 chunks: 2 + 2 + 1
+    assert count(5, 8) == 3 and count(1, 8) == 1  # 5 chunks: 2 + 2 + 1
 
 
 @triton_only
@@ -353,6 +353,22 @@ def test_segmented_state_walks_keep_the_values(monkeypatch, segments, decay, n_s
     assert triton_fwd.segments(24, 40, lay, 32, 32, DEV)[1] == segments
     got = run(q, k, v, g, h0, "triton")
     assert_close(got, want, what=f"{segments} segments", tol=1e-5)
+
+
+@triton_only
+@pytest.mark.parametrize("decay", ["strong", "weak", None])
+def test_segmented_state_walks_on_packed_documents(monkeypatch, decay):
+    """Packed documents (cu_seqlens) in segments sized by the longest a document could be (620 tokens: 10 chunks,
+    4 segments of 3): the 400-token document walks 3, the shorter ones 1, their other segments' programs idle; the
+    same values as one walk each, with per-document initial states."""
+    from kernels.linear_attn import triton_fwd
+
+    q, k, v, g, h0 = make(1, 620, 2, 24, 40, decay, n_state=4, device=DEV)
+    cu = torch.tensor([0, 1, 70, 470, 620], device=DEV)
+    want = run(q, k, v, g, h0, "triton", cu=cu)
+    monkeypatch.setitem(triton_fwd.OPTIONS, "state_segments", 4)
+    assert triton_fwd.segments(24, 40, triton_fwd.Layout(1, 620, 2, cu, DEV), 32, 32, DEV) == (3, 4)
+    assert_close(run(q, k, v, g, h0, "triton", cu=cu), want, what="packed, 4 segments", tol=1e-5)
 
 
 @triton_only
