@@ -46,8 +46,7 @@ from .triton_fwd import (
     _seq_bounds,
     chunk_fwd,
     dot_precision,
-    segment_gate_sums,
-    segments,
+    segment_launch,
     state_blocks,
 )
 
@@ -328,12 +327,7 @@ def chunk_bwd(q, k, v, g, do, dht, hs, scale, h0, lay: Layout, need_dh0: bool):
     dhs = torch.empty_like(hs)
     dh0 = torch.empty(lay.n, h, dk_, dv_, device=q.device, dtype=torch.float32) if need_dh0 else None
     bk, bv = state_blocks(dk_, dv_, lay.n * h)
-    seg, nseg = segments(dk_, dv_, lay, bk, bv, q.device)
-    fin = gseg = None
-    if nseg > 1:
-        fin = torch.empty(nseg, lay.n * h, dk_, dv_, device=q.device, dtype=torch.float32)
-        gseg = segment_gate_sums(g, lay, seg, nseg)
-    tiles = triton.cdiv(dk_, bk) * triton.cdiv(dv_, bv)
+    seg, nseg, fin, gseg, tiles = segment_launch(g, lay, dk_, dv_, bk, bv, q.device)
 
     def launch(nprog: int, finals: bool):
         _chunk_dstates_bwd[(tiles, lay.n * h, nprog)](

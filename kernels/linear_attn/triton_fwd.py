@@ -288,6 +288,17 @@ def segments(dk: int, dv: int, lay: Layout, bk: int, bv: int, device):
     return (triton.cdiv(nt, nseg) if nseg > 1 else 2 ** 31 - 1), nseg
 
 
+def segment_launch(g, lay: Layout, dk: int, dv: int, bk: int, bv: int, device):
+    """What a sequential state kernel's launches need (shared by the forward and backward passes): (chunks a
+    segment, segments, fin [segments, N H, K, V] fp32 or None, the segments' gate sums or None, K x V tiles)."""
+    seg, nseg = segments(dk, dv, lay, bk, bv, device)
+    fin = gseg = None
+    if nseg > 1:
+        fin = torch.empty(nseg, lay.n * lay.heads, dk, dv, device=device, dtype=torch.float32)
+        gseg = segment_gate_sums(g, lay, seg, nseg)
+    return seg, nseg, fin, gseg, triton.cdiv(dk, bk) * triton.cdiv(dv, bv)
+
+
 def chunk_states(k, v, g, h0, lay: Layout, store_final: bool):
     """hs [rows, H, K, V] in k's dtype (state entering each chunk) and the final state [N, H, K, V] fp32; k [TT, G, K]
     (G dividing H)."""
@@ -296,12 +307,7 @@ def chunk_states(k, v, g, h0, lay: Layout, store_final: bool):
     hs = torch.empty(lay.rows, h, dk, dv, device=k.device, dtype=k.dtype)
     ht = torch.empty(lay.n, h, dk, dv, device=k.device, dtype=torch.float32) if store_final else None
     bk, bv = state_blocks(dk, dv, lay.n * h)
-    seg, nseg = segments(dk, dv, lay, bk, bv, k.device)
-    fin = gseg = None
-    if nseg > 1:
-        fin = torch.empty(nseg, lay.n * h, dk, dv, device=k.device, dtype=torch.float32)
-        gseg = segment_gate_sums(g, lay, seg, nseg)
-    tiles = triton.cdiv(dk, bk) * triton.cdiv(dv, bv)
+    seg, nseg, fin, gseg, tiles = segment_launch(g, lay, dk, dv, bk, bv, k.device)
 
     def launch(nprog: int, finals: bool):
         _chunk_states_fwd[(tiles, lay.n * h, nprog)](
