@@ -20,6 +20,8 @@ sweep 100 la32 --op linear_attn --seq-len 32768 --variants "${V[@]}"
 sweep 80 hla2 --op hla2 --backend triton --seq-len 16384 --variants "" "HILO_LINEAR_ATTN=state_segments=0"
 HILO_LINEAR_ATTN=state_segments=4 tests gpu 120 8 tests/kernels/test_linear_attn.py tests/kernels/test_gpu_bf16.py \
   -k "triton or segment or linear_attn or compose16"
+l=$(( $(left) - 5 )); [ "$l" -gt 40 ] && sweep $(( l > 50 ? 50 : l )) hla2_32 --op hla2 --backend triton --seq-len 32768 \
+  --skip-check --variants "" "HILO_LINEAR_ATTN=state_segments=0"
 l=$(( $(left) - 5 )); [ "$l" -gt 60 ] && HILO_LINEAR_ATTN=state_segments=0 throughput $(( l > 80 ? 80 : l )) mamba2 \
   --steps 12 --compile --models mamba2 --seq-lens 16384
 el done
