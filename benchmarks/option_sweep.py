@@ -110,6 +110,9 @@ def main(argv=None) -> int:
             bad = [f"{shape} {q} {r:.2e} > {tol}" for shape, q, r, tol in rows if not r <= tol]
             failed |= bool(bad)
             worst = max(rows, key=lambda r: r[2] / r[3])
+            # every quantity's ratio to the log (the table keeps the worst): what a variant moves is not always it
+            print(f"  {text or '(defaults)'}: " + "; ".join(f"{shape} {q} {r:.2e}" for shape, q, r, _ in rows),
+                  flush=True)
             verdict = ("ok" if not bad else "FAIL: " + "; ".join(bad)) + f" ({worst[1]} {worst[2]:.2e} / {worst[3]})"
         kb.VALUE_DIM = args.dim_v
         fwd, fwd_bwd, leaves = kb._op_fn(case, b, args.seq_len, args.heads, args.dim, "cuda")
@@ -122,6 +125,7 @@ def main(argv=None) -> int:
         print(lines[-1], flush=True)
         del fwd, fwd_bwd, leaves
         torch.cuda.empty_cache()
+    state.apply({})  # the defaults back, for a caller in the same process
     if args.append:
         kb.append_results("Option sweep", "option_sweep.py",
                           f"{args.op} ({case.backend}), bf16, T = {args.seq_len}, B = {b}, H = {args.heads}, "

@@ -35,3 +35,39 @@ def test_each_variant_starts_from_the_defaults(monkeypatch):
         for var in READERS:
             os.environ.pop(var, None)
     assert (dict(attn.OPTIONS), dict(delta.OPTIONS)) == defaults
+
+
+def test_sweep_loop_checks_and_times_each_variant_under_its_options(monkeypatch, capsys):
+    """main() with the GPU parts stubbed (the check, the timed calls, CUDA itself): each variant is checked and timed
+    with its own options in force and the defaults back afterwards; the table gets the worst quantity, the log every
+    quantity; a failed check is a non-zero exit."""
+    import torch
+    import triton.testing
+
+    from benchmarks import kernels as kb
+    from benchmarks import option_sweep
+    from kernels.linear_attn import triton_fwd
+
+    for var in READERS:
+        monkeypatch.delenv(var, raising=False)
+    seen = []
+
+    def fake_check(name, case, device):
+        seen.append(triton_fwd.OPTIONS["state_segments"])
+        ratio = 9e-3 if seen[-1] == 8 else 2e-3  # the 8-segment variant fails its bound
+        return [("T=777", "o", ratio, 5e-3), ("T=777", "dg", 1e-3, 2e-2), ("T=777 (torch)", "o", 1.0, 5e-3)]
+
+    noop = lambda *a, **k: None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", noop)
+    monkeypatch.setattr(torch.cuda, "empty_cache", noop)
+    monkeypatch.setattr(kb, "check", fake_check)
+    monkeypatch.setattr(kb, "_op_fn", lambda *a, **k: (noop, noop, []))
+    monkeypatch.setattr(triton.testing, "do_bench", lambda *a, **k: 1.25)
+    rc = option_sweep.main(["--op", "linear_attn", "--variants", "", "HILO_LINEAR_ATTN=state_segments=2",
+                            "HILO_LINEAR_ATTN=state_segments=8"])
+    out = capsys.readouterr().out
+    assert seen == [1, 2, 8] and triton_fwd.OPTIONS["state_segments"] == 1 and rc == 1
+    assert "  HILO_LINEAR_ATTN=state_segments=2: T=777 o 2.00e-03; T=777 dg 1.00e-03" in out
+    assert "| `(defaults)` | ok (o 2.00e-03 / 0.005) | 1.250 | 1.250 |" in out
+    assert "| `HILO_LINEAR_ATTN=state_segments=8` | FAIL: T=777 o 9.00e-03 > 0.005 (o 9.00e-03 / 0.005)" in out
