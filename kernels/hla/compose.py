@@ -1,6 +1,7 @@
 """The HLA family as exact compositions of linear attention passes (SPEC §3's table).
 
-With LA(Q, K, V; p g) = kernels.linear_attn at scale 1 and decay exp(p g), and Q already multiplied by `scale`:
+With LA(Q, K, V; p g) = kernels.linear_attn with decay exp(p g) and HLA's `scale` on Q (each pass takes it as
+linear_attn's own scale: every pass is linear in Q):
 
     hla2 "d1"   K~ = LA(Q, K, K; 2g),  o = LA(Q, K~, V; g)
     hla2 "d2"   K~ = LA(Q, K, K; g),   o = LA(Q, K~, V; 2g)
@@ -35,9 +36,11 @@ from kernels.linear_attn import linear_attn
 from .state import STATE_TYPES, decay_powers, split_normalized, with_ones
 
 
-def _pass(q, k, v, g, power, state, output_final_state, cu_seqlens, backend):
+def _pass(q, k, v, g, power, state, output_final_state, cu_seqlens, backend, scale):
+    # every pass is linear in q, so HLA's scale (on Q) is each pass's own: applied by linear_attn in fp32, no scaled
+    # copy of q (under compose16 that copy would also round q * scale to bf16)
     gp = None if g is None else (g if power == 1 else power * g)
-    return linear_attn(q, k, v, gp, scale=1.0, initial_state=state, output_final_state=output_final_state,
+    return linear_attn(q, k, v, gp, scale=scale, initial_state=state, output_final_state=output_final_state,
                        cu_seqlens=cu_seqlens, backend=backend)
 
 
@@ -73,12 +76,12 @@ def hla_compose(op, q, k, v, g, decay, normalize, eps, scale, initial_state, out
     state or None). backend is linear_attn's ("torch" or "triton")."""
     p_in, p_out = decay_powers(op, decay)
     dt = pass_dtype(op, q.dtype, backend)
-    qs = q.to(dt) if scale == 1.0 else q.to(dt) * scale  # HLA's usual scale 1 costs no copy (and no backward op)
+    qs = q.to(dt)
     kk = k.to(dt)
     vv = with_ones(v.to(dt)) if normalize else v.to(dt)
     gg = None if g is None else g.to(torch.promote_types(dt, torch.float32))  # decays stay fp32 under compose16
     st = (None,) * len(STATE_TYPES[op]._fields) if initial_state is None else initial_state
-    args = (output_final_state, cu_seqlens, backend)
+    args = (output_final_state, cu_seqlens, backend, scale)
     if op == "hla2":
         kt, s = _pass(qs, kk, kk, gg, p_in, st[0], *args)
         o, f = _pass(qs, kt, vv, gg, p_out, st[1], *args)
