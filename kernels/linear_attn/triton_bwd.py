@@ -44,6 +44,7 @@ from .triton_fwd import (
     _chunk_bounds,
     _pow2,
     _seq_bounds,
+    _through_segment,
     chunk_fwd,
     dot_precision,
     segment_launch,
@@ -83,10 +84,7 @@ def _chunk_dstates_bwd(q, do, g, dht, dhs, dh0, fin, gseg, bounds, offsets, scal
         if HAS_DHT:
             dstate += tl.load(dht + i_nh.to(tl.int64) * K * V + kv_off, mask=m_kv, other=0.0).to(tl.float32)
         for jj in range(nseg - 1 - i_s):  # the gradient leaving this segment, from the later segments' own shares
-            j = nseg - 1 - jj
-            if HAS_G:
-                dstate *= tl.exp(tl.load(gseg + j * tl.num_programs(1) + i_nh))
-            dstate += tl.load(fin + j * n_kv + i_nh.to(tl.int64) * K * V + kv_off, mask=m_kv, other=0.0)
+            dstate = _through_segment(dstate, fin, gseg, nseg - 1 - jj, i_nh, kv_off, m_kv, K, V, HAS_G)
     c_lo = i_s * SEG
     c_hi = tl.minimum(c_lo + SEG, nchunks)
     before = 0.0  # FINALS: the gates of the segment's earlier chunks

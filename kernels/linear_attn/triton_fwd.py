@@ -81,6 +81,16 @@ def _seq_bounds(bounds, offsets, i_n, T, NT, IS_VARLEN: tl.constexpr):
     return bos, eos, c0
 
 
+@triton.jit
+def _through_segment(state, fin, gseg, j, i_nh, kv_off, m_kv, K: tl.constexpr, V: tl.constexpr, HAS_G: tl.constexpr):
+    """A state tile carried across segment j of its document: decayed by the segment's gates' sum, plus the segment's
+    own contribution (fin [segments, N H, K, V], gseg [segments, N H]; program axis 1 is N H)."""
+    row = j * tl.num_programs(1) + i_nh
+    if HAS_G:
+        state *= tl.exp(tl.load(gseg + row))
+    return state + tl.load(fin + row.to(tl.int64) * K * V + kv_off, mask=m_kv, other=0.0)
+
+
 @triton.jit(do_not_specialize=["T", "NT", "SEG"])
 def _chunk_states_fwd(k, v, g, h0, hs, ht, fin, gseg, bounds, offsets, T, NT, SEG,
                       H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
@@ -113,9 +123,7 @@ def _chunk_states_fwd(k, v, g, h0, hs, ht, fin, gseg, bounds, offsets, T, NT, SE
         if HAS_H0:
             state += tl.load(h0 + i_nh.to(tl.int64) * K * V + kv_off, mask=m_kv, other=0.0).to(tl.float32)
         for j in range(i_s):  # the state entering this segment, from the earlier segments' own contributions
-            if HAS_G:
-                state *= tl.exp(tl.load(gseg + j * tl.num_programs(1) + i_nh))
-            state += tl.load(fin + j * n_kv + i_nh.to(tl.int64) * K * V + kv_off, mask=m_kv, other=0.0)
+            state = _through_segment(state, fin, gseg, j, i_nh, kv_off, m_kv, K, V, HAS_G)
     c_lo = i_s * SEG
     c_end = tl.minimum(c_lo + SEG, nchunks)
     rest = 0.0  # FINALS: the gates of the segment's later chunks
