@@ -87,8 +87,8 @@ def _through_segment(state, fin, gseg, j, i_nh, kv_off, m_kv, K: tl.constexpr, V
     own contribution (fin [segments, N H, K, V], gseg [segments, N H]; program axis 1 is N H)."""
     row = j * tl.num_programs(1) + i_nh
     if HAS_G:
-        state *= tl.exp(tl.load(gseg + row))
-    return state + tl.load(fin + row.to(tl.int64) * K * V + kv_off, mask=m_kv, other=0.0)
+        state *= tl.exp(tl.load(gseg + row).to(tl.float32))  # .to: unsegmented launches pass hs as a dummy
+    return state + tl.load(fin + row.to(tl.int64) * K * V + kv_off, mask=m_kv, other=0.0).to(tl.float32)
 
 
 @triton.jit(do_not_specialize=["T", "NT", "SEG"])
