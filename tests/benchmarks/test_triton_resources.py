@@ -17,7 +17,7 @@ def test_linear_attn_launches_compile_for_sm90(options):
     env["HILO_LINEAR_ATTN"] = options
     r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "triton_resources.py"), "--family",
                         "linear_attn", "--dims", "128x128,64x64", "--dtypes", "bf16,fp32", "--heads", "16"],
-                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+                       check=False, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     out = r.stdout + r.stderr
     assert r.returncode == 0 and "0 error(s)" in out, out[-3000:]
     # every state pass compiled, and segmented launches (FINALS) only when segments are asked for
