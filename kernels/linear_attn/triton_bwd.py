@@ -114,6 +114,9 @@ def _chunk_dstates_bwd(q, do, g, dht, dhs, dh0, fin, gseg, bounds, offsets, scal
         dstate += tl.dot(tl.trans(qb), dob, input_precision=PREC)
     if FINALS:
         tl.store(fin + i_s * n_kv + i_nh.to(tl.int64) * K * V + kv_off, dstate, mask=m_kv)
+        if HAS_G:  # noqa: SIM102 (a constexpr around a runtime test)
+            if i_kv == 0:  # the segment's gates' sum, for the second launch's carry
+                tl.store(gseg + i_s * tl.num_programs(1) + i_nh, before)
     elif STORE_DH0:  # noqa: SIM102 (a constexpr around a runtime test)
         if i_s == 0:
             tl.store(dh0 + i_nh.to(tl.int64) * K * V + kv_off, dstate, mask=m_kv)

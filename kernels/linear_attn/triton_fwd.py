@@ -35,7 +35,7 @@ BT = 64
 # document's chunks one after another (~1.3-1.5 us a chunk on the H200), so at long T these two kernels dominate: at
 # 32K x 1 they were 1.35 of linear_attn's 2.87 ms (session 15 profile; at 16K x 2, 0.74 of 2.26, the fused backward
 # 0.89). state_blocks narrows the tiles on small grids, and "state_segments=n" (1, the default: off; 0: segment_count's
-# rule; 2-32) splits each walk into n shorter ones side by side (segment_count says how; CPU-tested, not yet timed).
+# rule; 2-32) splits each walk into n shorter ones side by side (segment_count says how and when it pays).
 # "out_warps" / "out_stages" (_chunk_out_fwd; default 4 warps, 2 stages) and "bwd_warps" / "bwd_stages" (the fused
 # backward _chunk_bwd_fused; 8 and 1) set the chunk-parallel kernels' launches: no variant was faster at 16K x 2
 # (session 15). 0 keeps the default.
@@ -152,6 +152,9 @@ def _chunk_states_fwd(k, v, g, h0, hs, ht, fin, gseg, bounds, offsets, T, NT, SE
         state += tl.dot(tl.trans(kb), vb, input_precision=PREC)
     if FINALS:
         tl.store(fin + i_s * n_kv + i_nh.to(tl.int64) * K * V + kv_off, state, mask=m_kv)
+        if HAS_G:  # noqa: SIM102 (a constexpr around a runtime test)
+            if i_kv == 0:  # the segment's gates' sum, for the second launch's carry
+                tl.store(gseg + i_s * tl.num_programs(1) + i_nh, rest)
     elif STORE_HT:  # noqa: SIM102 (a constexpr around a runtime test)
         if i_s == nseg - 1:
             tl.store(ht + i_nh.to(tl.int64) * K * V + kv_off, state, mask=m_kv)
@@ -256,36 +259,25 @@ STATE_BLOCKS_PER_SM = 6
 
 def segment_count(nt: int, programs: int, multiprocessors: int = DEFAULT_MULTIPROCESSORS) -> int:
     """How many segments the sequential state kernels split a document of up to nt chunks into, for a grid of
-    `programs` per segment (OPTIONS' state_segments: 1, the default, none; 0 the rule below; n, n). Each program
-    walks its chunks one after another at ~1.4 us a chunk on the H200, whatever its tile, so the walk's length, not
-    the GPU's width, sets these kernels' time; in segments the walks are shorter and run side by side, after a first
-    launch that takes each segment's own contribution (a plain sum of products, no walk through the state) and at
-    the price of one more read of the kernels' inputs. The rule: as many segments as fit the programs in one wave
-    (STATE_BLOCKS_PER_SM a multiprocessor: a second wave would double the walk again), none shorter than 16 chunks.
-    With packed documents nt is the longest a document can be, and shorter ones leave some segments' programs
-    idle."""
+    `programs` per segment (OPTIONS' state_segments: 1, the default, none; 0 the rule below; n, n). In segments the
+    walks are shorter and run side by side, after a first launch that takes each segment's own contribution (a plain
+    sum of products, no walk through the state) and its gates' sum, at the price of one more read of the kernels'
+    inputs. That pays only where the walk's length sets the time, on a grid narrower than the GPU: on the H200
+    (session 16 profiles, kernel time a forward + backward of both kernels) 32K x 1 at H = 4, 64 programs, went from
+    1.15 to 0.31 ms in the rule's 12 segments, while 16K x 2 at H = 16, 256 programs, went from 0.74 to 0.84 ms in
+    3 (the walks there are bound by throughput, not by their length). The rule: none on a grid of at least one
+    program a multiprocessor; else as many as fit the programs in one wave (STATE_BLOCKS_PER_SM a multiprocessor: a
+    second wave would double the walk again), none shorter than 16 chunks. With packed documents nt is the longest
+    a document can be, and shorter ones leave some segments' programs idle."""
     want = OPTIONS["state_segments"]
     if want == 1:
         return 1
     if want == 0:
+        if programs >= multiprocessors:
+            return 1
         want = min(STATE_BLOCKS_PER_SM * multiprocessors // programs, nt // 16)
     want = max(1, min(want, nt))
     return triton.cdiv(nt, triton.cdiv(nt, want))  # every segment non-empty
-
-
-def segment_gate_sums(g, lay: Layout, seg: int, nseg: int):
-    """gseg [nseg, N H] fp32: the sum of the gates of segment s of each document (chunks [s seg, (s + 1) seg);
-    0 past its end), from an exclusive prefix sum in float64 (deterministic, unlike a scatter-add); None without g."""
-    if g is None:
-        return None
-    bounds = lay.bounds if lay.varlen else torch.arange(lay.n + 1, device=g.device) * lay.seqlen
-    gt = g.t().to(torch.float64)  # [H, TT]: torch scans the inner axis fast, the outer one slowly
-    csum = torch.cat((gt.new_zeros(gt.shape[0], 1), torch.cumsum(gt, 1)), 1)
-    bos, eos = bounds[:-1, None], bounds[1:, None]
-    start = torch.minimum(bos + torch.arange(nseg, device=g.device) * (seg * BT), eos)  # [N, nseg]
-    end = torch.minimum(start + seg * BT, eos)
-    sums = csum[:, end] - csum[:, start]  # [H, N, nseg]
-    return sums.permute(2, 1, 0).reshape(nseg, -1).to(torch.float32).contiguous()
 
 
 def segments(dk: int, dv: int, lay: Layout, bk: int, bv: int, device):
@@ -301,9 +293,9 @@ def segment_launch(g, lay: Layout, dk: int, dv: int, bk: int, bv: int, device):
     segment, segments, fin [segments, N H, K, V] fp32 or None, the segments' gate sums or None, K x V tiles)."""
     seg, nseg = segments(dk, dv, lay, bk, bv, device)
     fin = gseg = None
-    if nseg > 1:
+    if nseg > 1:  # both filled by the first (FINALS) launch: no torch ops, whose host time a short call would feel
         fin = torch.empty(nseg, lay.n * lay.heads, dk, dv, device=device, dtype=torch.float32)
-        gseg = segment_gate_sums(g, lay, seg, nseg)
+        gseg = torch.empty(nseg, lay.n * lay.heads, device=device, dtype=torch.float32) if g is not None else None
     return seg, nseg, fin, gseg, triton.cdiv(dk, bk) * triton.cdiv(dv, bv)
 
 

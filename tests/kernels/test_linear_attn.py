@@ -321,17 +321,19 @@ def test_state_blocks_narrow_on_small_grids():
 
 
 def test_segment_count_rule(monkeypatch):
-    """state_segments: 1 (the default) none; 0 as many as fit the programs in one wave of 6 blocks a multiprocessor,
-    none under 16 chunks; n, n, every segment non-empty."""
+    """state_segments: 1 (the default) none; 0 none on a grid of one program a multiprocessor or more, else as many
+    as fit the programs in one wave of 6 blocks a multiprocessor, none under 16 chunks; n, n, every segment
+    non-empty."""
     from kernels.linear_attn import triton_fwd
 
     count = triton_fwd.segment_count
     monkeypatch.setitem(triton_fwd.OPTIONS, "state_segments", 1)
-    assert count(256, 256, 132) == 1
+    assert count(512, 64, 132) == 1
     monkeypatch.setitem(triton_fwd.OPTIONS, "state_segments", 0)
-    assert count(256, 256, 132) == 3 and count(512, 256, 132) == 3  # 16K x 2, 32K x 1 at H = 16
-    assert count(512, 256, 264) == 6 and count(512, 1024, 132) == 1
-    assert count(32, 2048, 132) == 1 and count(40, 256, 132) == 2
+    assert count(256, 256, 132) == 1 and count(512, 132, 132) == 1  # 16K x 2, H = 16; a full grid
+    assert count(512, 64, 132) == 12 and count(512, 128, 132) == 6  # 32K x 1 at H = 4 and 8
+    assert count(512, 64, 264) == 24 and count(1024, 16, 132) == 49  # 49: cdiv(1024, 49) = 21 chunks a segment
+    assert count(32, 64, 132) == 2 and count(24, 64, 132) == 1  # none under 16 chunks
     monkeypatch.setitem(triton_fwd.OPTIONS, "state_segments", 4)
     assert count(5, 8) == 3 and count(1, 8) == 1  # 5 chunks: 2 + 2 + 1
 
