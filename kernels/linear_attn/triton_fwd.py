@@ -34,13 +34,14 @@ BT = 64
 # 32x32 tiles), 3 stages 1.98 / 2.56 (2.46), 4 stages 1.99 / 2.57; session 15). Each program walks all of a
 # document's chunks one after another (~1.3-1.5 us a chunk on the H200), so at long T these two kernels dominate: at
 # 32K x 1 they were 1.35 of linear_attn's 2.87 ms (session 15 profile; at 16K x 2, 0.74 of 2.26, the fused backward
-# 0.89). state_blocks narrows the tiles on small grids, and "state_segments=n" (1, the default: off; 0: segment_count's
-# rule; 2-32) splits each walk into n shorter ones side by side (segment_count says how and when it pays).
+# 0.89). state_blocks narrows the tiles on small grids, and "state_segments=n" (0, the default: segment_count's rule,
+# which segments only long walks on narrow grids; 1: never; 2-32: n) splits each walk into n shorter ones side by
+# side (segment_count says how and when it pays).
 # "out_warps" / "out_stages" (_chunk_out_fwd; default 4 warps, 2 stages) and "bwd_warps" / "bwd_stages" (the fused
 # backward _chunk_bwd_fused; 8 and 1) set the chunk-parallel kernels' launches: no variant was faster at 16K x 2
 # (session 15). 0 keeps the default.
 OPTIONS = {"split_scores": True, "state_bk": 0, "state_bv": 0, "state_warps": 0, "state_stages": 0,
-           "state_segments": 1, "out_warps": 0, "out_stages": 0, "bwd_warps": 0, "bwd_stages": 0}
+           "state_segments": 0, "out_warps": 0, "out_stages": 0, "bwd_warps": 0, "bwd_stages": 0}
 _WARPS, _STAGES = (0, 1, 2, 4, 8, 16), (0, 1, 2, 3, 4)
 _ALLOWED = {"state_bk": (0, 16, 32, 64), "state_bv": (0, 16, 32, 64), "state_warps": _WARPS, "state_stages": _STAGES,
             "state_segments": (0, 1, 2, 3, 4, 6, 8, 12, 16, 32), "out_warps": _WARPS, "out_stages": _STAGES,
@@ -255,25 +256,30 @@ def state_blocks(dk: int, dv: int, programs_per_block: int) -> tuple[int, int]:
 # Blocks of a state kernel resident on one multiprocessor (AOT for sm_90, Triton 3.6, bf16 at 32x32 tiles: 6-7, by
 # registers); segment_count fills the GPU to this many a multiprocessor and no further.
 STATE_BLOCKS_PER_SM = 6
+# The shortest walk segment_count's rule segments (32K tokens): the H200 sped up every measured walk of 512 chunks or
+# more on a narrow grid and slowed the one of 256 (see segment_count).
+SEGMENT_MIN_CHUNKS = 512
 
 
 def segment_count(nt: int, programs: int, multiprocessors: int = DEFAULT_MULTIPROCESSORS) -> int:
     """How many segments the sequential state kernels split a document of up to nt chunks into, for a grid of
-    `programs` per segment (OPTIONS' state_segments: 1, the default, none; 0 the rule below; n, n). In segments the
+    `programs` per segment (OPTIONS' state_segments: 0, the default, the rule below; 1 none; n, n). In segments the
     walks are shorter and run side by side, after a first launch that takes each segment's own contribution (a plain
-    sum of products, no walk through the state) and its gates' sum, at the price of one more read of the kernels'
-    inputs. That pays only where the walk's length sets the time, on a grid narrower than the GPU: on the H200
-    (session 16 profiles, kernel time a forward + backward of both kernels) 32K x 1 at H = 4, 64 programs, went from
-    1.15 to 0.31 ms in the rule's 12 segments, while 16K x 2 at H = 16, 256 programs, went from 0.74 to 0.84 ms in
-    3 (the walks there are bound by throughput, not by their length). The rule: none on a grid of at least one
-    program a multiprocessor; else as many as fit the programs in one wave (STATE_BLOCKS_PER_SM a multiprocessor: a
-    second wave would double the walk again), none shorter than 16 chunks. With packed documents nt is the longest
-    a document can be, and shorter ones leave some segments' programs idle."""
+    sum of products, no walk through the state) and its gates' sum, at the price of one more launch each way and
+    one more read of the kernels' inputs. That pays only where the walk's length sets the time: a long walk on a
+    grid narrower than the GPU. On the H200 (session 16, bf16, K = V = 128, fwd+bwd) the rule took 32K x 1 at H = 4
+    (64 programs, 12 segments) from 1.49 to 1.24 ms, at H = 8 (128 programs, 6) from 1.81 to 1.25, 64K x 1 at H = 4
+    from 2.94 to 1.24; but 16K x 1 at H = 8 (6 segments of 256 chunks) from 0.99 to 1.20, and 16K x 2 at H = 16 (256
+    programs, 3) from 2.01 to 2.59 (there the walks are bound by throughput, not by their length). The rule: none on
+    a grid of at least one program a multiprocessor or a walk under SEGMENT_MIN_CHUNKS; else as many as fit the
+    programs in one wave (STATE_BLOCKS_PER_SM a multiprocessor: a second wave would double the walk again), none
+    shorter than 16 chunks. With packed documents nt is the longest a document can be, and shorter ones leave some
+    segments' programs idle."""
     want = OPTIONS["state_segments"]
     if want == 1:
         return 1
     if want == 0:
-        if programs >= multiprocessors:
+        if programs >= multiprocessors or nt < SEGMENT_MIN_CHUNKS:
             return 1
         want = min(STATE_BLOCKS_PER_SM * multiprocessors // programs, nt // 16)
     want = max(1, min(want, nt))

@@ -67,7 +67,7 @@ def test_sweep_loop_checks_and_times_each_variant_under_its_options(monkeypatch,
     rc = option_sweep.main(["--op", "linear_attn", "--variants", "", "HILO_LINEAR_ATTN=state_segments=2",
                             "HILO_LINEAR_ATTN=state_segments=8"])
     out = capsys.readouterr().out
-    assert seen == [1, 2, 8] and triton_fwd.OPTIONS["state_segments"] == 1 and rc == 1
+    assert seen == [0, 2, 8] and triton_fwd.OPTIONS["state_segments"] == 0 and rc == 1
     assert "  HILO_LINEAR_ATTN=state_segments=2: T=777 o 2.00e-03; T=777 dg 1.00e-03" in out
     assert "| `(defaults)` | ok (o 2.00e-03 / 0.005) | 1.250 | 1.250 |" in out
     assert "| `HILO_LINEAR_ATTN=state_segments=8` | FAIL: T=777 o 9.00e-03 > 0.005 (o 9.00e-03 / 0.005)" in out

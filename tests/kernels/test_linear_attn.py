@@ -321,19 +321,20 @@ def test_state_blocks_narrow_on_small_grids():
 
 
 def test_segment_count_rule(monkeypatch):
-    """state_segments: 1 (the default) none; 0 none on a grid of one program a multiprocessor or more, else as many
-    as fit the programs in one wave of 6 blocks a multiprocessor, none under 16 chunks; n, n, every segment
-    non-empty."""
+    """state_segments: 0 (the default) none on a grid of one program a multiprocessor or more or a walk under 512
+    chunks, else as many as fit the programs in one wave of 6 blocks a multiprocessor, none under 16 chunks; 1 none;
+    n, n, every segment non-empty."""
     from kernels.linear_attn import triton_fwd
 
     count = triton_fwd.segment_count
-    monkeypatch.setitem(triton_fwd.OPTIONS, "state_segments", 1)
-    assert count(512, 64, 132) == 1
-    monkeypatch.setitem(triton_fwd.OPTIONS, "state_segments", 0)
+    assert triton_fwd.OPTIONS["state_segments"] == 0
     assert count(256, 256, 132) == 1 and count(512, 132, 132) == 1  # 16K x 2, H = 16; a full grid
     assert count(512, 64, 132) == 12 and count(512, 128, 132) == 6  # 32K x 1 at H = 4 and 8
+    assert count(511, 64, 132) == 1 and count(256, 128, 132) == 1  # 16K x 1 at H = 8: a walk too short to pay
     assert count(512, 64, 264) == 24 and count(1024, 16, 132) == 49  # 49: cdiv(1024, 49) = 21 chunks a segment
-    assert count(32, 64, 132) == 2 and count(24, 64, 132) == 1  # none under 16 chunks
+    assert count(1024, 128, 132) == 6
+    monkeypatch.setitem(triton_fwd.OPTIONS, "state_segments", 1)
+    assert count(1024, 16, 132) == 1
     monkeypatch.setitem(triton_fwd.OPTIONS, "state_segments", 4)
     assert count(5, 8) == 3 and count(1, 8) == 1  # 5 chunks: 2 + 2 + 1
 
