@@ -10,6 +10,10 @@ A variant is what the environment would say at import, as `VAR=spec` entries joi
 the named variables set (the others unset) and each module's own reader applied, so a bad spec fails as it would at
 import. Triton and inductor compile each variant's kernels on its first call; "first call s" is that call's wall time
 (the check's, or the first timing's with --skip-check). --heads, --dim, --dim-v and --tokens as in kernels.py.
+
+--rounds N times every variant N times, round after round through all of them (the first round also checks), so
+that a difference of a few percent is not one moment of the GPU against another: the table then gives each
+variant's median over the rounds, and every round's fwd+bwd in a last column.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import copy
 import dataclasses
 import importlib
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -65,6 +70,10 @@ class OptionState:
             getattr(module, READERS[var][1])()
 
 
+def _row(text: str, verdict: str, fwd: float, fwd_bwd: float, first: float) -> str:
+    return f"| `{text or '(defaults)'}` | {verdict} | {fwd:.3f} | {fwd_bwd:.3f} | {first:.0f} |"
+
+
 def main(argv=None) -> int:
     import torch
     import triton.testing
@@ -82,6 +91,7 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default=None,
                     help="run the op on this backend instead of its own (triton: the HLA ops' compositions)")
     ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--rounds", type=int, default=1, help="time every variant this many times, round after round")
     ap.add_argument("--append", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = ap.parse_args(argv)
     variants = [(v, parse_variant(v)) for v in args.variants]
@@ -95,36 +105,56 @@ def main(argv=None) -> int:
     if args.backend:
         case = dataclasses.replace(case, backend=args.backend, baselines={})
     b = max(args.tokens // args.seq_len, 1)
-    lines = ["| variant | check (worst quantity: ratio / tol) | fwd ms | fwd+bwd ms | first call s |",
-             "|---|---|---|---|---|"]
+    if args.rounds < 1:
+        raise SystemExit(f"option_sweep: --rounds {args.rounds}: give 1 or more")
+    rounds = args.rounds > 1
+    lines = ["| variant | check (worst quantity: ratio / tol) | fwd ms | fwd+bwd ms | first call s |"
+             + (" fwd+bwd by round |" if rounds else ""), "|---|---|---|---|---|" + ("---|" if rounds else "")]
     print("\n".join(lines), flush=True)
     failed = False
-    for text, variant in variants:
-        state.apply(variant)
-        kb.VALUE_DIM = None  # the check's shapes use V = D
-        t0 = time.time()
-        verdict = "not run"
-        if not args.skip_check:
-            rows = kb.check(args.op, case, "cuda")
-            rows = [r for r in rows if "(" not in r[0]]  # the op's own backend, not its baselines
-            bad = [f"{shape} {q} {r:.2e} > {tol}" for shape, q, r, tol in rows if not r <= tol]
-            failed |= bool(bad)
-            worst = max(rows, key=lambda r: r[2] / r[3])
-            # every quantity's ratio to the log (the table keeps the worst): what a variant moves is not always it
-            print(f"  {text or '(defaults)'}: " + "; ".join(f"{shape} {q} {r:.2e}" for shape, q, r, _ in rows),
-                  flush=True)
-            verdict = ("ok" if not bad else "FAIL: " + "; ".join(bad)) + f" ({worst[1]} {worst[2]:.2e} / {worst[3]})"
-        kb.VALUE_DIM = args.dim_v
-        fwd, fwd_bwd, leaves = kb._op_fn(case, b, args.seq_len, args.heads, args.dim, "cuda")
-        fwd()
-        torch.cuda.synchronize()
-        first = time.time() - t0
-        f = triton.testing.do_bench(fwd, warmup=10, rep=60, return_mode="median")
-        fb = triton.testing.do_bench(fwd_bwd, warmup=10, rep=60, grad_to_none=leaves, return_mode="median")
-        lines.append(f"| `{text or '(defaults)'}` | {verdict} | {f:.3f} | {fb:.3f} | {first:.0f} |")
-        print(lines[-1], flush=True)
-        del fwd, fwd_bwd, leaves
-        torch.cuda.empty_cache()
+    verdicts, firsts, times = {}, {}, {text: [] for text, _ in variants}
+    for r in range(args.rounds):
+        for text, variant in variants:
+            state.apply(variant)
+            kb.VALUE_DIM = None  # the check's shapes use V = D
+            t0 = time.time()
+            if r == 0:
+                verdicts[text] = "not run"
+                if not args.skip_check:
+                    rows = kb.check(args.op, case, "cuda")
+                    rows = [row for row in rows if "(" not in row[0]]  # the op's own backend, not its baselines
+                    bad = [f"{shape} {q} {e:.2e} > {tol}" for shape, q, e, tol in rows if not e <= tol]
+                    failed |= bool(bad)
+                    worst = max(rows, key=lambda row: row[2] / row[3])
+                    # every quantity's ratio to the log (the table keeps the worst): what a variant moves is not
+                    # always it
+                    print(f"  {text or '(defaults)'}: " + "; ".join(f"{shape} {q} {e:.2e}" for shape, q, e, _ in rows),
+                          flush=True)
+                    verdicts[text] = (("ok" if not bad else "FAIL: " + "; ".join(bad))
+                                      + f" ({worst[1]} {worst[2]:.2e} / {worst[3]})")
+            kb.VALUE_DIM = args.dim_v
+            fwd, fwd_bwd, leaves = kb._op_fn(case, b, args.seq_len, args.heads, args.dim, "cuda")
+            fwd()
+            torch.cuda.synchronize()
+            if r == 0:
+                firsts[text] = time.time() - t0
+            f = triton.testing.do_bench(fwd, warmup=10, rep=60, return_mode="median")
+            fb = triton.testing.do_bench(fwd_bwd, warmup=10, rep=60, grad_to_none=leaves, return_mode="median")
+            times[text].append((f, fb))
+            if rounds:
+                print(f"  round {r + 1} {text or '(defaults)'}: fwd {f:.3f} fwd+bwd {fb:.3f}", flush=True)
+            else:
+                lines.append(_row(text, verdicts[text], f, fb, firsts[text]))
+                print(lines[-1], flush=True)
+            del fwd, fwd_bwd, leaves
+            torch.cuda.empty_cache()
+    if rounds:
+        for text, _ in variants:
+            f = statistics.median(t[0] for t in times[text])
+            fb = statistics.median(t[1] for t in times[text])
+            lines.append(_row(text, verdicts[text], f, fb, firsts[text])
+                         + " " + " / ".join(f"{t[1]:.3f}" for t in times[text]) + " |")
+            print(lines[-1], flush=True)
     state.apply({})  # the defaults back, for a caller in the same process
     if args.append:
         kb.append_results("Option sweep", "option_sweep.py",

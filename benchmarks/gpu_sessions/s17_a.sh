@@ -3,7 +3,7 @@
 # segments the default where they paid (a walk of 512+ chunks on a grid narrower than the GPU) and left one loss
 # unexplained: 16K x 1, H = 8 (128 programs, 6 segments of 43 chunks) went 0.988 -> 1.204 ms fwd+bwd, the forward
 # faster and the backward slower. 1. profile it both ways (kernel time against wall, forward against backward);
-# 2. bwd_warps=4 (linear_attn 1.979 against 2.006 ms at 16K x 2 in one s16_a sweep) in three paired sweeps and on
+# 2. bwd_warps=4 (linear_attn 1.979 against 2.006 ms at 16K x 2 in one s16_a sweep) in three rounds (option_sweep --rounds) and on
 # hla2 at 16K (issue 5's 16K target: 3.92 ms, 4.14 now); 3. the GPU tests at the new default.
 source benchmarks/gpu_sessions/lib.sh
 for seg in 1 6; do
@@ -12,9 +12,7 @@ for seg in 1 6; do
     --skip-check --skip-bench --heads 8 --tokens 16384 --profile 16384 > "$OUT/n/prof_16k_h8_$seg.log" 2>&1
   echo "rc=$?" >> "$L"; grep -E "wall|_chunk|aten|void" "$OUT/n/prof_16k_h8_$seg.log" | head -10 | cut -c1-200 >> "$L"
 done
-for i in 1 2 3; do
-  sweep 45 la16_w$i --op linear_attn --seq-len 16384 --skip-check --variants "" "HILO_LINEAR_ATTN=bwd_warps=4"
-done
+sweep 110 la16_w --op linear_attn --seq-len 16384 --skip-check --rounds 3 --variants "" "HILO_LINEAR_ATTN=bwd_warps=4"
 sweep 70 hla2_w4 --op hla2 --backend triton --seq-len 16384 --variants "" "HILO_LINEAR_ATTN=bwd_warps=4"
 l=$(( $(left) - 5 )); [ "$l" -gt 60 ] && tests gpu $l 8 tests/kernels/test_linear_attn.py tests/kernels/test_gpu_bf16.py \
   tests/kernels/test_gpu_head_dims.py tests/kernels/test_hla.py

@@ -71,3 +71,42 @@ def test_sweep_loop_checks_and_times_each_variant_under_its_options(monkeypatch,
     assert "  HILO_LINEAR_ATTN=state_segments=2: T=777 o 2.00e-03; T=777 dg 1.00e-03" in out
     assert "| `(defaults)` | ok (o 2.00e-03 / 0.005) | 1.250 | 1.250 |" in out
     assert "| `HILO_LINEAR_ATTN=state_segments=8` | FAIL: T=777 o 9.00e-03 > 0.005 (o 9.00e-03 / 0.005)" in out
+
+
+def test_rounds_time_every_variant_round_after_round(monkeypatch, capsys):
+    """--rounds 3: each variant checked once, then timed in three rounds that alternate the variants; the table gives
+    each variant's median over its rounds and every round's fwd+bwd; --rounds 0 is refused."""
+    import torch
+    import triton.testing
+
+    from benchmarks import kernels as kb
+    from benchmarks import option_sweep
+    from kernels.linear_attn import triton_fwd
+
+    for var in READERS:
+        monkeypatch.delenv(var, raising=False)
+    checked, timed = [], []
+
+    def fake_bench(fn, *a, **k):
+        warps = triton_fwd.OPTIONS["bwd_warps"]
+        timed.append(warps)
+        n = len(timed)  # fwd, fwd+bwd alternate; the variant with 4 warps is 0.5 ms faster in each round
+        return (1.0 if n % 2 else 2.0 + 0.1 * (n // 4)) - (0.5 if warps == 4 else 0.0)
+
+    noop = lambda *a, **k: None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", noop)
+    monkeypatch.setattr(torch.cuda, "empty_cache", noop)
+    monkeypatch.setattr(kb, "check", lambda *a, **k: checked.append(1) or [("T=777", "o", 1e-3, 5e-3)])
+    monkeypatch.setattr(kb, "_op_fn", lambda *a, **k: (noop, noop, []))
+    monkeypatch.setattr(triton.testing, "do_bench", fake_bench)
+    rc = option_sweep.main(["--op", "linear_attn", "--rounds", "3", "--variants", "", "HILO_LINEAR_ATTN=bwd_warps=4"])
+    out = capsys.readouterr().out
+    assert rc == 0 and len(checked) == 2 and timed == [0, 0, 4, 4] * 3
+    # fwd+bwd are do_bench's calls n = 2, 4, ..., 12: 2.0 + 0.1 * (n // 4), less 0.5 for 4 warps (n = 4, 8, 12)
+    assert "| `(defaults)` | ok (o 1.00e-03 / 0.005) | 1.000 | 2.100 | 0 | 2.000 / 2.100 / 2.200 |" in out
+    assert ("| `HILO_LINEAR_ATTN=bwd_warps=4` | ok (o 1.00e-03 / 0.005) | 0.500 | 1.700 | 0 | 1.600 / 1.700 / 1.800 |"
+            in out)
+    assert "  round 2 HILO_LINEAR_ATTN=bwd_warps=4: fwd 0.500 fwd+bwd 1.700" in out
+    with pytest.raises(SystemExit, match="--rounds 0"):
+        option_sweep.main(["--op", "linear_attn", "--rounds", "0", "--variants", ""])
