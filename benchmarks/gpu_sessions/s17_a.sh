@@ -3,8 +3,9 @@
 # segments the default where they paid (a walk of 512+ chunks on a grid narrower than the GPU) and left one loss
 # unexplained: 16K x 1, H = 8 (128 programs, 6 segments of 43 chunks) went 0.988 -> 1.204 ms fwd+bwd, the forward
 # faster and the backward slower. 1. profile it both ways (kernel time against wall, forward against backward);
-# 2. bwd_warps=4 (linear_attn 1.979 against 2.006 ms at 16K x 2 in one s16_a sweep) in three rounds (option_sweep --rounds) and on
-# hla2 at 16K (issue 5's 16K target: 3.92 ms, 4.14 now); 3. the GPU tests at the new default.
+# 2. at 16K x 2, in three rounds each (option_sweep --rounds): bwd_warps=4 (1.979 against 2.006 ms in one s16_a
+# sweep), and the V-looped backward (bwd_bv, bwd_maxnreg: new, CPU-tested; the fused backward is 0.89 of 2.0 ms);
+# hla2 at 16K with bwd_warps=4 (issue 5's 16K target: 3.92 ms, 4.14 now); 3. the GPU tests at the new default.
 source benchmarks/gpu_sessions/lib.sh
 for seg in 1 6; do
   el "profile linear_attn 16K x 1 H=8 state_segments=$seg"
@@ -13,8 +14,13 @@ for seg in 1 6; do
   echo "rc=$?" >> "$L"; grep -E "wall|_chunk|aten|void" "$OUT/n/prof_16k_h8_$seg.log" | head -10 | cut -c1-200 >> "$L"
 done
 sweep 110 la16_w --op linear_attn --seq-len 16384 --skip-check --rounds 3 --variants "" "HILO_LINEAR_ATTN=bwd_warps=4"
-sweep 70 hla2_w4 --op hla2 --backend triton --seq-len 16384 --variants "" "HILO_LINEAR_ATTN=bwd_warps=4"
-l=$(( $(left) - 5 )); [ "$l" -gt 60 ] && tests gpu $l 8 tests/kernels/test_linear_attn.py tests/kernels/test_gpu_bf16.py \
-  tests/kernels/test_gpu_head_dims.py tests/kernels/test_hla.py
+# the V-looped backward (session 16, CPU-tested): checked once, then three rounds; its bf16 check is the first GPU run
+sweep 150 la16_vloop --op linear_attn --seq-len 16384 --rounds 3 --variants "" "HILO_LINEAR_ATTN=bwd_bv=32" \
+  "HILO_LINEAR_ATTN=bwd_bv=64" "HILO_LINEAR_ATTN=bwd_bv=16,bwd_maxnreg=128" \
+  "HILO_LINEAR_ATTN=bwd_bv=32,bwd_maxnreg=128,bwd_stages=3" "HILO_LINEAR_ATTN=bwd_bv=32,bwd_warps=4"
+sweep 70 hla2_w4 --op hla2 --backend triton --seq-len 16384 --variants "" \
+  "HILO_LINEAR_ATTN=bwd_warps=4"
+l=$(( $(left) - 5 )); [ "$l" -gt 60 ] && tests gpu $l 8 tests/kernels/test_linear_attn.py \
+  tests/kernels/test_gpu_bf16.py tests/kernels/test_gpu_head_dims.py tests/kernels/test_hla.py
 el done
 cat "$L"
