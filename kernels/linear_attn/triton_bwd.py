@@ -61,8 +61,8 @@ def _chunk_dstates_bwd(q, do, g, dht, dhs, dh0, fin, gseg, bounds, offsets, scal
                        STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr, FINALS: tl.constexpr):
     """dS_out of each chunk of a segment, walking it backwards (segments as in _chunk_states_fwd, mirrored: FINALS
     launches segments from 1 on and stores each one's own contribution to the gradient where it begins, walked
-    from its start as a plain sum of products; the others start from dht carried back through the later segments'
-    fin)."""
+    from its start as a plain sum of products, and its gates' sum; the others start from dht carried back through
+    the later segments' fin)."""
     i_kv, i_nh, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if FINALS:
         i_s += 1  # segment 0's own share carries nowhere

@@ -106,8 +106,9 @@ def _chunk_states_fwd(k, v, g, h0, hs, ht, fin, gseg, bounds, offsets, T, NT, SE
     """The state entering each chunk of segment program_id(2): chunks [i_s SEG, (i_s + 1) SEG) of a document, which
     has cdiv(its chunks, SEG) segments (one unless segment_count says otherwise). FINALS: the segment's own
     contribution to the state where it ends, fin [segments, N H, K, V] fp32, walked from the end with each chunk's
-    keys decayed to there (no product through the state between chunks); else start from h0 carried through the
-    earlier segments' fin (each decayed by exp(gseg), its gates' sum) and store hs (and ht after the last one)."""
+    keys decayed to there (no product through the state between chunks), and from the K x V tile 0 program the sum of
+    its gates, gseg [segments, N H] fp32; else start from h0 carried through the earlier segments' fin (each decayed
+    by exp(gseg)) and store hs (and ht after the last one)."""
     i_kv, i_nh, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NV: tl.constexpr = triton.cdiv(V, BV)
     i_k, i_v = i_kv // NV, i_kv % NV
