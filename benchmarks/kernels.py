@@ -324,7 +324,15 @@ def profile(ops, seqlen, tokens, heads, dim, device):
     b = max(tokens // seqlen, 1)
     runs = [(name, label, backend) for name in ops for label, backend in _variants(name, CASES[name])]
     for op, label, backend in runs:
-        _, fwd_bwd, _ = _op_fn(CASES[op], b, seqlen, heads, dim, device, backend)
+        _, fwd_bwd_once, leaves = _op_fn(CASES[op], b, seqlen, heads, dim, device, backend)
+
+        def fwd_bwd(step=fwd_bwd_once, leaves=leaves):
+            # fresh gradients each call, as do_bench's grad_to_none: accumulating them would add an elementwise
+            # kernel per input to every call (three of ~92 us each at 16K x 2 in session 16's profiles)
+            for x in leaves:
+                x.grad = None
+            step()
+
         for _ in range(3):
             fwd_bwd()
         torch.cuda.synchronize()

@@ -20,3 +20,40 @@ def test_hla_cases_pack_every_state_field(op, fields):
                                          backend="torch")
     assert torch.equal(o, o_ref) and torch.equal(state, torch.cat(list(st_ref), dim=-1))
     assert kb.CASES["hla3"].backend == "triton"  # no fused kernel: the composition is what runs on CUDA
+
+
+def test_profile_gives_every_call_fresh_gradients(monkeypatch, capsys):
+    """kernels.py --profile times forward + backward calls with the inputs' gradients reset before each (as
+    do_bench's grad_to_none), so no gradient-accumulation kernels are counted as the op's."""
+    import torch.profiler
+
+    leaves = [torch.zeros(3, requires_grad=True) for _ in range(2)]
+    calls = []
+
+    def step():
+        calls.append(all(x.grad is None for x in leaves))
+        for x in leaves:
+            x.grad = torch.ones(3)
+
+    class FakeProfile:
+        def __init__(self, *a, **k):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def key_averages(self):
+            class Table(list):
+                def table(self, **k):
+                    return "(table)"
+            return Table()
+
+    monkeypatch.setattr(kb, "_op_fn", lambda *a, **k: (None, step, leaves))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.profiler, "profile", FakeProfile)
+    kb.profile(["linear_attn"], 64, 128, 2, 16, "cpu")
+    assert len(calls) == 13 and all(calls), calls
+    assert "linear_attn T=64 B=2" in capsys.readouterr().out
