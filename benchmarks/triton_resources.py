@@ -228,6 +228,22 @@ def call_hla_fused(dk, dv, dtype, b, t, h):
         _backward(o, list(st))
 
 
+def call_hla2_one_op(dk, dv, dtype, b, t, h):
+    """hla2's passes as one op (HILO_HLA=one_op=1): linear_attn's kernels with the first pass's backward accumulating
+    dq and dk + dv (K = V only; other head dims take the separate passes)."""
+    from kernels.hla import triton_fused
+
+    saved = triton_fused.OPTIONS["one_op"]
+    triton_fused.OPTIONS["one_op"] = True
+    try:
+        q, k = _leaf(b, t, h, dk, dtype=dtype), _leaf(b, t, h, dk, dtype=dtype)
+        v, g = _leaf(b, t, h, dv, dtype=dtype), _leaf(b, t, h, dtype=torch.float32)
+        o, _ = hla2(q, k, v, g, backend="triton")
+        _backward(o, [])
+    finally:
+        triton_fused.OPTIONS["one_op"] = saved
+
+
 def call_short_conv(dk, dv, dtype, b, t, h):
     """C = H * K channels, K = 4 taps, with a bias and an initial state, SiLU; with neither (the shells' training
     path); then packed documents."""
@@ -243,10 +259,10 @@ def call_short_conv(dk, dv, dtype, b, t, h):
 # linear_attn, delta_rule, hla and short_conv copy host data out of their inputs (short_conv: a custom op, which on meta
 # tensors would run its fake instead): they run on small CPU tensors (T = 256; their tiles do not depend on T), the
 # log-linear families on meta tensors at the full T
-ON_CPU = {"linear_attn", "delta_rule", "hla_fused", "short_conv"}
+ON_CPU = {"linear_attn", "delta_rule", "hla_fused", "hla2_one_op", "short_conv"}
 FAMILIES = {"linear_attn": call_linear_attn, "delta_rule": call_delta_rule, "loglinear_attn": call_loglinear_attn,
             "loglinear_delta_rule": call_loglinear_delta_rule, "hla_fused": call_hla_fused,
-            "short_conv": call_short_conv}
+            "hla2_one_op": call_hla2_one_op, "short_conv": call_short_conv}
 
 
 def collect(family, dk, dv, dtype, b, t, h):

@@ -233,12 +233,16 @@ def _chunk_dv_bwd(q, k, g, do, hs, dhs, dv, state_dots, table, scale, T, NT, ROW
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
-def _chunk_bwd_fused(q, k, v, g, do, hs, dhs, dq, dk, dv, dg, table, scale, T, NT,
+def _chunk_bwd_fused(q, k, v, g, do, hs, dhs, dq, dk, dv, dg, dq_acc, table, scale, T, NT,
                      H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                     BV: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
+                     BV: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
+                     ACC_DQ: tl.constexpr = False, SELF_V: tl.constexpr = False):
     """dq, dk, dv and dg of one (chunk, head) when K <= BK and V <= BV (one tile each): q, k, v, do and both
     states are read once. Ordered so that one gradient accumulator is live at a time. dg as the module docstring
-    says: <dS_in, S_in> at the chunk's first token, less the in-chunk cumsum of q . dq - k . dk before each."""
+    says: <dS_in, S_in> at the chunk's first token, less the in-chunk cumsum of q . dq - k . dk before each.
+    For a caller that would add gradients afterwards (HLA's passes): ACC_DQ adds dq_acc (per head) into dq, and
+    SELF_V (the values are the keys, G = H, K = V) stores dk + dv in dk (dv points at dk; dv's share is stored
+    first and read back after a barrier, so no second accumulator is live)."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     start, end = _chunk_bounds(table, i_c, T, NT, BT, IS_VARLEN)
     if start >= end:
@@ -288,28 +292,37 @@ def _chunk_bwd_fused(q, k, v, g, do, hs, dhs, dq, dk, dv, dg, table, scale, T, N
     else:
         acc_q *= scale
     acc_q += tl.dot(d_scores, kb, input_precision=PREC)
-    tl.store(dq + tok_k, acc_q.to(dq.dtype.element_ty), mask=m_tk)
-    if HAS_G:
+    if ACC_DQ:
+        tl.store(dq + tok_k, (acc_q + tl.load(dq_acc + tok_k, mask=m_tk, other=0.0).to(tl.float32)).to(
+            dq.dtype.element_ty), mask=m_tk)
+    else:
+        tl.store(dq + tok_k, acc_q.to(dq.dtype.element_ty), mask=m_tk)
+    if HAS_G:  # this pass's own dq: the decay gradient is its own
         dgate = tl.sum(qb.to(tl.float32) * acc_q, 1)
     # dk = exp(gl - gc) * (v dS_out^T) + dA^T q
     acc_k = tl.dot(vb, tl.trans(dhb), input_precision=PREC)
     if HAS_G:
         acc_k *= k_out[:, None]
     acc_k += tl.dot(tl.trans(d_scores), qb, input_precision=PREC)
+    if HAS_G:
+        dgate -= tl.sum(kb.to(tl.float32) * acc_k, 1)  # 0 past the chunk's end (the keys' share only)
+    if SELF_V:
+        tl.debug_barrier()  # dv's share, stored at the same addresses by other threads of this program
+        acc_k += tl.load(dk + tok_k, mask=m_tk, other=0.0).to(tl.float32)
     tl.store(dk + tok_k, acc_k.to(dk.dtype.element_ty), mask=m_tk)
     if HAS_G:
-        dgate -= tl.sum(kb.to(tl.float32) * acc_k, 1)  # 0 past the chunk's end
         tl.store(dg + o_t * H + i_h, entering - (tl.cumsum(dgate, 0) - dgate), mask=m_t)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
-def _chunk_bwd_vloop(q, k, v, g, do, hs, dhs, dq, dk, dv, dg, table, scale, T, NT,
+def _chunk_bwd_vloop(q, k, v, g, do, hs, dhs, dq, dk, dv, dg, dq_acc, table, scale, T, NT,
                      H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                      BV: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
     """_chunk_bwd_fused's gradients with V walked in blocks of BV (HILO_LINEAR_ATTN=bwd_bv), twice, so that one
     [BT, K] accumulator is live at a time on a smaller working set (loads Triton can pipeline across the blocks):
     the first walk stores each block's dv and sums dA = do v^T and dq's state term, then dq is finished; the second
-    reads v and dS_out again (the same program's tiles, likely still in L2) for dk's state term. K <= BK, one tile."""
+    reads v and dS_out again (the same program's tiles, likely still in L2) for dk's state term. K <= BK, one tile.
+    (dq_acc: unused; the one-tile kernel's argument list.)"""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     start, end = _chunk_bounds(table, i_c, T, NT, BT, IS_VARLEN)
     if start >= end:
@@ -403,10 +416,12 @@ def _segment_reverse_cumsum(x: torch.Tensor, lay: Layout) -> torch.Tensor:
     return (csum[:, last] - csum + xt).t().to(torch.float32)
 
 
-def chunk_bwd(q, k, v, g, do, dht, hs, scale, h0, lay: Layout, need_dh0: bool):
+def chunk_bwd(q, k, v, g, do, dht, hs, scale, h0, lay: Layout, need_dh0: bool, dq_acc=None,
+              self_values: bool = False):
     """Gradients (dq, dk, dv, dg or None, dh0 or None) on the packed layout; hs are the forward's chunk states. q, k
     [TT, G, K] (G dividing H) as in chunk_fwd; dq, dk come per head, [TT, H, K] (their sum over a group's heads is
-    the group's gradient)."""
+    the group's gradient). dq_acc [TT, H, K] is added into dq, and self_values (v is k) returns dk + dv as dk and
+    None as dv, both inside the one-tile kernel (fused_accumulation says when it applies)."""
     dk_, dv_ = q.shape[-1], v.shape[-1]
     h = lay.heads
     groups = q.shape[1]
@@ -428,22 +443,27 @@ def chunk_bwd(q, k, v, g, do, dht, hs, scale, h0, lay: Layout, need_dh0: bool):
     launch(nseg, False)
     dq = q.new_empty(lay.total, h, dk_)
     dk = k.new_empty(lay.total, h, dk_)
-    dv = torch.empty_like(v)
+    dv = dk if self_values else torch.empty_like(v)
     gate = g if g is not None else q
     prec = dot_precision(k)
     dg = None
     # fp32 tiles are twice as large: the fused kernel at K = V = 128 needs 272 KiB of shared memory (the H200 has
     # 227 KiB; measured 2026-11-29), so wide fp32 heads take the two-kernel path with K in 64-wide blocks.
     wide_fp32 = q.element_size() > 2 and max(dk_, dv_) > 64
+    accumulate = dq_acc is not None or self_values
+    if accumulate and not fused_accumulation(q, v):
+        raise ValueError("linear_attn chunk_bwd: dq_acc / self_values need the one-tile backward (K = V <= 128, "
+                         "16-bit or K <= 64, G = H, bwd_bv off)")
     if dk_ <= FUSED_MAX_DIM and dv_ <= FUSED_MAX_DIM and not wide_fp32:
         dg = torch.empty(lay.total, h, device=q.device, dtype=torch.float32) if g is not None else None
         # bwd_bv: the V-looped form, in blocks of that width (no wider than V's power of two)
         vloop = OPTIONS["bwd_bv"] and OPTIONS["bwd_bv"] < _pow2(dv_)
         kernel, bv_ = (_chunk_bwd_vloop, OPTIONS["bwd_bv"]) if vloop else (_chunk_bwd_fused, _pow2(dv_))
-        kernel[(lay.rows, h)](q, k, v, gate, do, hs, dhs, dq, dk, dv, dg if dg is not None else q, lay.table, scale,
-                              lay.seqlen, lay.nt, H=h, G=groups, K=dk_, V=dv_, BT=BT, BK=_pow2(dk_), BV=bv_,
-                              HAS_G=g is not None, IS_VARLEN=lay.varlen, PREC=prec,
-                              num_warps=OPTIONS["bwd_warps"] or 8,
+        extra = {"ACC_DQ": dq_acc is not None, "SELF_V": self_values} if accumulate else {}
+        kernel[(lay.rows, h)](q, k, v, gate, do, hs, dhs, dq, dk, dv, dg if dg is not None else q,
+                              dq_acc if dq_acc is not None else q, lay.table, scale, lay.seqlen, lay.nt, H=h,
+                              G=groups, K=dk_, V=dv_, BT=BT, BK=_pow2(dk_), BV=bv_, HAS_G=g is not None,
+                              IS_VARLEN=lay.varlen, PREC=prec, **extra, num_warps=OPTIONS["bwd_warps"] or 8,
                               num_stages=OPTIONS["bwd_stages"] or (2 if vloop else 1),
                               **({"maxnreg": OPTIONS["bwd_maxnreg"]} if OPTIONS["bwd_maxnreg"] else {}))
     else:
@@ -466,7 +486,16 @@ def chunk_bwd(q, k, v, g, do, dht, hs, scale, h0, lay: Layout, need_dh0: bool):
                                           NV=nv, num_warps=8, num_stages=stages)
         if g is not None:
             dg = dgp.sum(0)
-    return dq, dk, dv, dg, dh0
+    return dq, dk, None if self_values else dv, dg, dh0
+
+
+def fused_accumulation(q: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether chunk_bwd's dq_acc / self_values apply to these packed inputs (q [TT, G, K], v [TT, H, V]): the
+    one-tile backward kernel (no bwd_bv), one q / k per head, K = V."""
+    dk_, dv_ = q.shape[-1], v.shape[-1]
+    wide_fp32 = q.element_size() > 2 and dk_ > 64
+    return (q.shape[1] == v.shape[1] and dk_ == dv_ and dk_ <= FUSED_MAX_DIM and not wide_fp32
+            and not OPTIONS["bwd_bv"])
 
 
 def _group_grad(x: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:

@@ -1,6 +1,6 @@
-"""benchmarks/triton_resources.py compiles linear_attn's real launches for sm_90 on a CPU machine: the Triton
-interpreter that runs the kernels here does not type-check them (session 16: an unsegmented launch's dummy bf16
-pointer reached tl.exp, which compiles only fp32 / fp64; every GPU call of the default path failed)."""
+"""benchmarks/triton_resources.py compiles kernels' real launches for sm_90 on a CPU machine: the Triton interpreter
+that runs the kernels here does not type-check them (session 16: an unsegmented launch's dummy bf16 pointer reached
+tl.exp, which compiles only fp32 / fp64; every GPU call of linear_attn's default path failed)."""
 
 import os
 import subprocess
@@ -11,15 +11,26 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.mark.parametrize("options", ["state_segments=1", "state_segments=3"])
-def test_linear_attn_launches_compile_for_sm90(options):
+def _audit(family: str, dims: str, dtypes: str, options: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["HILO_LINEAR_ATTN"] = options
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "triton_resources.py"), "--family",
-                        "linear_attn", "--dims", "128x128,64x64", "--dtypes", "bf16,fp32", "--heads", "16"],
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "triton_resources.py"), "--family", family,
+                        "--dims", dims, "--dtypes", dtypes, "--heads", "16"],
                        check=False, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     out = r.stdout + r.stderr
     assert r.returncode == 0 and "0 error(s)" in out, out[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("options", ["state_segments=1", "state_segments=3"])
+def test_linear_attn_launches_compile_for_sm90(options):
+    out = _audit("linear_attn", "128x128,64x64", "bf16,fp32", options)
     # every state pass compiled, and segmented launches (FINALS) only when segments are asked for
     assert out.count("_chunk_states_fwd") >= 2 and out.count("_chunk_dstates_bwd") >= 2, out[-3000:]
     assert ("FINALS" in out) == (options != "state_segments=1"), out[-3000:]
+
+
+def test_hla2_one_op_launches_compile_for_sm90():
+    """HILO_HLA=one_op=1's accumulating backward (ACC_DQ, SELF_V: a barrier between a store and a load) compiles."""
+    out = _audit("hla2_one_op", "64x64", "bf16", "")
+    assert "ACC_DQ SELF_V" in out, out[-3000:]

@@ -1166,3 +1166,96 @@ def test_fused_16bit_storage_varlen(monkeypatch):
     for i, (a, b, r) in enumerate(zip(runs[True], runs[False], ref, strict=True)):
         assert error_ratio(a, r) <= 1.25 * error_ratio(b, r) + 5e-4, (i, error_ratio(a, r), error_ratio(b, r))
     assert not torch.equal(runs[True][0], runs[False][0])
+
+
+def _spy_accumulating_backward(monkeypatch):
+    """Records (dq_acc given, self_values) of every linear_attn chunk_bwd call kernels.hla.compose_op makes."""
+    from kernels.hla import compose_op
+
+    calls = []
+    real = compose_op.chunk_bwd
+
+    def spy(*args, **kwargs):
+        calls.append((kwargs.get("dq_acc") is not None, bool(kwargs.get("self_values"))))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compose_op, "chunk_bwd", spy)
+    return calls
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("decay,gate,states", [("d1", "weak", False), ("d2", "strong", True), ("d1", None, True),
+                                                ("d2", None, False)])
+def test_hla2_one_op_keeps_the_values(monkeypatch, decay, gate, states):
+    """HILO_HLA=one_op=1: hla2's two passes as one op, whose first pass's backward kernel adds the second pass's
+    dq into its own and stores the keys' and values' gradients summed: the same output, final state and gradients
+    (initial states' included) as the separate linear_attn passes (fp32, T = 150: a partial last chunk, scale 0.7),
+    and the op is the path taken."""
+    from kernels.hla import triton_fused
+
+    q, k, v, g = make(2, 150, 2, 32, 32, gate, seed=51, dtype=torch.float32)
+    h0 = random_state("hla2", 2, 2, 32, 32, seed=55, dtype=torch.float32) if states else None
+    leaves = [x.to(FUSED_DEV).requires_grad_() for x in (q, k, v)]
+    gl = None if g is None else g.to(FUSED_DEV).requires_grad_()
+    h0l = None if h0 is None else HLA2State(*(x.to(FUSED_DEV).requires_grad_() for x in h0))
+    wrt = leaves + ([gl] if gl is not None else []) + (list(h0l) if h0l is not None else [])
+    gen = torch.Generator().manual_seed(52)
+    do = torch.randn(q.shape, generator=gen).to(FUSED_DEV)
+    dfin = [torch.randn(x.shape, generator=gen).to(FUSED_DEV) for x in h0] if states else []
+
+    def run():
+        o, fin = hla2(*leaves, gl, decay=decay, scale=0.7, initial_state=h0l, output_final_state=states,
+                      backend="triton")
+        outs = [o] + (list(fin) if states else [])
+        return outs + list(torch.autograd.grad(outs, wrt, [do] + dfin))
+
+    want = run()
+    calls = _spy_accumulating_backward(monkeypatch)
+    monkeypatch.setitem(triton_fused.OPTIONS, "one_op", True)
+    got = run()
+    assert calls == [(False, False), (True, True)]
+    assert len(got) == len(want) == 4 + 4 * states + (gl is not None)  # o, S, F; dq, dk, dv, dg, dS0, dF0
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert error_ratio(a, b) <= 1e-6, (i, error_ratio(a, b))
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
+def test_hla2_one_op_only_where_it_applies(monkeypatch):
+    """one_op leaves the separate passes to calls it does not cover: normalize, packed documents, K != V; and
+    linear_attn's chunk_bwd refuses the accumulation where its one-tile kernel does not run."""
+    from kernels.hla import triton_fused
+    from kernels.linear_attn.triton_bwd import chunk_bwd
+    from kernels.linear_attn.triton_fwd import Layout
+
+    monkeypatch.setitem(triton_fused.OPTIONS, "one_op", True)
+    calls = _spy_accumulating_backward(monkeypatch)
+    q, k, v, g = (x.float().to(FUSED_DEV).requires_grad_() for x in make(1, 80, 2, 16, 16, "weak", seed=53))
+    for kwargs in ({"normalize": True}, {"cu_seqlens": torch.tensor([0, 30, 80], device=FUSED_DEV)}):
+        o, _ = hla2(q, k, v, g, backend="triton", **kwargs)
+        o.sum().backward()
+    o, _ = hla2(q, k, v[..., :8].detach(), g, backend="triton")
+    o.sum().backward()
+    assert calls == []
+    qf = torch.zeros(64, 1, 16)
+    with pytest.raises(ValueError, match="one-tile backward"):  # grouped q / k: 1 group for 2 heads
+        chunk_bwd(qf, qf, torch.zeros(64, 2, 16), None, torch.zeros(64, 2, 16), None, torch.zeros(1, 2, 16, 16),
+                  1.0, None, Layout(1, 64, 2, None, "cpu"), False, dq_acc=torch.zeros(64, 2, 16))
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
+def test_hla2_one_op_compiles_into_one_graph(monkeypatch):
+    """The one op as a compiled model holds hla2: "hilo::hla2_passes" in one graph with eager's values and
+    gradients, its fakes matching the real outputs."""
+    from kernels.common.compile import compile_safe_operators
+    from kernels.hla import triton_fused
+    from tests.kernels.compile_checks import assert_one_graph_with_eager_values
+
+    monkeypatch.setitem(triton_fused.OPTIONS, "one_op", True)
+    traced = compile_safe_operators()[id(hla2)]
+    leaves = [x.float().to(FUSED_DEV).requires_grad_() for x in make(2, 70, 2, 16, 16, "weak", seed=54)]
+
+    def f(q, k, v, g):
+        o, _ = traced(q, k, v, g, backend="triton")
+        return o.float().square().sum()
+
+    assert_one_graph_with_eager_values(f, leaves, "hla2_passes", rtol=1e-4, atol=1e-5)

@@ -1,0 +1,123 @@
+"""hla2's two linear_attn passes as one custom op pair (HILO_HLA=one_op=1; off: not yet timed on a GPU).
+
+As separate linear_attn ops, the passes' backward leaves two full-size additions to autograd: q's gradient from
+both passes (dq1 + dq2) and k's from the first pass, where k is both the keys and the values (dk + dv), each a read
+of two [B, T, H, K] tensors and a write of one. On the H200, hla2 at 16K x 2 (H = 16, K = V = 128, bf16) took
+4.14 ms against 2 x 2.01 for its two linear_attn passes alone (session 16). Here the first pass's backward kernel
+adds the second pass's dq into its own and stores dk + dv itself (linear_attn's chunk_bwd with dq_acc and
+self_values): the same values, one gradient tensor each.
+
+It applies where that kernel does (kernels.linear_attn.triton_bwd.fused_accumulation): fixed-length calls
+(initial and final states included) with normalize=False, one q / k per head, K = V <= 128 (<= 64 in fp32);
+hla_compose falls back to the separate passes otherwise.
+"""
+
+from typing import Optional
+
+import torch
+import triton
+
+from kernels.common.compile import absent_grad, dense_outputs
+from kernels.linear_attn.triton_bwd import _flat_inputs, chunk_bwd, fused_accumulation
+from kernels.linear_attn.triton_fwd import BT, chunk_fwd
+
+
+def applies(q: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the one op can take these [B, T, H, K] / [B, T, H, V] passes' inputs."""
+    return fused_accumulation(q.reshape(-1, q.shape[2], q.shape[3]), v.reshape(-1, v.shape[2], v.shape[3]))
+
+
+def _powered(g: Optional[torch.Tensor], power: float) -> Optional[torch.Tensor]:  # noqa: UP045
+    return None if g is None else (g if power == 1 else power * g)
+
+
+def _state(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:  # noqa: UP045
+    return None if x is None else x.contiguous().float()
+
+
+@torch.library.custom_op("hilo::hla2_passes", mutates_args=())
+@dense_outputs
+def _hla2_passes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],  # noqa: UP045
+                 s0: Optional[torch.Tensor], f0: Optional[torch.Tensor], scale: float, p_in: float,  # noqa: UP045
+                 p_out: float, output_final_state: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                  torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o [B, T, H, V], K~ = LA(Q, K, K; p_in g) [B T, H, K], both passes' chunk states (kept for the backward),
+    and with output_final_state the passes' final states S [B, H, K, K] and F [B, H, K, V] fp32, else empty);
+    o = LA(Q, K~, V; p_out g). s0, f0: the passes' initial states or None."""
+    qf, kf, vf, gf, _, lay = _flat_inputs(q, k, v, g, None)
+    kt, s_fin, hs_in = chunk_fwd(qf, kf, kf, _powered(gf, p_in), scale, _state(s0), lay, output_final_state)
+    o, f_fin, hs_out = chunk_fwd(qf, kt, vf, _powered(gf, p_out), scale, _state(f0), lay, output_final_state)
+    if not output_final_state:
+        s_fin, f_fin = (q.new_empty(0, dtype=torch.float32) for _ in range(2))
+    return o.reshape(v.shape), kt, hs_in, hs_out, s_fin, f_fin
+
+
+@_hla2_passes.register_fake
+def _(q, k, v, g, s0, f0, scale, p_in, p_out, output_final_state):
+    b, t, h, dk = q.shape
+    dv = v.shape[-1]
+    rows = b * triton.cdiv(t, BT)
+    fins = ((q.new_empty(b, h, dk, dk, dtype=torch.float32), q.new_empty(b, h, dk, dv, dtype=torch.float32))
+            if output_final_state else (q.new_empty(0, dtype=torch.float32), q.new_empty(0, dtype=torch.float32)))
+    return (v.new_empty(v.shape), k.new_empty(b * t, h, dk), k.new_empty(rows, h, dk, dk),
+            k.new_empty(rows, h, dk, dv), *fins)
+
+
+@torch.library.custom_op("hilo::hla2_passes_backward", mutates_args=())
+@dense_outputs
+def _hla2_passes_backward(do: torch.Tensor, ds: Optional[torch.Tensor], df: Optional[torch.Tensor],  # noqa: UP045
+                          q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],  # noqa: UP045
+                          s0: Optional[torch.Tensor], f0: Optional[torch.Tensor], kt: torch.Tensor,  # noqa: UP045
+                          hs_in: torch.Tensor, hs_out: torch.Tensor, scale: float, p_in: float,
+                          p_out: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                 torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dg, ds0, df0; empty for an absent g or initial state): the second pass's backward, then the
+    first's with the second's dq added and its keys' and values' gradients summed inside the kernel. ds, df: the
+    final states' gradients or None."""
+    qf, kf, vf, gf, _, lay = _flat_inputs(q, k, v, g, None)
+    dof = do.reshape(vf.shape).contiguous().to(vf.dtype)
+    dq_out, dkt, dv, dg_out, df0 = chunk_bwd(qf, kt, vf, _powered(gf, p_out), dof, _state(df), hs_out, scale,
+                                             _state(f0), lay, need_dh0=f0 is not None)
+    dq, dk, _, dg_in, ds0 = chunk_bwd(qf, kf, kf, _powered(gf, p_in), dkt, _state(ds), hs_in, scale, _state(s0),
+                                      lay, need_dh0=s0 is not None, dq_acc=dq_out, self_values=True)
+    dg = absent_grad(q) if g is None else (p_in * dg_in + p_out * dg_out).reshape(g.shape).to(g.dtype)
+    return (dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), dg,
+            absent_grad(q) if s0 is None else ds0.to(s0.dtype), absent_grad(q) if f0 is None else df0.to(f0.dtype))
+
+
+@_hla2_passes_backward.register_fake
+def _(do, ds, df, q, k, v, g, s0, f0, kt, hs_in, hs_out, scale, p_in, p_out):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            absent_grad(q) if g is None else g.new_empty(g.shape),
+            absent_grad(q) if s0 is None else s0.new_empty(s0.shape),
+            absent_grad(q) if f0 is None else f0.new_empty(f0.shape))
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, g, s0, f0, scale, p_in, p_out, output_final_state = inputs
+    _, kt, hs_in, hs_out, _, _ = output
+    ctx.save_for_backward(q, k, v, g, s0, f0, kt, hs_in, hs_out)
+    ctx.args = (scale, p_in, p_out)
+    ctx.output_final_state = output_final_state
+
+
+def _grads(ctx, do, _dkt, _dhs_in, _dhs_out, ds, df):
+    q, k, v, g, s0, f0, kt, hs_in, hs_out = ctx.saved_tensors
+    if not ctx.output_final_state:
+        ds = df = None
+    dq, dk, dv, dg, ds0, df0 = _hla2_passes_backward(do, ds, df, q, k, v, g, s0, f0, kt, hs_in, hs_out, *ctx.args)
+    return (dq, dk, dv, (dg if g is not None else None), (ds0 if s0 is not None else None),
+            (df0 if f0 is not None else None), None, None, None, None)
+
+
+_hla2_passes.register_autograd(_grads, setup_context=_setup)
+
+
+def hla2_passes(q, k, v, g, s0, f0, scale: float, p_in: float, p_out: float, output_final_state: bool):
+    """(o, (S, F) or None) of hla2's passes LA(Q, LA(Q, K, K; p_in g), V; p_out g) from initial states s0, f0 (or
+    None): q, k [B, T, H, K], v [B, T, H, V] in the passes' dtype, g [B, T, H] fp32 or None (applies(q, v) must
+    hold)."""
+    c = (lambda x: None if x is None else x.contiguous())
+    o, _, _, _, s_fin, f_fin = _hla2_passes(c(q), c(k), c(v), c(g), c(s0), c(f0), float(scale), float(p_in),
+                                            float(p_out), bool(output_final_state))
+    return o, ((s_fin, f_fin) if output_final_state else None)
