@@ -33,15 +33,14 @@ import torch
 
 from kernels.linear_attn import linear_attn
 
-from .state import STATE_TYPES, decay_powers, split_normalized, with_ones
+from .state import STATE_TYPES, decay_powers, powered, split_normalized, with_ones
 
 
 def _pass(q, k, v, g, power, state, output_final_state, cu_seqlens, backend, scale):
     # every pass is linear in q, so HLA's scale (on Q) is each pass's own: applied by linear_attn in fp32, no scaled
     # copy of q (under compose16 that copy would also round q * scale to bf16)
-    gp = None if g is None else (g if power == 1 else power * g)
-    return linear_attn(q, k, v, gp, scale=scale, initial_state=state, output_final_state=output_final_state,
-                       cu_seqlens=cu_seqlens, backend=backend)
+    return linear_attn(q, k, v, powered(g, power), scale=scale, initial_state=state,
+                       output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=backend)
 
 
 # Input dtypes compose16 runs the passes in: bf16 only. fp16's range (65504) is too small for HLA's intermediates

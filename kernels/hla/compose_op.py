@@ -21,14 +21,12 @@ from kernels.common.compile import absent_grad, dense_outputs
 from kernels.linear_attn.triton_bwd import _flat_inputs, chunk_bwd, fused_accumulation
 from kernels.linear_attn.triton_fwd import BT, chunk_fwd
 
+from .state import powered
+
 
 def applies(q: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether the one op can take these [B, T, H, K] / [B, T, H, V] passes' inputs."""
     return fused_accumulation(q.reshape(-1, q.shape[2], q.shape[3]), v.reshape(-1, v.shape[2], v.shape[3]))
-
-
-def _powered(g: Optional[torch.Tensor], power: float) -> Optional[torch.Tensor]:  # noqa: UP045
-    return None if g is None else (g if power == 1 else power * g)
 
 
 def _state(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:  # noqa: UP045
@@ -45,8 +43,8 @@ def _hla2_passes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[
     and with output_final_state the passes' final states S [B, H, K, K] and F [B, H, K, V] fp32, else empty);
     o = LA(Q, K~, V; p_out g). s0, f0: the passes' initial states or None."""
     qf, kf, vf, gf, _, lay = _flat_inputs(q, k, v, g, None)
-    kt, s_fin, hs_in = chunk_fwd(qf, kf, kf, _powered(gf, p_in), scale, _state(s0), lay, output_final_state)
-    o, f_fin, hs_out = chunk_fwd(qf, kt, vf, _powered(gf, p_out), scale, _state(f0), lay, output_final_state)
+    kt, s_fin, hs_in = chunk_fwd(qf, kf, kf, powered(gf, p_in), scale, _state(s0), lay, output_final_state)
+    o, f_fin, hs_out = chunk_fwd(qf, kt, vf, powered(gf, p_out), scale, _state(f0), lay, output_final_state)
     if not output_final_state:
         s_fin, f_fin = (q.new_empty(0, dtype=torch.float32) for _ in range(2))
     return o.reshape(v.shape), kt, hs_in, hs_out, s_fin, f_fin
@@ -76,9 +74,9 @@ def _hla2_passes_backward(do: torch.Tensor, ds: Optional[torch.Tensor], df: Opti
     final states' gradients or None."""
     qf, kf, vf, gf, _, lay = _flat_inputs(q, k, v, g, None)
     dof = do.reshape(vf.shape).contiguous().to(vf.dtype)
-    dq_out, dkt, dv, dg_out, df0 = chunk_bwd(qf, kt, vf, _powered(gf, p_out), dof, _state(df), hs_out, scale,
+    dq_out, dkt, dv, dg_out, df0 = chunk_bwd(qf, kt, vf, powered(gf, p_out), dof, _state(df), hs_out, scale,
                                              _state(f0), lay, need_dh0=f0 is not None)
-    dq, dk, _, dg_in, ds0 = chunk_bwd(qf, kf, kf, _powered(gf, p_in), dkt, _state(ds), hs_in, scale, _state(s0),
+    dq, dk, _, dg_in, ds0 = chunk_bwd(qf, kf, kf, powered(gf, p_in), dkt, _state(ds), hs_in, scale, _state(s0),
                                       lay, need_dh0=s0 is not None, dq_acc=dq_out, self_values=True)
     dg = absent_grad(q) if g is None else (p_in * dg_in + p_out * dg_out).reshape(g.shape).to(g.dtype)
     return (dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), dg,

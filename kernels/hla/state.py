@@ -61,6 +61,11 @@ def decay_powers(op: str, decay: str) -> tuple[int, int]:
     return (2, 1) if decay == "d1" else (1, 2)
 
 
+def powered(g, power):
+    """A pass's log decay: power * g (g itself for power 1; None without decay)."""
+    return None if g is None else (g if power == 1 else power * g)
+
+
 def state_shapes(op: str, n: int, h: int, dk: int, dvs: int) -> dict[str, tuple[int, ...]]:
     """Expected shape of every field of `op`'s state."""
     return {f: (n, h, dk, dk if f in _KEY_FIELDS else dvs) for f in STATE_TYPES[op]._fields}
