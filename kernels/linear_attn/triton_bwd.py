@@ -232,6 +232,16 @@ def _chunk_dv_bwd(q, k, g, do, hs, dhs, dv, state_dots, table, scale, T, NT, ROW
         tl.store(state_dots + (i_v * ROWS + i_c.to(tl.int64)) * H + i_h, state_dot)
 
 
+@triton.jit
+def _chunk_gates(g, o_t, m_t, i_h, causal, scale, H: tl.constexpr):
+    """A chunk's gates for the backward kernels: in-chunk cumsum gc, total gl, each key's decay to the chunk's end
+    exp(gl - gc), and the scaled causal decay matrix scale * exp(gc_i - gc_j) [j <= i]."""
+    gb = tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
+    gc = tl.cumsum(gb, 0)
+    gl = tl.sum(gb, 0)
+    return gc, gl, tl.exp(gl - gc), tl.exp(tl.where(causal, gc[:, None] - gc[None, :], float("-inf"))) * scale
+
+
 @triton.jit(do_not_specialize=["T", "NT"])
 def _chunk_bwd_fused(q, k, v, g, do, hs, dhs, dq, dk, dv, dg, dq_acc, table, scale, T, NT,
                      H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
@@ -264,11 +274,7 @@ def _chunk_bwd_fused(q, k, v, g, do, hs, dhs, dq, dk, dv, dg, dq_acc, table, sca
     kb = tl.load(k + tok_qk, mask=m_tk, other=0.0)
     dob = tl.load(do + tok_v, mask=m_tv, other=0.0)
     if HAS_G:
-        gb = tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
-        gc = tl.cumsum(gb, 0)
-        gl = tl.sum(gb, 0)
-        decay = tl.exp(tl.where(causal, gc[:, None] - gc[None, :], float("-inf"))) * scale
-        k_out = tl.exp(gl - gc)
+        gc, gl, k_out, decay = _chunk_gates(g, o_t, m_t, i_h, causal, scale, H)
     else:
         decay = tl.where(causal, scale, 0.0)
     # dv = exp(gl - gc) * (k dS_out) + P^T do, with P_ij = scale * decay_ij * (q_i . k_j)
@@ -339,11 +345,7 @@ def _chunk_bwd_vloop(q, k, v, g, do, hs, dhs, dq, dk, dv, dg, dq_acc, table, sca
     qb = tl.load(q + tok_qk, mask=m_tk, other=0.0)
     kb = tl.load(k + tok_qk, mask=m_tk, other=0.0)
     if HAS_G:
-        gb = tl.load(g + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
-        gc = tl.cumsum(gb, 0)
-        gl = tl.sum(gb, 0)
-        k_out = tl.exp(gl - gc)
-        decay = tl.exp(tl.where(causal, gc[:, None] - gc[None, :], float("-inf"))) * scale
+        gc, gl, k_out, decay = _chunk_gates(g, o_t, m_t, i_h, causal, scale, H)
     else:
         decay = tl.where(causal, scale, 0.0)
     # P^T, P_ij = scale * decay_ij * (q_i . k_j): dv's in-chunk term for every V-block
