@@ -70,6 +70,17 @@ class OptionState:
             getattr(module, READERS[var][1])()
 
 
+def _check(kb, op: str, case, text: str) -> tuple[str, bool]:
+    """kernels.py's bf16 check of the op under the options in force: (the table's verdict, whether a bound failed);
+    every quantity's ratio goes to the log (the table keeps the worst: what a variant moves is not always it)."""
+    rows = kb.check(op, case, "cuda")
+    rows = [row for row in rows if "(" not in row[0]]  # the op's own backend, not its baselines
+    bad = [f"{shape} {q} {e:.2e} > {tol}" for shape, q, e, tol in rows if not e <= tol]
+    worst = max(rows, key=lambda row: row[2] / row[3])
+    print(f"  {text or '(defaults)'}: " + "; ".join(f"{shape} {q} {e:.2e}" for shape, q, e, _ in rows), flush=True)
+    return ("ok" if not bad else "FAIL: " + "; ".join(bad)) + f" ({worst[1]} {worst[2]:.2e} / {worst[3]})", bool(bad)
+
+
 def _row(text: str, verdict: str, fwd: float, fwd_bwd: float, first: float) -> str:
     return f"| `{text or '(defaults)'}` | {verdict} | {fwd:.3f} | {fwd_bwd:.3f} | {first:.0f} |"
 
@@ -119,19 +130,8 @@ def main(argv=None) -> int:
             kb.VALUE_DIM = None  # the check's shapes use V = D
             t0 = time.time()
             if r == 0:
-                verdicts[text] = "not run"
-                if not args.skip_check:
-                    rows = kb.check(args.op, case, "cuda")
-                    rows = [row for row in rows if "(" not in row[0]]  # the op's own backend, not its baselines
-                    bad = [f"{shape} {q} {e:.2e} > {tol}" for shape, q, e, tol in rows if not e <= tol]
-                    failed |= bool(bad)
-                    worst = max(rows, key=lambda row: row[2] / row[3])
-                    # every quantity's ratio to the log (the table keeps the worst): what a variant moves is not
-                    # always it
-                    print(f"  {text or '(defaults)'}: " + "; ".join(f"{shape} {q} {e:.2e}" for shape, q, e, _ in rows),
-                          flush=True)
-                    verdicts[text] = (("ok" if not bad else "FAIL: " + "; ".join(bad))
-                                      + f" ({worst[1]} {worst[2]:.2e} / {worst[3]})")
+                verdicts[text], bad = ("not run", False) if args.skip_check else _check(kb, args.op, case, text)
+                failed |= bad
             kb.VALUE_DIM = args.dim_v
             fwd, fwd_bwd, leaves = kb._op_fn(case, b, args.seq_len, args.heads, args.dim, "cuda")
             fwd()
