@@ -70,8 +70,8 @@ def pass_dtype(op: str, dtype: torch.dtype, backend: str) -> torch.dtype:
 
 
 def _one_op(backend, normalize, cu_seqlens, q, v) -> bool:
-    """HILO_HLA=one_op=1 and a call kernels.hla.compose_op takes: hla2's passes as one op on the "triton" backend,
-    fixed-length, without normalize, where its fused gradient accumulation applies."""
+    """HILO_HLA's one_op (on by default) and a call kernels.hla.compose_op takes: hla2's passes as one op on the
+    "triton" backend, fixed-length, without normalize, where its fused gradient accumulation applies."""
     from .triton_fused import OPTIONS
 
     if not (OPTIONS["one_op"] and backend == "triton" and not normalize and cu_seqlens is None):

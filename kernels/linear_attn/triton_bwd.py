@@ -320,88 +320,6 @@ def _chunk_bwd_fused(q, k, v, g, do, hs, dhs, dq, dk, dv, dg, dq_acc, table, sca
         tl.store(dg + o_t * H + i_h, entering - (tl.cumsum(dgate, 0) - dgate), mask=m_t)
 
 
-@triton.jit(do_not_specialize=["T", "NT"])
-def _chunk_bwd_vloop(q, k, v, g, do, hs, dhs, dq, dk, dv, dg, dq_acc, table, scale, T, NT,
-                     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                     BV: tl.constexpr, HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """_chunk_bwd_fused's gradients with V walked in blocks of BV (HILO_LINEAR_ATTN=bwd_bv), twice, so that one
-    [BT, K] accumulator is live at a time on a smaller working set (loads Triton can pipeline across the blocks):
-    the first walk stores each block's dv and sums dA = do v^T and dq's state term, then dq is finished; the second
-    reads v and dS_out again (the same program's tiles, likely still in L2) for dk's state term. K <= BK, one tile.
-    (dq_acc: unused; the one-tile kernel's argument list.)"""
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
-    start, end = _chunk_bounds(table, i_c, T, NT, BT, IS_VARLEN)
-    if start >= end:
-        return
-    o_t = start + tl.arange(0, BT)
-    m_t = o_t < end
-    o_k = tl.arange(0, BK)
-    m_tk = m_t[:, None] & (o_k[None, :] < K)
-    tok_k = (o_t[:, None] * H + i_h) * K + o_k[None, :]
-    tok_qk = (o_t[:, None] * G + i_h // (H // G)) * K + o_k[None, :]  # q, k per group; dq, dk per head (tok_k)
-    state_base = (i_c.to(tl.int64) * H + i_h) * K * V
-    o_i = tl.arange(0, BT)
-    causal = o_i[:, None] >= o_i[None, :]
-    qb = tl.load(q + tok_qk, mask=m_tk, other=0.0)
-    kb = tl.load(k + tok_qk, mask=m_tk, other=0.0)
-    if HAS_G:
-        gc, gl, k_out, decay = _chunk_gates(g, o_t, m_t, i_h, causal, scale, H)
-    else:
-        decay = tl.where(causal, scale, 0.0)
-    # P^T, P_ij = scale * decay_ij * (q_i . k_j): dv's in-chunk term for every V-block
-    p_t = tl.trans(tl.dot(qb, tl.trans(kb), input_precision=PREC) * decay).to(do.dtype.element_ty)
-    d_scores = tl.zeros([BT, BT], dtype=tl.float32)
-    acc_q = tl.zeros([BT, BK], dtype=tl.float32)
-    state_dot = 0.0
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_tv = m_t[:, None] & (o_v[None, :] < V)
-        m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
-        tok_v = (o_t[:, None] * H + i_h) * V + o_v[None, :]
-        state_off = state_base + o_k[:, None] * V + o_v[None, :]
-        dob = tl.load(do + tok_v, mask=m_tv, other=0.0)
-        vb = tl.load(v + tok_v, mask=m_tv, other=0.0)
-        dhb = tl.load(dhs + state_off, mask=m_kv, other=0.0).to(kb.dtype)
-        hb = tl.load(hs + state_off, mask=m_kv, other=0.0).to(dob.dtype)
-        if HAS_G:
-            state_dot += tl.sum(tl.sum(hb.to(tl.float32) * dhb.to(tl.float32), 1), 0)
-        # dv = exp(gl - gc) * (k dS_out) + P^T do
-        acc = tl.dot(kb, dhb, input_precision=PREC)
-        if HAS_G:
-            acc *= k_out[:, None]
-        acc += tl.dot(p_t, dob, input_precision=PREC)
-        tl.store(dv + tok_v, acc.to(dv.dtype.element_ty), mask=m_tv)
-        d_scores += tl.dot(dob, tl.trans(vb), input_precision=PREC)
-        acc_q += tl.dot(dob, tl.trans(hb), input_precision=PREC)
-    # dA_ij = scale * decay_ij * (do_i . v_j);  dq = scale * exp(gc) * (do S_in^T) + dA k
-    d_scores = (d_scores * decay).to(kb.dtype)
-    if HAS_G:  # dg at the chunk's first token: exp(gl) <dS_out, S_in> + sum_t q_t . dq_t(through S_in)
-        acc_q *= (tl.exp(gc) * scale)[:, None]
-        entering = tl.exp(gl) * state_dot + tl.sum(tl.sum(qb.to(tl.float32) * acc_q, 1), 0)
-    else:
-        acc_q *= scale
-    acc_q += tl.dot(d_scores, kb, input_precision=PREC)
-    tl.store(dq + tok_k, acc_q.to(dq.dtype.element_ty), mask=m_tk)
-    if HAS_G:
-        dgate = tl.sum(qb.to(tl.float32) * acc_q, 1)
-    # dk = exp(gl - gc) * (v dS_out^T) + dA^T q
-    acc_k = tl.zeros([BT, BK], dtype=tl.float32)
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        vb = tl.load(v + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V),
-                     other=0.0)
-        dhb = tl.load(dhs + state_base + o_k[:, None] * V + o_v[None, :],
-                      mask=(o_k[:, None] < K) & (o_v[None, :] < V), other=0.0).to(vb.dtype)
-        acc_k += tl.dot(vb, tl.trans(dhb), input_precision=PREC)
-    if HAS_G:
-        acc_k *= k_out[:, None]
-    acc_k += tl.dot(tl.trans(d_scores), qb, input_precision=PREC)
-    tl.store(dk + tok_k, acc_k.to(dk.dtype.element_ty), mask=m_tk)
-    if HAS_G:
-        dgate -= tl.sum(kb.to(tl.float32) * acc_k, 1)  # 0 past the chunk's end
-        tl.store(dg + o_t * H + i_h, entering - (tl.cumsum(dgate, 0) - dgate), mask=m_t)
-
-
 def _segment_reverse_cumsum(x: torch.Tensor, lay: Layout) -> torch.Tensor:
     """dg_t = sum_{s >= t, same document} x_s for x [TT, H], on device (no sync).
 
@@ -455,19 +373,16 @@ def chunk_bwd(q, k, v, g, do, dht, hs, scale, h0, lay: Layout, need_dh0: bool, d
     accumulate = dq_acc is not None or self_values
     if accumulate and not fused_accumulation(q, v):
         raise ValueError("linear_attn chunk_bwd: dq_acc / self_values need the one-tile backward (K = V <= 128, "
-                         "16-bit or K <= 64, G = H, bwd_bv off)")
+                         "16-bit or K <= 64, G = H)")
     if dk_ <= FUSED_MAX_DIM and dv_ <= FUSED_MAX_DIM and not wide_fp32:
         dg = torch.empty(lay.total, h, device=q.device, dtype=torch.float32) if g is not None else None
-        # bwd_bv: the V-looped form, in blocks of that width (no wider than V's power of two)
-        vloop = OPTIONS["bwd_bv"] and OPTIONS["bwd_bv"] < _pow2(dv_)
-        kernel, bv_ = (_chunk_bwd_vloop, OPTIONS["bwd_bv"]) if vloop else (_chunk_bwd_fused, _pow2(dv_))
         extra = {"ACC_DQ": dq_acc is not None, "SELF_V": self_values} if accumulate else {}
-        kernel[(lay.rows, h)](q, k, v, gate, do, hs, dhs, dq, dk, dv, dg if dg is not None else q,
-                              dq_acc if dq_acc is not None else q, lay.table, scale, lay.seqlen, lay.nt, H=h,
-                              G=groups, K=dk_, V=dv_, BT=BT, BK=_pow2(dk_), BV=bv_, HAS_G=g is not None,
-                              IS_VARLEN=lay.varlen, PREC=prec, **extra, num_warps=OPTIONS["bwd_warps"] or 8,
-                              num_stages=OPTIONS["bwd_stages"] or (2 if vloop else 1),
-                              **({"maxnreg": OPTIONS["bwd_maxnreg"]} if OPTIONS["bwd_maxnreg"] else {}))
+        _chunk_bwd_fused[(lay.rows, h)](q, k, v, gate, do, hs, dhs, dq, dk, dv, dg if dg is not None else q,
+                                        dq_acc if dq_acc is not None else q, lay.table, scale, lay.seqlen, lay.nt,
+                                        H=h, G=groups, K=dk_, V=dv_, BT=BT, BK=_pow2(dk_), BV=_pow2(dv_),
+                                        HAS_G=g is not None, IS_VARLEN=lay.varlen, PREC=prec, **extra,
+                                        num_warps=OPTIONS["bwd_warps"] or 4, num_stages=OPTIONS["bwd_stages"] or 1,
+                                        **({"maxnreg": OPTIONS["bwd_maxnreg"]} if OPTIONS["bwd_maxnreg"] else {}))
     else:
         bk = _pow2(dk_, hi=64 if wide_fp32 else 128)
         stages = 1 if wide_fp32 else 2
@@ -493,11 +408,10 @@ def chunk_bwd(q, k, v, g, do, dht, hs, scale, h0, lay: Layout, need_dh0: bool, d
 
 def fused_accumulation(q: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether chunk_bwd's dq_acc / self_values apply to these packed inputs (q [TT, G, K], v [TT, H, V]): the
-    one-tile backward kernel (no bwd_bv), one q / k per head, K = V."""
+    one-tile backward kernel, one q / k per head, K = V."""
     dk_, dv_ = q.shape[-1], v.shape[-1]
     wide_fp32 = q.element_size() > 2 and dk_ > 64
-    return (q.shape[1] == v.shape[1] and dk_ == dv_ and dk_ <= FUSED_MAX_DIM and not wide_fp32
-            and not OPTIONS["bwd_bv"])
+    return q.shape[1] == v.shape[1] and dk_ == dv_ and dk_ <= FUSED_MAX_DIM and not wide_fp32
 
 
 def _group_grad(x: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:

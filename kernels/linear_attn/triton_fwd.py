@@ -38,20 +38,19 @@ BT = 64
 # which segments only long walks on narrow grids; 1: never; 2-32: n) splits each walk into n shorter ones side by
 # side (segment_count says how and when it pays).
 # "out_warps" / "out_stages" (_chunk_out_fwd; default 4 warps, 2 stages) and "bwd_warps" / "bwd_stages" (the fused
-# backward _chunk_bwd_fused; 8 and 1) set the chunk-parallel kernels' launches: no variant was faster at 16K x 2
-# (session 15). 0 keeps the default. "bwd_bv=16|32|64" (0, the default: off) takes the backward's V in blocks of that
-# width instead (_chunk_bwd_vloop, 2 stages unless bwd_stages says otherwise), and "bwd_maxnreg=96|128|168" caps the
-# backward kernel's registers a thread (sm_90 AOT, bf16, K = V = 128, 8 warps: the one-tile kernel takes 252 and fits
-# one program a multiprocessor; V-looped at 32 / 16, 240 / 220 and no spill, still one; at bwd_maxnreg=128 two fit,
-# spilling 408 / 240 bytes a thread; CPU-tested, not yet timed).
+# backward _chunk_bwd_fused; 4 and 1) set the chunk-parallel kernels' launches; 0 keeps the default, and
+# "bwd_maxnreg=96|128|168" caps the backward kernel's registers a thread. The backward took 8 warps until session 17:
+# on the H200 at 16K x 2 (bf16, K = V = 128, three rounds each) 4 warps took fwd+bwd 1.910 ms against 1.979, and
+# hla2 at 16K 3.899 against 4.015, although at 4 warps ptxas spills 416 bytes a thread (252 registers, no spill, at 8;
+# AOT sm_90). Session 17 also timed a backward that walked V in 16-64-wide blocks to keep one accumulator live (no
+# spill at 220-240 registers): 1.969-2.321 ms against 1.978, so it was removed.
 OPTIONS = {"split_scores": True, "state_bk": 0, "state_bv": 0, "state_warps": 0, "state_stages": 0,
-           "state_segments": 0, "out_warps": 0, "out_stages": 0, "bwd_warps": 0, "bwd_stages": 0, "bwd_bv": 0,
+           "state_segments": 0, "out_warps": 0, "out_stages": 0, "bwd_warps": 0, "bwd_stages": 0,
            "bwd_maxnreg": 0}
 _WARPS, _STAGES = (0, 1, 2, 4, 8, 16), (0, 1, 2, 3, 4)
 _ALLOWED = {"state_bk": (0, 16, 32, 64), "state_bv": (0, 16, 32, 64), "state_warps": _WARPS, "state_stages": _STAGES,
             "state_segments": (0, 1, 2, 3, 4, 6, 8, 12, 16, 32), "out_warps": _WARPS, "out_stages": _STAGES,
-            "bwd_warps": _WARPS, "bwd_stages": _STAGES, "bwd_bv": (0, 16, 32, 64),
-            "bwd_maxnreg": (0, 96, 128, 168)}
+            "bwd_warps": _WARPS, "bwd_stages": _STAGES, "bwd_maxnreg": (0, 96, 128, 168)}
 
 
 def _read_options() -> None:

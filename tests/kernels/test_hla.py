@@ -1187,10 +1187,10 @@ def _spy_accumulating_backward(monkeypatch):
 @pytest.mark.parametrize("decay,gate,states", [("d1", "weak", False), ("d2", "strong", True), ("d1", None, True),
                                                 ("d2", None, False)])
 def test_hla2_one_op_keeps_the_values(monkeypatch, decay, gate, states):
-    """HILO_HLA=one_op=1: hla2's two passes as one op, whose first pass's backward kernel adds the second pass's
-    dq into its own and stores the keys' and values' gradients summed: the same output, final state and gradients
-    (initial states' included) as the separate linear_attn passes (fp32, T = 150: a partial last chunk, scale 0.7),
-    and the op is the path taken."""
+    """hla2's two passes as one op (the default; HILO_HLA=one_op=0 turns it off), whose first pass's backward kernel
+    adds the second pass's dq into its own and stores the keys' and values' gradients summed: the same output, final
+    state and gradients (initial states' included) as the separate linear_attn passes (fp32, T = 150: a partial
+    last chunk, scale 0.7), and the op is the path taken."""
     from kernels.hla import triton_fused
 
     q, k, v, g = make(2, 150, 2, 32, 32, gate, seed=51, dtype=torch.float32)
@@ -1209,6 +1209,7 @@ def test_hla2_one_op_keeps_the_values(monkeypatch, decay, gate, states):
         outs = [o] + (list(fin) if states else [])
         return outs + list(torch.autograd.grad(outs, wrt, [do] + dfin))
 
+    monkeypatch.setitem(triton_fused.OPTIONS, "one_op", False)
     want = run()
     calls = _spy_accumulating_backward(monkeypatch)
     monkeypatch.setitem(triton_fused.OPTIONS, "one_op", True)

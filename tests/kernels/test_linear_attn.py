@@ -375,36 +375,6 @@ def test_segmented_state_walks_on_packed_documents(monkeypatch, decay):
 
 
 @triton_only
-@pytest.mark.parametrize("bwd_bv", [16, 32])
-@pytest.mark.parametrize("decay,packed", [("weak", True), ("strong", False), (None, True)])
-def test_v_looped_backward_keeps_the_values(monkeypatch, bwd_bv, decay, packed):
-    """HILO_LINEAR_ATTN=bwd_bv=n: the backward's chunk kernel walks V in blocks of n (_chunk_bwd_vloop, launched
-    instead of _chunk_bwd_fused; V = 40 leaves a partial last block) with the same dq, dk, dv, dg and dh0 as the
-    one-tile kernel, on packed documents with initial states and on a fixed-length batch (grouped q / k: 2 groups of
-    4 heads)."""
-    from kernels.linear_attn import triton_bwd
-
-    b, t = (1, 300) if packed else (2, 150)
-    q, k, v, g, h0 = make(b, t, 4, 48, 40, decay, n_state=4 if packed else 2, device=DEV)
-    q, k = q[:, :, :2].contiguous(), k[:, :, :2].contiguous()  # 2 groups of q / k for v's 4 heads
-    cu = torch.tensor([0, 1, 70, 230, 300], device=DEV) if packed else None
-    want = run(q, k, v, g, h0, "triton", cu=cu)
-    launched = []
-
-    class Spy:  # records that the V-looped kernel is the one launched
-        def __getitem__(self, grid):
-            launched.append(grid)
-            return real[grid]
-
-    real = triton_bwd._chunk_bwd_vloop
-    monkeypatch.setattr(triton_bwd, "_chunk_bwd_vloop", Spy())
-    monkeypatch.setitem(triton_bwd.OPTIONS, "bwd_bv", bwd_bv)
-    got = run(q, k, v, g, h0, "triton", cu=cu)
-    assert len(launched) == 1
-    assert_close(got, want, what=f"bwd_bv={bwd_bv}", tol=1e-5)
-
-
-@triton_only
 @pytest.mark.parametrize("tiles", ["state_bk=16,state_bv=16", "state_bv=16,state_warps=2,state_stages=3",
                                    "state_bk=32,state_bv=64,out_warps=8,out_stages=3,bwd_warps=4,bwd_stages=2"])
 def test_state_tile_options_keep_the_values(monkeypatch, tiles):
