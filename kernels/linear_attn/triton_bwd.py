@@ -345,6 +345,10 @@ def chunk_bwd(q, k, v, g, do, dht, hs, scale, h0, lay: Layout, need_dh0: bool, d
     dk_, dv_ = q.shape[-1], v.shape[-1]
     h = lay.heads
     groups = q.shape[1]
+    accumulate = dq_acc is not None or self_values
+    if accumulate and not fused_accumulation(q, v):
+        raise ValueError("linear_attn chunk_bwd: dq_acc / self_values need the one-tile backward (K = V <= 128, "
+                         "16-bit or K <= 64, G = H)")
     dhs = torch.empty_like(hs)
     dh0 = torch.empty(lay.n, h, dk_, dv_, device=q.device, dtype=torch.float32) if need_dh0 else None
     bk, bv = state_blocks(dk_, dv_, lay.n * h)
@@ -370,10 +374,6 @@ def chunk_bwd(q, k, v, g, do, dht, hs, scale, h0, lay: Layout, need_dh0: bool, d
     # fp32 tiles are twice as large: the fused kernel at K = V = 128 needs 272 KiB of shared memory (the H200 has
     # 227 KiB; measured 2026-11-29), so wide fp32 heads take the two-kernel path with K in 64-wide blocks.
     wide_fp32 = q.element_size() > 2 and max(dk_, dv_) > 64
-    accumulate = dq_acc is not None or self_values
-    if accumulate and not fused_accumulation(q, v):
-        raise ValueError("linear_attn chunk_bwd: dq_acc / self_values need the one-tile backward (K = V <= 128, "
-                         "16-bit or K <= 64, G = H)")
     if dk_ <= FUSED_MAX_DIM and dv_ <= FUSED_MAX_DIM and not wide_fp32:
         dg = torch.empty(lay.total, h, device=q.device, dtype=torch.float32) if g is not None else None
         extra = {"ACC_DQ": dq_acc is not None, "SELF_V": self_values} if accumulate else {}
