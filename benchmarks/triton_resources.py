@@ -229,8 +229,8 @@ def call_hla_fused(dk, dv, dtype, b, t, h):
 
 
 def call_hla2_one_op(dk, dv, dtype, b, t, h):
-    """hla2's passes as one op (HILO_HLA=one_op=1): linear_attn's kernels with the first pass's backward accumulating
-    dq and dk + dv (K = V only; other head dims take the separate passes)."""
+    """hla2's passes as one op (the default; forced here): linear_attn's kernels with the first pass's backward
+    accumulating dq and dk + dv (any V; keys wider than one tile take the separate passes)."""
     from kernels.hla import triton_fused
 
     saved = triton_fused.OPTIONS["one_op"]

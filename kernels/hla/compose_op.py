@@ -8,9 +8,10 @@ adds the second pass's dq into its own and stores dk + dv itself (linear_attn's 
 self_values): the same values, one gradient tensor each. Session 17, the same shape: 4.015 ms against 4.089 as
 separate passes (two rounds each), 3.899 with linear_attn's backward at 4 warps (now its default).
 
-It applies where that kernel does (kernels.linear_attn.triton_bwd.fused_accumulation): fixed-length calls
-(initial and final states included) with normalize=False, one q / k per head, K = V <= 128 (<= 64 in fp32);
-hla_compose falls back to the separate passes otherwise.
+It applies where that kernel takes the first pass (kernels.linear_attn.triton_bwd.fused_accumulation of q and k):
+fixed-length calls (initial and final states included) with normalize=False, K <= 128 (<= 64 in fp32), any V
+(the second pass's backward is linear_attn's own; hla_mamba2's heads, K = 128 and V = 64, are covered); hla_compose
+falls back to the separate passes otherwise.
 """
 
 from typing import Optional
@@ -25,9 +26,10 @@ from kernels.linear_attn.triton_fwd import BT, chunk_fwd
 from .state import powered
 
 
-def applies(q: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether the one op can take these [B, T, H, K] / [B, T, H, V] passes' inputs."""
-    return fused_accumulation(q.reshape(-1, q.shape[2], q.shape[3]), v.reshape(-1, v.shape[2], v.shape[3]))
+def applies(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether the one op can take passes of these [B, T, H, K] queries and keys: the first pass, whose values are
+    the keys, must fit the accumulating one-tile backward kernel."""
+    return fused_accumulation(q.reshape(-1, q.shape[2], q.shape[3]), k.reshape(-1, k.shape[2], k.shape[3]))
 
 
 def _state(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:  # noqa: UP045
@@ -114,7 +116,7 @@ _hla2_passes.register_autograd(_grads, setup_context=_setup)
 
 def hla2_passes(q, k, v, g, s0, f0, scale: float, p_in: float, p_out: float, output_final_state: bool):
     """(o, (S, F) or None) of hla2's passes LA(Q, LA(Q, K, K; p_in g), V; p_out g) from initial states s0, f0 (or
-    None): q, k [B, T, H, K], v [B, T, H, V] in the passes' dtype, g [B, T, H] fp32 or None (applies(q, v) must
+    None): q, k [B, T, H, K], v [B, T, H, V] in the passes' dtype, g [B, T, H] fp32 or None (applies(q, k) must
     hold)."""
     c = (lambda x: None if x is None else x.contiguous())
     o, _, _, _, s_fin, f_fin = _hla2_passes(c(q), c(k), c(v), c(g), c(s0), c(f0), float(scale), float(p_in),

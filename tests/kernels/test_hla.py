@@ -1184,23 +1184,24 @@ def _spy_accumulating_backward(monkeypatch):
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
-@pytest.mark.parametrize("decay,gate,states", [("d1", "weak", False), ("d2", "strong", True), ("d1", None, True),
-                                                ("d2", None, False)])
-def test_hla2_one_op_keeps_the_values(monkeypatch, decay, gate, states):
+@pytest.mark.parametrize("decay,gate,states,dv", [("d1", "weak", False, 32), ("d2", "strong", True, 48),
+                                                   ("d1", None, True, 16), ("d2", None, False, 32)])
+def test_hla2_one_op_keeps_the_values(monkeypatch, decay, gate, states, dv):
     """hla2's two passes as one op (the default; HILO_HLA=one_op=0 turns it off), whose first pass's backward kernel
     adds the second pass's dq into its own and stores the keys' and values' gradients summed: the same output, final
     state and gradients (initial states' included) as the separate linear_attn passes (fp32, T = 150: a partial
-    last chunk, scale 0.7), and the op is the path taken."""
+    last chunk, scale 0.7; V = K, wider and narrower, as hla_mamba2's V = 64 for K = 128), and the op is the path
+    taken."""
     from kernels.hla import triton_fused
 
-    q, k, v, g = make(2, 150, 2, 32, 32, gate, seed=51, dtype=torch.float32)
-    h0 = random_state("hla2", 2, 2, 32, 32, seed=55, dtype=torch.float32) if states else None
+    q, k, v, g = make(2, 150, 2, 32, dv, gate, seed=51, dtype=torch.float32)
+    h0 = random_state("hla2", 2, 2, 32, dv, seed=55, dtype=torch.float32) if states else None
     leaves = [x.to(FUSED_DEV).requires_grad_() for x in (q, k, v)]
     gl = None if g is None else g.to(FUSED_DEV).requires_grad_()
     h0l = None if h0 is None else HLA2State(*(x.to(FUSED_DEV).requires_grad_() for x in h0))
     wrt = leaves + ([gl] if gl is not None else []) + (list(h0l) if h0l is not None else [])
     gen = torch.Generator().manual_seed(52)
-    do = torch.randn(q.shape, generator=gen).to(FUSED_DEV)
+    do = torch.randn(v.shape, generator=gen).to(FUSED_DEV)
     dfin = [torch.randn(x.shape, generator=gen).to(FUSED_DEV) for x in h0] if states else []
 
     def run():
@@ -1222,8 +1223,9 @@ def test_hla2_one_op_keeps_the_values(monkeypatch, decay, gate, states):
 
 @pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
 def test_hla2_one_op_only_where_it_applies(monkeypatch):
-    """one_op leaves the separate passes to calls it does not cover: normalize, packed documents, K != V; and
-    linear_attn's chunk_bwd refuses the accumulation where its one-tile kernel does not run."""
+    """one_op leaves the separate passes to calls it does not cover: normalize, packed documents, fp32 keys wider
+    than 64 (the first pass's backward is not one tile); and linear_attn's chunk_bwd refuses the accumulation where
+    its one-tile kernel does not run."""
     from kernels.hla import triton_fused
     from kernels.linear_attn.triton_bwd import chunk_bwd
     from kernels.linear_attn.triton_fwd import Layout
@@ -1234,7 +1236,8 @@ def test_hla2_one_op_only_where_it_applies(monkeypatch):
     for kwargs in ({"normalize": True}, {"cu_seqlens": torch.tensor([0, 30, 80], device=FUSED_DEV)}):
         o, _ = hla2(q, k, v, g, backend="triton", **kwargs)
         o.sum().backward()
-    o, _ = hla2(q, k, v[..., :8].detach(), g, backend="triton")
+    wide = [x.float().to(FUSED_DEV).requires_grad_() for x in make(1, 40, 1, 80, 16, "weak", seed=56)]
+    o, _ = hla2(*wide, backend="triton")
     o.sum().backward()
     assert calls == []
     qf = torch.zeros(64, 1, 16)
