@@ -31,9 +31,10 @@ def _grads(op, backend, dtype, x):
         o, _ = loglinear_delta_rule(q, k, v, leaves[4], g, leaves[5], backend=backend)
     elif op == "loglinear_attn":
         o, _ = loglinear_attn(q, k, v, g, leaves[4], backend=backend)
-    elif op in ("hla2", "ahla"):  # the fused kernels against the composition; scale keeps second order near 1
-        fn = hla2 if op == "hla2" else ahla
-        o, _ = fn(q, k, v, g, scale=q.shape[-1] ** -0.5, backend="fused" if backend == "triton" else backend)
+    elif op in ("hla2", "ahla", "hla2_compose"):  # scale keeps second order near 1
+        fn = ahla if op == "ahla" else hla2
+        kernels = "triton" if op == "hla2_compose" else "fused"  # the linear_attn passes or the fused kernels
+        o, _ = fn(q, k, v, g, scale=q.shape[-1] ** -0.5, backend=kernels if backend == "triton" else backend)
     else:
         o, _ = linear_attn(q, k, v, g, backend=backend)
     grads = torch.autograd.grad(o.float(), leaves, x["do"])
@@ -65,6 +66,15 @@ def _check_bf16(op, dk, dv):
 @pytest.mark.parametrize("dk,dv", DIMS)
 def test_bf16_triton_small_head_dims(op, dk, dv):
     _check_bf16(op, dk, dv)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dk,dv", [(128, 64), (64, 32), (32, 64), (128, 128), (60, 100), (256, 128)])
+def test_bf16_hla2_composition_head_dims(dk, dv):
+    """hla2's bf16 default on CUDA (linear_attn passes, as one op where the keys fit the accumulating one-tile
+    backward, K <= 128, whatever V) at uneven head dims: hla_mamba2's K = 128, V = 64 among them; K = 256 takes the
+    separate passes."""
+    _check_bf16("hla2_compose", dk, dv)
 
 
 @pytest.mark.gpu
