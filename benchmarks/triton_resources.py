@@ -53,7 +53,7 @@ import kernels.linear_attn.triton_bwd
 import kernels.short_conv.triton  # noqa: F401
 from benchmarks.occupancy import programs_per_sm
 from kernels import delta_rule, linear_attn, loglinear_attn, loglinear_delta_rule
-from kernels.hla import ahla, hla2
+from kernels.hla import ahla, hla2, hla3
 from kernels.loglinear_attn import LogLinearState, num_levels
 from kernels.loglinear_attn.triton_bwd import loglinear_attn_triton
 from kernels.loglinear_delta_rule.triton_bwd import loglinear_delta_rule_triton
@@ -228,18 +228,20 @@ def call_hla_fused(dk, dv, dtype, b, t, h):
         _backward(o, list(st))
 
 
-def call_hla2_one_op(dk, dv, dtype, b, t, h):
-    """hla2's passes as one op (the default; forced here): linear_attn's kernels with the first pass's backward
-    accumulating dq and dk + dv (any V; keys wider than one tile take the separate passes)."""
+def call_hla_one_op(dk, dv, dtype, b, t, h):
+    """hla2's and hla3's passes as one op (the default; forced here): linear_attn's kernels with the earlier passes'
+    backward accumulating dq (hla3's middle pass: ACC_DQ alone) and the first's dk + dv as well (ACC_DQ SELF_V).
+    Keys wider than one tile, and for hla3 values too, take the separate passes."""
     from kernels.hla import triton_fused
 
     saved = triton_fused.OPTIONS["one_op"]
     triton_fused.OPTIONS["one_op"] = True
     try:
-        q, k = _leaf(b, t, h, dk, dtype=dtype), _leaf(b, t, h, dk, dtype=dtype)
-        v, g = _leaf(b, t, h, dv, dtype=dtype), _leaf(b, t, h, dtype=torch.float32)
-        o, _ = hla2(q, k, v, g, backend="triton")
-        _backward(o, [])
+        for op in (hla2, hla3):
+            q, k = _leaf(b, t, h, dk, dtype=dtype), _leaf(b, t, h, dk, dtype=dtype)
+            v, g = _leaf(b, t, h, dv, dtype=dtype), _leaf(b, t, h, dtype=torch.float32)
+            o, _ = op(q, k, v, g, backend="triton")
+            _backward(o, [])
     finally:
         triton_fused.OPTIONS["one_op"] = saved
 
@@ -259,10 +261,10 @@ def call_short_conv(dk, dv, dtype, b, t, h):
 # linear_attn, delta_rule, hla and short_conv copy host data out of their inputs (short_conv: a custom op, which on meta
 # tensors would run its fake instead): they run on small CPU tensors (T = 256; their tiles do not depend on T), the
 # log-linear families on meta tensors at the full T
-ON_CPU = {"linear_attn", "delta_rule", "hla_fused", "hla2_one_op", "short_conv"}
+ON_CPU = {"linear_attn", "delta_rule", "hla_fused", "hla_one_op", "short_conv"}
 FAMILIES = {"linear_attn": call_linear_attn, "delta_rule": call_delta_rule, "loglinear_attn": call_loglinear_attn,
             "loglinear_delta_rule": call_loglinear_delta_rule, "hla_fused": call_hla_fused,
-            "hla2_one_op": call_hla2_one_op, "short_conv": call_short_conv}
+            "hla_one_op": call_hla_one_op, "short_conv": call_short_conv}
 
 
 def collect(family, dk, dv, dtype, b, t, h):

@@ -69,16 +69,16 @@ def pass_dtype(op: str, dtype: torch.dtype, backend: str) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _one_op(backend, normalize, cu_seqlens, q, k) -> bool:
-    """HILO_HLA's one_op (on by default) and a call kernels.hla.compose_op takes: hla2's passes as one op on the
-    "triton" backend, fixed-length, without normalize, where its fused gradient accumulation applies."""
+def _one_op(op, backend, normalize, cu_seqlens, q, k, v) -> bool:
+    """HILO_HLA's one_op (on by default) and a call kernels.hla.compose_op takes: hla2's or hla3's passes as one op
+    on the "triton" backend, fixed-length, without normalize, where its fused gradient accumulation applies."""
     from .triton_fused import OPTIONS
 
     if not (OPTIONS["one_op"] and backend == "triton" and not normalize and cu_seqlens is None):
         return False
     from .compose_op import applies
 
-    return applies(q, k)
+    return applies(op, q, k, v)
 
 
 def hla_compose(op, q, k, v, g, decay, normalize, eps, scale, initial_state, output_final_state, cu_seqlens,
@@ -93,10 +93,13 @@ def hla_compose(op, q, k, v, g, decay, normalize, eps, scale, initial_state, out
     gg = None if g is None else g.to(torch.promote_types(dt, torch.float32))  # decays stay fp32 under compose16
     st = (None,) * len(STATE_TYPES[op]._fields) if initial_state is None else initial_state
     args = (output_final_state, cu_seqlens, backend, scale)
-    if op == "hla2" and _one_op(backend, normalize, cu_seqlens, qs, kk):
-        from .compose_op import hla2_passes
+    if _one_op(op, backend, normalize, cu_seqlens, qs, kk, vv):
+        from . import compose_op
 
-        o, finals = hla2_passes(qs, kk, vv, gg, st[0], st[1], scale, p_in, p_out, output_final_state)
+        if op == "hla2":
+            o, finals = compose_op.hla2_passes(qs, kk, vv, gg, st[0], st[1], scale, p_in, p_out, output_final_state)
+        else:
+            o, finals = compose_op.hla3_passes(qs, kk, vv, gg, *st, scale, output_final_state)
         return o.to(q.dtype), (STATE_TYPES[op](*finals) if output_final_state else None)
     if op == "hla2":
         kt, s = _pass(qs, kk, kk, gg, p_in, st[0], *args)

@@ -73,8 +73,9 @@ from .state import STATE_TYPES, decay_powers, split_normalized, with_ones
 # states16 + mid16 13.47 against 7.52 without: the scale passes cost more than the bytes they save.
 # HILO_HLA="compose16=0|1" is not this module's: whether the "triton" backend's compositions (kernels/hla/compose.py)
 # run their linear_attn passes in bf16 for bf16 inputs (unset: hla2 and hla3 do, and take that backend by default).
-# HILO_HLA="one_op=0|1" is not this module's either: hla2's two passes as one op whose backward accumulates q's and
-# k's gradients inside the kernel (kernels/hla/compose_op.py; on by default since session 17; 0: separate passes).
+# HILO_HLA="one_op=0|1" is not this module's either: hla2's and hla3's passes as one op whose backward accumulates
+# q's and k's gradients inside the kernels (kernels/hla/compose_op.py; on by default since session 17; 0: separate
+# passes).
 OPTIONS = {"lowp": False, "lowp_scan": False, "lowp_out": False, "lowp_dvalues": False, "lowp_dqk": False,
            "fp16": False, "states16": False, "mid16": False, "compose16": None, "one_op": True}
 # Launch configuration of each kernel family (HILO_HLA="out_warps=4,out_stages=3,dqk_bv=64", ...; 0 keeps the

@@ -346,9 +346,9 @@ def chunk_bwd(q, k, v, g, do, dht, hs, scale, h0, lay: Layout, need_dh0: bool, d
     h = lay.heads
     groups = q.shape[1]
     accumulate = dq_acc is not None or self_values
-    if accumulate and not fused_accumulation(q, v):
-        raise ValueError("linear_attn chunk_bwd: dq_acc / self_values need the one-tile backward (K = V <= 128, "
-                         "16-bit or K <= 64, G = H)")
+    if accumulate and not fused_accumulation(q, v, self_values):
+        raise ValueError("linear_attn chunk_bwd: dq_acc / self_values need the one-tile backward (K, V <= 128, "
+                         "16-bit or K, V <= 64, G = H; K = V for self_values)")
     dhs = torch.empty_like(hs)
     dh0 = torch.empty(lay.n, h, dk_, dv_, device=q.device, dtype=torch.float32) if need_dh0 else None
     bk, bv = state_blocks(dk_, dv_, lay.n * h)
@@ -406,12 +406,14 @@ def chunk_bwd(q, k, v, g, do, dht, hs, scale, h0, lay: Layout, need_dh0: bool, d
     return dq, dk, None if self_values else dv, dg, dh0
 
 
-def fused_accumulation(q: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether chunk_bwd's dq_acc / self_values apply to these packed inputs (q [TT, G, K], v [TT, H, V]): the
-    one-tile backward kernel, one q / k per head, K = V."""
+def fused_accumulation(q: torch.Tensor, v: torch.Tensor, self_values: bool = True) -> bool:
+    """Whether chunk_bwd's dq_acc (and with self_values, its self_values) applies to these packed inputs (q
+    [TT, G, K], v [TT, H, V]): the one-tile backward kernel (K, V <= 128; <= 64 in fp32), one q / k per head, and
+    K = V for self_values."""
     dk_, dv_ = q.shape[-1], v.shape[-1]
-    wide_fp32 = q.element_size() > 2 and dk_ > 64
-    return q.shape[1] == v.shape[1] and dk_ == dv_ and dk_ <= FUSED_MAX_DIM and not wide_fp32
+    wide_fp32 = q.element_size() > 2 and max(dk_, dv_) > 64
+    return (q.shape[1] == v.shape[1] and max(dk_, dv_) <= FUSED_MAX_DIM and not wide_fp32
+            and (dk_ == dv_ or not self_values))
 
 
 def _group_grad(x: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:

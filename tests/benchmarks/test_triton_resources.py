@@ -30,7 +30,9 @@ def test_linear_attn_launches_compile_for_sm90(options):
     assert ("FINALS" in out) == (options != "state_segments=1"), out[-3000:]
 
 
-def test_hla2_one_op_launches_compile_for_sm90():
-    """HILO_HLA=one_op=1's accumulating backward (ACC_DQ, SELF_V: a barrier between a store and a load) compiles."""
-    out = _audit("hla2_one_op", "64x64", "bf16", "")
+def test_hla_one_op_launches_compile_for_sm90():
+    """hla2's and hla3's one ops' accumulating backward compiles: ACC_DQ with SELF_V (a barrier between a store and
+    a load) and ACC_DQ alone (hla3's middle pass)."""
+    out = _audit("hla_one_op", "64x64", "bf16", "")
     assert "ACC_DQ SELF_V" in out, out[-3000:]
+    assert any(line.rstrip().endswith("ACC_DQ w4s1") for line in out.splitlines()), out[-3000:]

@@ -9,7 +9,7 @@ without CUDA."""
 import pytest
 import torch
 
-from kernels import ahla, delta_rule, hla2, linear_attn, loglinear_attn, loglinear_delta_rule
+from kernels import ahla, delta_rule, hla2, hla3, linear_attn, loglinear_attn, loglinear_delta_rule
 from kernels.common import error_ratio
 from kernels.loglinear_attn import num_levels
 
@@ -31,9 +31,9 @@ def _grads(op, backend, dtype, x):
         o, _ = loglinear_delta_rule(q, k, v, leaves[4], g, leaves[5], backend=backend)
     elif op == "loglinear_attn":
         o, _ = loglinear_attn(q, k, v, g, leaves[4], backend=backend)
-    elif op in ("hla2", "ahla", "hla2_compose"):  # scale keeps second order near 1
-        fn = ahla if op == "ahla" else hla2
-        kernels = "triton" if op == "hla2_compose" else "fused"  # the linear_attn passes or the fused kernels
+    elif op in ("hla2", "ahla", "hla2_compose", "hla3_compose"):  # scale keeps second order near 1
+        fn = {"ahla": ahla, "hla3_compose": hla3}.get(op, hla2)
+        kernels = "triton" if op.endswith("_compose") else "fused"  # the linear_attn passes or the fused kernels
         o, _ = fn(q, k, v, g, scale=q.shape[-1] ** -0.5, backend=kernels if backend == "triton" else backend)
     else:
         o, _ = linear_attn(q, k, v, g, backend=backend)
@@ -69,12 +69,13 @@ def test_bf16_triton_small_head_dims(op, dk, dv):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("op", ["hla2", "hla3"])
 @pytest.mark.parametrize("dk,dv", [(128, 64), (64, 32), (32, 64), (128, 128), (60, 100), (256, 128)])
-def test_bf16_hla2_composition_head_dims(dk, dv):
-    """hla2's bf16 default on CUDA (linear_attn passes, as one op where the keys fit the accumulating one-tile
-    backward, K <= 128, whatever V) at uneven head dims: hla_mamba2's K = 128, V = 64 among them; K = 256 takes the
-    separate passes."""
-    _check_bf16("hla2_compose", dk, dv)
+def test_bf16_hla_composition_head_dims(op, dk, dv):
+    """hla2's and hla3's bf16 default on CUDA (linear_attn passes, as one op where they fit the accumulating
+    one-tile backward: K <= 128, and for hla3 V <= 128) at uneven head dims: hla_mamba2's K = 128, V = 64 among
+    them; K = 256 takes the separate passes."""
+    _check_bf16(f"{op}_compose", dk, dv)
 
 
 @pytest.mark.gpu

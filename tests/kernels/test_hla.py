@@ -1183,30 +1183,37 @@ def _spy_accumulating_backward(monkeypatch):
     return calls
 
 
+# the accumulating chunk_bwd calls (dq_acc given, self_values) each one op makes, outer pass first
+ONE_OP_CALLS = {"hla2": [(False, False), (True, True)], "hla3": [(False, False), (True, False), (True, True)]}
+
+
 @pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
-@pytest.mark.parametrize("decay,gate,states,dv", [("d1", "weak", False, 32), ("d2", "strong", True, 48),
-                                                   ("d1", None, True, 16), ("d2", None, False, 32)])
-def test_hla2_one_op_keeps_the_values(monkeypatch, decay, gate, states, dv):
-    """hla2's two passes as one op (the default; HILO_HLA=one_op=0 turns it off), whose first pass's backward kernel
-    adds the second pass's dq into its own and stores the keys' and values' gradients summed: the same output, final
-    state and gradients (initial states' included) as the separate linear_attn passes (fp32, T = 150: a partial
-    last chunk, scale 0.7; V = K, wider and narrower, as hla_mamba2's V = 64 for K = 128), and the op is the path
-    taken."""
+@pytest.mark.parametrize("op,decay,gate,states,dv", [
+    ("hla2", "d1", "weak", False, 32), ("hla2", "d2", "strong", True, 48), ("hla2", "d1", None, True, 16),
+    ("hla2", "d2", None, False, 32), ("hla3", "d1", "weak", True, 32), ("hla3", "d1", "strong", False, 48),
+    ("hla3", "d1", None, True, 16)])
+def test_hla_one_op_keeps_the_values(monkeypatch, op, decay, gate, states, dv):
+    """hla2's two and hla3's three passes as one op (the default; HILO_HLA=one_op=0 turns it off), whose earlier
+    passes' backward kernels add the later passes' dq into their own, the first storing the keys' and values'
+    gradients summed: the same output, final states and gradients (initial states' included) as the separate
+    linear_attn passes (fp32, T = 150: a partial last chunk, scale 0.7; V = K, wider and narrower, as hla_mamba2's
+    V = 64 for K = 128), and the op is the path taken."""
     from kernels.hla import triton_fused
 
+    fn = {"hla2": hla2, "hla3": hla3}[op]
     q, k, v, g = make(2, 150, 2, 32, dv, gate, seed=51, dtype=torch.float32)
-    h0 = random_state("hla2", 2, 2, 32, dv, seed=55, dtype=torch.float32) if states else None
+    h0 = random_state(op, 2, 2, 32, dv, seed=55, dtype=torch.float32) if states else None
     leaves = [x.to(FUSED_DEV).requires_grad_() for x in (q, k, v)]
     gl = None if g is None else g.to(FUSED_DEV).requires_grad_()
-    h0l = None if h0 is None else HLA2State(*(x.to(FUSED_DEV).requires_grad_() for x in h0))
+    h0l = None if h0 is None else type(h0)(*(x.to(FUSED_DEV).requires_grad_() for x in h0))
     wrt = leaves + ([gl] if gl is not None else []) + (list(h0l) if h0l is not None else [])
     gen = torch.Generator().manual_seed(52)
     do = torch.randn(v.shape, generator=gen).to(FUSED_DEV)
     dfin = [torch.randn(x.shape, generator=gen).to(FUSED_DEV) for x in h0] if states else []
 
     def run():
-        o, fin = hla2(*leaves, gl, decay=decay, scale=0.7, initial_state=h0l, output_final_state=states,
-                      backend="triton")
+        o, fin = fn(*leaves, gl, decay=decay, scale=0.7, initial_state=h0l, output_final_state=states,
+                    backend="triton")
         outs = [o] + (list(fin) if states else [])
         return outs + list(torch.autograd.grad(outs, wrt, [do] + dfin))
 
@@ -1215,17 +1222,20 @@ def test_hla2_one_op_keeps_the_values(monkeypatch, decay, gate, states, dv):
     calls = _spy_accumulating_backward(monkeypatch)
     monkeypatch.setitem(triton_fused.OPTIONS, "one_op", True)
     got = run()
-    assert calls == [(False, False), (True, True)]
-    assert len(got) == len(want) == 4 + 4 * states + (gl is not None)  # o, S, F; dq, dk, dv, dg, dS0, dF0
+    assert calls == ONE_OP_CALLS[op]
+    fields = len(ONE_OP_CALLS[op])
+    # o, the final states; dq, dk, dv, dg, the initial states' gradients
+    assert len(got) == len(want) == 4 + 2 * fields * states + (gl is not None)
     for i, (a, b) in enumerate(zip(got, want)):
         assert error_ratio(a, b) <= 1e-6, (i, error_ratio(a, b))
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
-def test_hla2_one_op_only_where_it_applies(monkeypatch):
+def test_hla_one_op_only_where_it_applies(monkeypatch):
     """one_op leaves the separate passes to calls it does not cover: normalize, packed documents, fp32 keys wider
-    than 64 (the first pass's backward is not one tile); and linear_attn's chunk_bwd refuses the accumulation where
-    its one-tile kernel does not run."""
+    than 64 (the first pass's backward is not one tile), and for hla3 fp32 values wider than 64 (its second pass's
+    backward accumulates dq too; hla2 takes them); and linear_attn's chunk_bwd refuses the accumulation where its
+    one-tile kernel does not run."""
     from kernels.hla import triton_fused
     from kernels.linear_attn.triton_bwd import chunk_bwd
     from kernels.linear_attn.triton_fwd import Layout
@@ -1233,33 +1243,45 @@ def test_hla2_one_op_only_where_it_applies(monkeypatch):
     monkeypatch.setitem(triton_fused.OPTIONS, "one_op", True)
     calls = _spy_accumulating_backward(monkeypatch)
     q, k, v, g = (x.float().to(FUSED_DEV).requires_grad_() for x in make(1, 80, 2, 16, 16, "weak", seed=53))
-    for kwargs in ({"normalize": True}, {"cu_seqlens": torch.tensor([0, 30, 80], device=FUSED_DEV)}):
-        o, _ = hla2(q, k, v, g, backend="triton", **kwargs)
+    for fn in (hla2, hla3):
+        for kwargs in ({"normalize": True}, {"cu_seqlens": torch.tensor([0, 30, 80], device=FUSED_DEV)}):
+            o, _ = fn(q, k, v, g, backend="triton", **kwargs)
+            o.sum().backward()
+        wide = [x.float().to(FUSED_DEV).requires_grad_() for x in make(1, 40, 1, 80, 16, "weak", seed=56)]
+        o, _ = fn(*wide, backend="triton")
         o.sum().backward()
-    wide = [x.float().to(FUSED_DEV).requires_grad_() for x in make(1, 40, 1, 80, 16, "weak", seed=56)]
-    o, _ = hla2(*wide, backend="triton")
+    wide_v = [x.float().to(FUSED_DEV).requires_grad_() for x in make(1, 40, 1, 16, 80, "weak", seed=57)]
+    o, _ = hla3(*wide_v, backend="triton")
     o.sum().backward()
     assert calls == []
+    o, _ = hla2(*wide_v, backend="triton")
+    o.sum().backward()
+    assert calls == ONE_OP_CALLS["hla2"]
     qf = torch.zeros(64, 1, 16)
     with pytest.raises(ValueError, match="one-tile backward"):  # grouped q / k: 1 group for 2 heads
         chunk_bwd(qf, qf, torch.zeros(64, 2, 16), None, torch.zeros(64, 2, 16), None, torch.zeros(1, 2, 16, 16),
                   1.0, None, Layout(1, 64, 2, None, "cpu"), False, dq_acc=torch.zeros(64, 2, 16))
+    with pytest.raises(ValueError, match="K = V for self_values"):
+        q2 = torch.zeros(64, 2, 16)
+        chunk_bwd(q2, q2, torch.zeros(64, 2, 8), None, torch.zeros(64, 2, 8), None, torch.zeros(1, 2, 16, 8),
+                  1.0, None, Layout(1, 64, 2, None, "cpu"), False, self_values=True)
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
-def test_hla2_one_op_compiles_into_one_graph(monkeypatch):
-    """The one op as a compiled model holds hla2: "hilo::hla2_passes" in one graph with eager's values and
-    gradients, its fakes matching the real outputs."""
+@pytest.mark.parametrize("op", ["hla2", "hla3"])
+def test_hla_one_op_compiles_into_one_graph(monkeypatch, op):
+    """The one op as a compiled model holds hla2 / hla3: "hilo::hla2_passes" / "hilo::hla3_passes" in one graph
+    with eager's values and gradients, its fakes matching the real outputs."""
     from kernels.common.compile import compile_safe_operators
     from kernels.hla import triton_fused
     from tests.kernels.compile_checks import assert_one_graph_with_eager_values
 
     monkeypatch.setitem(triton_fused.OPTIONS, "one_op", True)
-    traced = compile_safe_operators()[id(hla2)]
+    traced = compile_safe_operators()[id({"hla2": hla2, "hla3": hla3}[op])]
     leaves = [x.float().to(FUSED_DEV).requires_grad_() for x in make(2, 70, 2, 16, 16, "weak", seed=54)]
 
     def f(q, k, v, g):
         o, _ = traced(q, k, v, g, backend="triton")
         return o.float().square().sum()
 
-    assert_one_graph_with_eager_values(f, leaves, "hla2_passes", rtol=1e-4, atol=1e-5)
+    assert_one_graph_with_eager_values(f, leaves, f"{op}_passes", rtol=1e-4, atol=1e-5)
