@@ -894,14 +894,18 @@ def test_fused_custom_op_compiles_into_one_graph(op, decay, normalize, gated):
 
 @pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
 @pytest.mark.parametrize("op", ["hla2", "ahla", "hla3"])
-def test_composition_compiles_into_one_graph(op):
-    """The "triton" composition (hla3's only path; bf16 hla2's default on CUDA) as a compiled model holds it: a
-    fixed-length call without states is traced, its linear_attn passes custom ops in one graph (no break at the
-    operator), with eager's values and gradients; with packed documents it stays opaque."""
+def test_composition_compiles_into_one_graph(monkeypatch, op):
+    """The "triton" composition (hla3's only path; bf16 hla2's default on CUDA) as separate passes (HILO_HLA=
+    one_op=0; test_hla_one_op_compiles_into_one_graph has the one op) as a compiled model holds it: a fixed-length
+    call without states is traced, its linear_attn passes custom ops in one graph (no break at the operator), with
+    eager's values and gradients; with packed documents it stays opaque."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
     from kernels.common.compile import compile_safe_operators
+    from kernels.hla import triton_fused
     from tests.kernels.compile_checks import assert_one_graph_with_eager_values
+
+    monkeypatch.setitem(triton_fused.OPTIONS, "one_op", False)
 
     traced = compile_safe_operators()[id(OPS[op])]
     q, k, v, g = (x.float() for x in make(2, 70, 2, 12, 6, "weak", seed=48))
