@@ -263,7 +263,7 @@ def state_blocks(dk: int, dv: int, programs_per_block: int) -> tuple[int, int]:
 # registers); segment_count fills the GPU to this many a multiprocessor and no further.
 STATE_BLOCKS_PER_SM = 6
 # The shortest walk segment_count's rule segments (32K tokens): the H200 sped up every measured walk of 512 chunks or
-# more on a narrow grid and slowed the one of 256 (see segment_count).
+# more on a narrow grid and slowed the call of the one of 256, by host time (see segment_count).
 SEGMENT_MIN_CHUNKS = 512
 
 
@@ -275,9 +275,11 @@ def segment_count(nt: int, programs: int, multiprocessors: int = DEFAULT_MULTIPR
     one more read of the kernels' inputs. That pays only where the walk's length sets the time: a long walk on a
     grid narrower than the GPU. On the H200 (session 16, bf16, K = V = 128, fwd+bwd) the rule took 32K x 1 at H = 4
     (64 programs, 12 segments) from 1.49 to 1.24 ms, at H = 8 (128 programs, 6) from 1.81 to 1.25, 64K x 1 at H = 4
-    from 2.94 to 1.24; but 16K x 1 at H = 8 (6 segments of 256 chunks) from 0.99 to 1.20, and at 16K x 2, H = 16 (256
-    programs, 3 segments; the first form, with the gate sums in torch) the two walks' kernel time went from 0.74 to
-    0.84 ms (there the walks are bound by throughput, not by their length). The rule: none on
+    from 2.94 to 1.24; but 16K x 1 at H = 8 (a walk of 256 chunks in 6 segments) from 0.99 to 1.20, although its GPU
+    kernel time fell from 0.90 to 0.62 ms (session 17's profile: the loss is the call's host time, its extra
+    launches, which a busy training step may hide; not yet timed there), and at 16K x 2, H = 16 (256 programs, 3
+    segments; the first form, with the gate sums in torch) the two walks' kernel time went from 0.74 to 0.84 ms
+    (there the walks are bound by throughput, not by their length). The rule: none on
     a grid of at least one program a multiprocessor or a walk under SEGMENT_MIN_CHUNKS; else as many as fit the
     programs in one wave (STATE_BLOCKS_PER_SM a multiprocessor: a second wave would double the walk again), none
     shorter than 16 chunks. With packed documents nt is the longest a document can be, and shorter ones leave some
