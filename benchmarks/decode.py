@@ -42,7 +42,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 FAMILIES = ("transformer", "mamba2", "gated_deltanet", "loglinear_mamba2", "loglinear_gated_deltanet",
-            "hla_transformer", "hla_mamba2", "hla_gated_deltanet")
+            "hla_transformer", "ahla_transformer", "hla3_transformer", "hla_mamba2", "hla_gated_deltanet")
 # Bound on (per-token latency at the longest context) / (at the shortest), issue 7; None: grows with the context.
 LATENCY_TARGETS = {"transformer": None, "loglinear_mamba2": 1.5, "loglinear_gated_deltanet": 1.5}
 DEFAULT_LATENCY_TARGET = 1.1
