@@ -64,9 +64,21 @@ def latency_target(family: str) -> float | None:
     return LATENCY_TARGETS.get(family, DEFAULT_LATENCY_TARGET)
 
 
+def unknown_sizes(sizes: list[str]) -> str | None:
+    """None if every preset has a conf/model/size/<name>.yaml, else the message naming the unknown ones and the
+    choices (a missing preset would otherwise surface as Hydra's config-search dump)."""
+    bad = [s for s in sizes if not (REPO / "conf" / "model" / "size" / f"{s}.yaml").is_file()]
+    if not bad:
+        return None
+    known = sorted(p.stem for p in (REPO / "conf" / "model" / "size").glob("*.yaml"))
+    return f"unknown size(s) {bad}: presets are conf/model/size/<name>.yaml: {' '.join(known)}"
+
+
 def build(family: str, size: str, max_positions: int, overrides: list[str], vocab_size: int | None, device, dtype):
     """(model in eval mode on device/dtype, its HiloConfig) from conf/train.yaml with model=family, model/size=size,
     random weights (seed 0). vocab_size None: the tokenizer config's vocab_size (8192 for the default)."""
+    if (message := unknown_sizes([size])) is not None:
+        raise ValueError(message)
     import torch
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
@@ -335,6 +347,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     contexts = args.contexts or list(GPU_CONTEXTS if on_gpu else CPU_CONTEXTS)
     if min(contexts) < 1:
         ap.error("context lengths must be >= 1")
+    if (message := unknown_sizes([size])) is not None:
+        ap.error(message)
     rows = []
     for family in args.families:
         rows += measure_family(family, size, contexts, args.steps, args.warmup, args.batch, args.verify_tokens,

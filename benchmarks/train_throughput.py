@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.decode import FAMILIES, parse_with_overrides
+from benchmarks.decode import FAMILIES, parse_with_overrides, unknown_sizes
 
 SEQ_LENS = (2048, 8192, 16384)
 TOKENS_PER_STEP = 32768
@@ -146,6 +146,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         known = sorted(p.stem for p in (REPO / "conf" / "model").glob("*.yaml"))
         ap.error(f"unknown model(s) {unknown}: --models takes names of conf/model/<name>.yaml: {' '.join(known)}")
+    if (message := unknown_sizes(args.sizes or [])) is not None:
+        ap.error(message)
+    if any(t < 1 for t in args.seq_lens):
+        ap.error(f"--seq-lens must be positive token counts, got {args.seq_lens}")
+    if args.steps < 1:
+        ap.error(f"--steps must be >= 1, got {args.steps}")
     if args.batch_size is None:
         args.tokens_per_step = args.tokens_per_step or TOKENS_PER_STEP
         too_short = [t for t in args.seq_lens if args.tokens_per_step // t < 1]

@@ -239,3 +239,13 @@ def test_prefill_keeps_no_more_than_the_state_alive():
     cache = out.past_key_values if out.past_key_values is not None else out["cache"]
     assert isinstance(cache, HiloCache)
     assert cache.held_bytes() == cache.state_bytes()
+
+
+def test_unknown_size_is_named_before_hydra(capsys):
+    """A preset without conf/model/size/<name>.yaml: build() (shared by step_profile, activation_memory and
+    decode_ops) raises naming it and the choices, and decode.py's command line refuses it the same way."""
+    with pytest.raises(ValueError, match=r"unknown size\(s\) \['huge'\].*340m"):
+        build("mamba2", "huge", 64, [], None, torch.device("cpu"), torch.float32)
+    with pytest.raises(SystemExit):
+        main(["--families", "mamba2", "--size", "huge", "--contexts", "64"])
+    assert "unknown size(s) ['huge']" in capsys.readouterr().err

@@ -112,6 +112,20 @@ def test_overrides_anywhere_and_unknown_models():
         tt.parse_args(["--models", "mamba3"])
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["--sizes", "huge"], "unknown size(s) ['huge']: presets are conf/model/size"),
+    (["--seq-lens", "2048", "-5"], "--seq-lens must be positive"),
+    (["--steps", "0"], "--steps must be >= 1"),
+])
+def test_bad_sizes_lengths_and_steps_are_named(capsys, argv, says):
+    """A preset without conf/model/size/<name>.yaml, a non-positive length or step count is refused before any model
+    is built, with a message that names it (a missing preset used to surface as Hydra's config-search dump)."""
+    with pytest.raises(SystemExit):
+        tt.parse_args(["--models", "mamba2", *argv])
+    assert says in capsys.readouterr().err
+    assert tt.parse_args(["--models", "mamba2", "--sizes", "tiny", "760m", "--steps", "1"]).sizes == ["tiny", "760m"]
+
+
 def test_accumulation_shows_in_the_batch_column():
     row = {"model": "mamba2", "size": "760m", "seq_len": 16384, "batch_size": 1, "grad_accum": 32, "status": "ok",
            "tokens_per_s": 1000.0, "mfu": None, "mem_peak_gib": 1.0, "step_ms": 10.0, "final_loss": 1.0,
