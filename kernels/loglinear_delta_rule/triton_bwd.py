@@ -52,9 +52,11 @@ from .triton_fwd import (
     _piece_t,
     _scan_masks,
     _scan_program,
+    _zcols_block,
     delta_level_scan_fwd,
     dot_precision,
     scaled_fp16,
+    scaled_fp16_columns,
     scan_launches,
 )
 
@@ -111,11 +113,13 @@ SCAN_ROWS = ("64", "32")
 # of their own, so forward and backward tiles can differ: at K = 256, V = 512 (sm_90, Triton 3.6) scan_cols=256
 # takes the forward scan with reads from 472 to 128 B of spills but the backward scans from 0-48 to 512-552 B.
 BWD_SCAN_COLS = ("same", "32", "64", "128", "256")
-# The pieces q_eff, W and Kd as the level scans read them (every scan program reloads a chunk's [C, K] pieces, so at
-# K = 256 with 32 stacked columns of V = 512 each piece is read 128 times per (sequence, head) and chunk): "fp32" (as
-# the glue makes them) or "fp16" (16-bit inputs only: fp16 values with a power-of-two scale per row, half the bytes;
-# the scans' tf32 products see the same 11 significant bits of each, rounded to nearest instead of truncated). The
-# gradient kernels, which load each piece once, read the fp32 pieces. Not yet timed.
+# The pieces q_eff, W, Kd and zcols as the level scans read them (every scan program reloads a chunk's [C, K] pieces,
+# so at K = 256 with 32 stacked columns of V = 512 each piece is read 128 times per (sequence, head) and chunk): "fp32"
+# (as the glue makes them) or "fp16" (16-bit inputs only: fp16 values with a power-of-two scale per row, per column
+# for zcols [K, C], half the bytes; the scans' tf32 products see the same 11 significant bits of each, rounded to
+# nearest instead of truncated). The gradient kernels, which load each piece once, read the fp32 pieces. Not yet
+# timed; by bytes the scans are L2-bound (benchmarks/RESULTS.md, session 18), and fp16 pieces take a forward scan's
+# reads of a chunk from 256 KB to 128.
 PIECES = ("fp32", "fp16")
 # Software-pipelining stages of the backward level scans' chunk loop: "1" (the build timed so far) or "2" / "3" (the
 # next chunk's pieces load during this chunk's products). sm_90, Triton 3.6, bf16, K = 256, V = 512: with
@@ -145,7 +149,8 @@ _read_options()
 
 
 @triton.jit(do_not_specialize=["NL", "NW", "ROWS", "NS", "J0"])
-def _delta_level_scan_bwd(q_eff, w_wy, kd, q_scale, w_scale, kd_scale, decay, zcols, v, lam, wts, rs, dout, drfin,
+def _delta_level_scan_bwd(q_eff, w_wy, kd, q_scale, w_scale, kd_scale, z_scale, decay, zcols, v, lam, wts, rs, dout,
+                          drfin,
                           dq_eff, dw_wy, dkd, ddecay, dzcols, dv, dlam, dwts, dr0, drs, seq_chunks, NL, NW, ROWS, NS,
                           J0, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                           S: tl.constexpr, H: tl.constexpr, MODE: tl.constexpr,
@@ -153,7 +158,7 @@ def _delta_level_scan_bwd(q_eff, w_wy, kd, q_scale, w_scale, kd_scale, decay, zc
                           SCALED: tl.constexpr):
     """SPLIT: only the dR recurrence; dR' of every chunk is stored in drs (the layout of rs) and _delta_level_grads
     forms every piece's gradient from rs and drs afterwards, chunk-parallel and without atomics. SCALED: q_eff, w_wy
-    and kd are scaled_fp16 values with their row scales."""
+    and kd are scaled_fp16 values with their row scales, zcols scaled_fp16_columns values with its column scales."""
     (_i_v, i_nh, _i_n, i_h, j0, row0, nchunks, c0, o_k, m_k, o_c, col_j, col_v, m_col,
      o_v) = _scan_program(seq_chunks, J0, K, V, C, BK, BV, S, H)
     o_j = j0 + tl.arange(0, S)
@@ -186,7 +191,7 @@ def _delta_level_scan_bwd(q_eff, w_wy, kd, q_scale, w_scale, kd_scale, decay, zc
             if MODE == 0:
                 # the write added zcols v to every level not read at c: its gradient is the sum of their dR'
                 d_local = _sum_levels(tl.where(read[None, :], 0.0, d_state), BK, S, BV)
-                zc = tl.load(zcols + (hr * K + o_k[:, None]) * C + o_c[None, :], mask=m_k[:, None], other=0.0)
+                zc = _zcols_block(zcols, z_scale, hr, o_k, m_k, o_c, K, C, SCALED)
                 vb = tl.load(v + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=(o_v < V)[None, :], other=0.0)
                 _accumulate(dzcols + (hr * K + o_k[:, None]) * C + o_c[None, :],
                             tl.dot(d_local, tl.trans(vb), input_precision=PREC), m_k[:, None])
@@ -368,14 +373,14 @@ def _delta_level_grads_rest(q_eff, zcols, v, lam, wts, rs, drs, dout, row_chunk,
         tl.store(dzcols + (hr * K + o_k[:, None]) * C + o_c[None, :], dzc, mask=m_k[:, None])
 
 
-def _scan_pieces(q_eff, w_wy, kd, in_dtype):
-    """((q_eff, w_wy, kd) as the level scans read them, their row scales or None): with HILO_LOGLINEAR_DELTA=
-    pieces=fp16 and 16-bit inputs, scaled_fp16 copies (half the bytes of the pieces that every scan program reloads
-    per chunk; the products keep tf32's precision); otherwise the fp32 pieces themselves (fp32 inputs always: their
-    products are exact)."""
+def _scan_pieces(q_eff, w_wy, kd, zcols, in_dtype):
+    """((q_eff, w_wy, kd, zcols) as the level scans read them, their scales or None): with HILO_LOGLINEAR_DELTA=
+    pieces=fp16 and 16-bit inputs, scaled_fp16 copies (a scale per row; zcols one per column, scaled_fp16_columns):
+    half the bytes of the pieces that every scan program reloads per chunk, and the products keep tf32's precision;
+    otherwise the fp32 pieces themselves (fp32 inputs always: their products are exact)."""
     if OPTIONS["pieces"] != "fp16" or in_dtype == torch.float32:
-        return (q_eff, w_wy, kd), None
-    converted = [scaled_fp16(x) for x in (q_eff, w_wy, kd)]
+        return (q_eff, w_wy, kd, zcols), None
+    converted = [*(scaled_fp16(x) for x in (q_eff, w_wy, kd)), scaled_fp16_columns(zcols)]
     return tuple(x for x, _ in converted), tuple(sc for _, sc in converted)
 
 
@@ -389,10 +394,10 @@ class DeltaLevelScanFunction(torch.autograd.Function):
         wts = None if wts is None else wts.contiguous()
         r0 = None if r0 is None else r0.contiguous()
         save = OPTIONS["states"] == "save"
-        pieces, scales = _scan_pieces(q_eff, w_wy, kd, in_dtype)
-        out, rfin, rs = delta_level_scan_fwd(*pieces, decay, zcols, v, lam, wts, r0, lay, mode, in_dtype,
+        (qp, wp, kp, zp), scales = _scan_pieces(q_eff, w_wy, kd, zcols, in_dtype)
+        out, rfin, rs = delta_level_scan_fwd(qp, wp, kp, decay, zp, v, lam, wts, r0, lay, mode, in_dtype,
                                              states=save, halves=OPTIONS["scan_rows"] == "32", scales=scales)
-        del pieces, scales  # the backward converts again: the fp32 pieces are saved anyway
+        del qp, wp, kp, zp, scales  # the backward converts again: the fp32 pieces are saved anyway
         ctx.save_for_backward(q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs if save else r0)
         ctx.lay, ctx.mode, ctx.in_dtype, ctx.has_r0, ctx.saved_states = lay, mode, in_dtype, r0 is not None, save
         return out, rfin
@@ -401,9 +406,9 @@ class DeltaLevelScanFunction(torch.autograd.Function):
     def backward(ctx, dout, drfin):
         q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs = ctx.saved_tensors
         lay, mode = ctx.lay, ctx.mode
-        pieces, scales = _scan_pieces(q_eff, w_wy, kd, ctx.in_dtype)
+        (qp, wp, kp, zp), scales = _scan_pieces(q_eff, w_wy, kd, zcols, ctx.in_dtype)
         if not ctx.saved_states:  # the forward kept r0 only: the scan runs again for the states entering each chunk
-            rs = delta_level_scan_fwd(*pieces, decay, zcols, v, lam, wts, rs, lay, mode, ctx.in_dtype,
+            rs = delta_level_scan_fwd(qp, wp, kp, decay, zp, v, lam, wts, rs, lay, mode, ctx.in_dtype,
                                       reads=False, halves=OPTIONS["scan_rows"] == "32", scales=scales)[2]
         h, rows, _, dk = q_eff.shape
         dv_ = v.shape[-1]
@@ -427,7 +432,7 @@ class DeltaLevelScanFunction(torch.autograd.Function):
         bwd_cols = None if OPTIONS["bwd_scan_cols"] == "same" else int(OPTIONS["bwd_scan_cols"])
         for j0, s, groups, bv in scan_launches(lay, mode, ns, dk, dv_, bwd_cols):
             _delta_level_scan_bwd[(triton.cdiv(dv_, bv), lay.n * h, groups)](
-                *pieces, *(scales or (q_eff,) * 3), decay, zcols, v, lam, wts if wts is not None else lam, rs, dout,
+                qp, wp, kp, *(scales or (q_eff,) * 4), decay, zp, v, lam, wts if wts is not None else lam, rs, dout,
                 drfin.contiguous() if drfin is not None else rs, dq_eff, dw_wy, dkd, ddecay, dzcols, dv, dlam,
                 dwts if dwts is not None else dlam, dr0 if dr0 is not None else dlam, drs, lay.seq_chunks, nl, nw,
                 rows, ns, j0, K=dk, V=dv_, C=CHUNK, BK=pow2(dk), BV=bv, S=s, H=h, MODE=mode,

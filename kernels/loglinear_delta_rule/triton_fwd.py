@@ -132,6 +132,16 @@ def _piece_t(ptr, scales, hr, o_r, o_k, m_k, K: tl.constexpr, C: tl.constexpr, S
     return x
 
 
+@triton.jit
+def _zcols_block(zcols, z_scale, hr, o_k, m_k, o_r, K: tl.constexpr, C: tl.constexpr, SCALED: tl.constexpr):
+    """Columns o_r of a chunk row's zcols [K, C] (chunk-major [H, rows, K, C]) as [K, len(o_r)]: as stored, or with
+    SCALED fp16 values times their column's power-of-two scale (z_scale [H, rows, C] fp32; scaled_fp16_columns)."""
+    x = tl.load(zcols + (hr * K + o_k[:, None]) * C + o_r[None, :], mask=m_k[:, None], other=0.0)
+    if SCALED:
+        x = x.to(tl.float32) * tl.load(z_scale + hr * C + o_r)[None, :]
+    return x
+
+
 def scaled_fp16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., K] fp32 -> (fp16 values [..., K], fp32 scales [...]) with x ~ values * scales[..., None]: each row
     scaled by a power of two to a largest magnitude in [2^14, 2^15) (below fp16's 65504), then rounded to fp16's 11
@@ -143,9 +153,16 @@ def scaled_fp16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x * torch.ldexp(one, -k)[..., None]).to(torch.float16), torch.ldexp(one, k)
 
 
+def scaled_fp16_columns(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """scaled_fp16 along the second-last axis: x [..., K, C] -> (fp16 values [..., K, C], contiguous, and a scale
+    per column [..., C]), for zcols, whose column s is one token's P_{end<-s} beta_s k_s."""
+    vals, scales = scaled_fp16(x.transpose(-1, -2))
+    return vals.transpose(-1, -2).contiguous(), scales
+
+
 @triton.jit
-def _scan_fwd_halves(q_eff, w_wy, kd, q_scale, w_scale, kd_scale, decay, zcols, v, lam, wts, r0, out, rfin, rs, NL,
-                     NW, ROWS, NS, j0, row0, nchunks, c0, i_nh, i_h, o_k, m_k, col_j, col_v, m_col, o_v,
+def _scan_fwd_halves(q_eff, w_wy, kd, q_scale, w_scale, kd_scale, z_scale, decay, zcols, v, lam, wts, r0, out, rfin,
+                     rs, NL, NW, ROWS, NS, j0, row0, nchunks, c0, i_nh, i_h, o_k, m_k, col_j, col_v, m_col, o_v,
                      K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      S: tl.constexpr, MODE: tl.constexpr, HAS_R0: tl.constexpr, STORE_FINAL: tl.constexpr,
                      STORE_STATES: tl.constexpr, READS: tl.constexpr, PREC: tl.constexpr, SCALED: tl.constexpr):
@@ -176,10 +193,10 @@ def _scan_fwd_halves(q_eff, w_wy, kd, q_scale, w_scale, kd_scale, decay, zcols, 
                                                      input_precision=PREC)
         state -= tl.dot(tl.trans(_piece(kd, kd_scale, hr, o_b, o_k, m_k, K, C, SCALED)), u_b, input_precision=PREC)
         if MODE == 0:
-            zc = tl.load(zcols + (hr * K + o_k[:, None]) * C + o_a[None, :], mask=m_k[:, None], other=0.0)
+            zc = _zcols_block(zcols, z_scale, hr, o_k, m_k, o_a, K, C, SCALED)
             vb = tl.load(v + (hr * C + o_a[:, None]) * V + o_v[None, :], mask=m_v, other=0.0)
             local = tl.dot(zc, vb, input_precision=PREC)
-            zc = tl.load(zcols + (hr * K + o_k[:, None]) * C + o_b[None, :], mask=m_k[:, None], other=0.0)
+            zc = _zcols_block(zcols, z_scale, hr, o_k, m_k, o_b, K, C, SCALED)
             vb = tl.load(v + (hr * C + o_b[:, None]) * V + o_v[None, :], mask=m_v, other=0.0)
             local += tl.dot(zc, vb, input_precision=PREC)
             state += tl.where(read[None, :], 0.0, _tile_levels(local, BK, S, BV))
@@ -188,8 +205,8 @@ def _scan_fwd_halves(q_eff, w_wy, kd, q_scale, w_scale, kd_scale, decay, zcols, 
 
 
 @triton.jit(do_not_specialize=["NL", "NW", "ROWS", "NS", "J0"])
-def _delta_level_scan_fwd(q_eff, w_wy, kd, q_scale, w_scale, kd_scale, decay, zcols, v, lam, wts, r0, out, rfin, rs,
-                          seq_chunks, NL, NW, ROWS, NS, J0,
+def _delta_level_scan_fwd(q_eff, w_wy, kd, q_scale, w_scale, kd_scale, z_scale, decay, zcols, v, lam, wts, r0, out,
+                          rfin, rs, seq_chunks, NL, NW, ROWS, NS, J0,
                           K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                           S: tl.constexpr, H: tl.constexpr, MODE: tl.constexpr,
                           HAS_R0: tl.constexpr, STORE_FINAL: tl.constexpr, STORE_STATES: tl.constexpr,
@@ -197,9 +214,9 @@ def _delta_level_scan_fwd(q_eff, w_wy, kd, q_scale, w_scale, kd_scale, decay, zc
     (_i_v, i_nh, _i_n, i_h, j0, row0, nchunks, c0, o_k, m_k, o_c, col_j, col_v, m_col,
      o_v) = _scan_program(seq_chunks, J0, K, V, C, BK, BV, S, H)
     if HALVES:  # OPTIONS["scan_rows"] = 32: the chunk's [C, K] pieces in two [C / 2, K] row blocks (fewer registers)
-        _scan_fwd_halves(q_eff, w_wy, kd, q_scale, w_scale, kd_scale, decay, zcols, v, lam, wts, r0, out, rfin, rs,
-                         NL, NW, ROWS, NS, j0, row0, nchunks, c0, i_nh, i_h, o_k, m_k, col_j, col_v, m_col, o_v, K, V,
-                         C, BK, BV, S, MODE, HAS_R0, STORE_FINAL, STORE_STATES, READS, PREC, SCALED)
+        _scan_fwd_halves(q_eff, w_wy, kd, q_scale, w_scale, kd_scale, z_scale, decay, zcols, v, lam, wts, r0, out,
+                         rfin, rs, NL, NW, ROWS, NS, j0, row0, nchunks, c0, i_nh, i_h, o_k, m_k, col_j, col_v, m_col,
+                         o_v, K, V, C, BK, BV, S, MODE, HAS_R0, STORE_FINAL, STORE_STATES, READS, PREC, SCALED)
         return
     st_off, m_st, state = _scan_start(r0, i_nh, o_k, m_k, col_j, col_v, m_col, NS, K, V, BK, BV, S, HAS_R0)
     for i in range(nchunks):
@@ -218,7 +235,7 @@ def _delta_level_scan_fwd(q_eff, w_wy, kd, q_scale, w_scale, kd_scale, decay, zc
         u = tl.dot(wb, state, input_precision=PREC)
         state = state * tl.load(decay + hr) - tl.dot(tl.trans(kdb), u, input_precision=PREC)
         if MODE == 0:
-            zc = tl.load(zcols + (hr * K + o_k[:, None]) * C + o_c[None, :], mask=m_k[:, None], other=0.0)
+            zc = _zcols_block(zcols, z_scale, hr, o_k, m_k, o_c, K, C, SCALED)
             vb = tl.load(v + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=(o_v < V)[None, :], other=0.0)
             local = tl.dot(zc, vb, input_precision=PREC)
             state += tl.where(read[None, :], 0.0, _tile_levels(local, BK, S, BV))
@@ -249,8 +266,8 @@ def delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, lay: Le
     """out [H, rows, C, V] (the scan's reads) and rfin [N, H, NS, K, V] (final states), fp32, and with states=True
     rs [H, rows, NS, K, V] (states entering each chunk, in the inputs' dtype; else None). reads=False runs the scan
     for rs alone (the backward's recompute: out and rfin are then None). halves: the chunk's pieces in two row
-    blocks (_scan_fwd_halves; the same sums). scales: (q_eff's, w_wy's, kd's) row scales when those three pieces
-    come as scaled_fp16 values, else None."""
+    blocks (_scan_fwd_halves; the same sums). scales: (q_eff's, w_wy's, kd's row scales, zcols' column scales) when
+    those four pieces come as scaled_fp16 (scaled_fp16_columns) values, else None."""
     h, rows, _, dk = q_eff.shape
     dv = v.shape[-1]
     nl = lam.shape[-1]
@@ -265,8 +282,8 @@ def delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, lay: Le
     dummy = q_eff
     for j0, s, groups, bv in scan_launches(lay, mode, ns, dk, dv):
         _delta_level_scan_fwd[(triton.cdiv(dv, bv), lay.n * h, groups)](
-            q_eff, w_wy, kd, *(scales or (dummy,) * 3), decay, zcols, v, lam, wts if wts is not None else lam, r0 if r0 is not None else dummy,
-            out if reads else dummy, rfin if reads else dummy, rs if states else dummy, lay.seq_chunks, nl, nw, rows,
+            q_eff, w_wy, kd, *(scales or (dummy,) * 4), decay, zcols, v, lam, wts if wts is not None else lam,
+            r0 if r0 is not None else dummy, out if reads else dummy, rfin if reads else dummy, rs if states else dummy, lay.seq_chunks, nl, nw, rows,
             ns, j0, K=dk, V=dv, C=CHUNK, BK=pow2(dk), BV=bv, S=s, H=h, MODE=mode, HAS_R0=r0 is not None,
             STORE_FINAL=reads, STORE_STATES=states, READS=reads, PREC=dot_precision(in_dtype),
             HALVES=halves, SCALED=scales is not None, num_warps=scan_warps(pow2(dk), s * bv), num_stages=1)

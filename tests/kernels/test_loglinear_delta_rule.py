@@ -264,7 +264,7 @@ def test_triton_unit_level_scales_is_delta_rule():
 def test_scaled_fp16_pieces(monkeypatch):
     """scaled_fp16: rows 1e-30 .. 1e30 (far outside fp16's range) come back within fp16's rounding of their largest
     entry, their fp16 values peak in [2^14, 2^15), the scales are powers of two, zero rows stay zero and inf stays
-    inf; the scans get such copies only with pieces=fp16 and 16-bit inputs."""
+    inf; zcols is scaled by column the same way; the scans get such copies only with pieces=fp16 and 16-bit inputs."""
     from kernels.loglinear_delta_rule import triton_bwd
     from kernels.loglinear_delta_rule.triton_fwd import scaled_fp16
 
@@ -283,25 +283,34 @@ def test_scaled_fp16_pieces(monkeypatch):
     assert torch.all((peak >= 2.0**14) & (peak < 2.0**15))
     assert torch.all(rec[0, 0] == 0) and rec[1, 1, 3] == float("inf")
     pieces = [torch.randn(2, 3, 4, 8, generator=gen) for _ in range(3)]
+    # zcols [H, rows, K, C]: a scale per column (token), its columns ranging over 60 orders of magnitude
+    zcols = torch.randn(2, 3, 8, 4, generator=gen) * torch.logspace(-30, 30, 4)
     monkeypatch.setitem(triton_bwd.OPTIONS, "pieces", "fp16")
-    got, scales = triton_bwd._scan_pieces(*pieces, torch.bfloat16)
-    assert all(p.dtype == torch.float16 for p in got) and len(scales) == 3
+    got, scales = triton_bwd._scan_pieces(*pieces, zcols, torch.bfloat16)
+    assert all(p.dtype == torch.float16 for p in got) and len(scales) == 4
+    assert got[3].shape == zcols.shape and got[3].is_contiguous() and scales[3].shape == (2, 3, 4)
+    zrec = got[3].float() * scales[3][..., None, :]
+    assert torch.all((zrec - zcols).abs() <= zcols.abs().amax(-2, keepdim=True) * 2.0**-11)
+    pieces = [*pieces, zcols]
     assert triton_bwd._scan_pieces(*pieces, torch.float32)[1] is None  # fp32 inputs: exact fp32 products
     monkeypatch.setitem(triton_bwd.OPTIONS, "pieces", "fp32")
     assert triton_bwd._scan_pieces(*pieces, torch.bfloat16)[1] is None
 
 
 @triton_only
-@pytest.mark.parametrize("pieces,stages", [("fp32", "1"), ("fp16", "1"), ("fp16", "2")])
-def test_triton_half_inputs(monkeypatch, pieces, stages):
+@pytest.mark.parametrize("pieces,stages,bwd", [("fp32", "1", "split"), ("fp16", "1", "split"), ("fp16", "2", "split"),
+                                               ("fp16", "1", "atomic")])
+def test_triton_half_inputs(monkeypatch, pieces, stages, bwd):
     """fp16 q, k, v, beta (bf16 needs a GPU: the interpreter's bf16 tl.dot is wrong) against the fp32 chunked path on
-    the same values, at SPEC's bf16 tolerances; the output keeps fp16. pieces=fp16: the level scans read q_eff, W
-    and Kd as scaled fp16 values (HILO_LOGLINEAR_DELTA=pieces=fp16); bwd_scan_stages=2 pipelines the backward scans'
-    chunk loops (a launch setting the interpreter runs as written)."""
+    the same values, at SPEC's bf16 tolerances; the output keeps fp16. pieces=fp16: the level scans read q_eff, W,
+    Kd and zcols as scaled fp16 values (HILO_LOGLINEAR_DELTA=pieces=fp16); bwd_scan_stages=2 pipelines the backward scans'
+    chunk loops (a launch setting the interpreter runs as written); bwd=atomic: the backward scan itself reads zcols
+    (the split backward's gradient kernels read the fp32 pieces)."""
     from kernels.loglinear_delta_rule import triton_bwd
 
     monkeypatch.setitem(triton_bwd.OPTIONS, "pieces", pieces)
     monkeypatch.setitem(triton_bwd.OPTIONS, "bwd_scan_stages", stages)
+    monkeypatch.setitem(triton_bwd.OPTIONS, "bwd", bwd)
     x = make(1, 200, seed=24)
     x["q"] = x["q"] * 0.5
     outs = {}
