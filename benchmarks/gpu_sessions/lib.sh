@@ -8,6 +8,8 @@
 #                                limit sends SIGINT first, so pytest still prints the failures it has.
 #   sweep SECONDS NAME ARGS...   benchmarks/option_sweep.py --append ARGS, its log in $OUT/n/sweep_NAME.log
 #   throughput SECONDS NAME ARGS...  benchmarks/train_throughput.py --append ARGS (HILO_* set by the caller)
+#   profile SECONDS FAMILY T ARGS...  benchmarks/step_profile.py of the compiled 340m FAMILY at T (its log in
+#                                $OUT/n/prof_FAMILY_T.log, the table in the log)
 # Everything is logged to $L ($OUT/n/log.txt), and RESULTS.md is copied to $OUT/n after each appending step.
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | grep -v WARN | tail -1
 export PYTHONPATH=/tmp/site WANDB_MODE=disabled
@@ -40,4 +42,11 @@ throughput() {
   echo "rc=$?" >> "$L"
   grep -E "^\| [a-z_0-9]+ \| |Error" "$OUT/n/$name.log" | grep -v "^| model" | tail -3 | cut -c1-250 >> "$L"
   cp benchmarks/RESULTS.md "$OUT/n/RESULTS.md"
+}
+profile() {
+  local secs=$1 family=$2 t=$3; shift 3
+  el "step_profile $family $t (${secs}s)"
+  timeout -s INT -k 10 "$secs" python -u benchmarks/step_profile.py --families "$family" --seq-len "$t" --compile \
+    --top 14 "$@" > "$OUT/n/prof_${family}_$t.log" 2>&1
+  echo "rc=$?" >> "$L"; grep -vE "^\s*$|USDT" "$OUT/n/prof_${family}_$t.log" | tail -18 | cut -c1-170 >> "$L"
 }

@@ -17,10 +17,7 @@ sweep 100 lldr_check --op loglinear_delta_rule --seq-len 16384 --variants "" "HI
 for spec in "ahla_transformer 16384" "hla3_transformer 16384"; do
   set -- $spec
   l=$(( $(left) - 5 )); [ "$l" -gt 60 ] || break
-  el "step_profile $1 $2"
-  timeout -s INT -k 10 $(( l > 80 ? 80 : l )) python -u benchmarks/step_profile.py --families "$1" --seq-len "$2" \
-    --compile --top 14 > "$OUT/n/prof_$1_$2.log" 2>&1
-  echo "rc=$?" >> "$L"; grep -vE "^\s*$|USDT" "$OUT/n/prof_$1_$2.log" | tail -18 | cut -c1-170 >> "$L"
+  profile $(( l > 80 ? 80 : l )) "$1" "$2"
 done
 l=$(( $(left) - 5 ))
 if [ "$l" -gt 40 ]; then
