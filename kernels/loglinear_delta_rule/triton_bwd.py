@@ -150,9 +150,9 @@ _read_options()
 
 @triton.jit(do_not_specialize=["NL", "NW", "ROWS", "NS", "J0"])
 def _delta_level_scan_bwd(q_eff, w_wy, kd, q_scale, w_scale, kd_scale, z_scale, decay, zcols, v, lam, wts, rs, dout,
-                          drfin,
-                          dq_eff, dw_wy, dkd, ddecay, dzcols, dv, dlam, dwts, dr0, drs, seq_chunks, NL, NW, ROWS, NS,
-                          J0, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                          drfin, dq_eff, dw_wy, dkd, ddecay, dzcols, dv, dlam, dwts, dr0, drs, seq_chunks, NL, NW,
+                          ROWS, NS, J0,
+                          K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                           S: tl.constexpr, H: tl.constexpr, MODE: tl.constexpr,
                           HAS_DRFIN: tl.constexpr, STORE_DR0: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr,
                           SCALED: tl.constexpr):

@@ -283,8 +283,9 @@ def delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, lay: Le
     for j0, s, groups, bv in scan_launches(lay, mode, ns, dk, dv):
         _delta_level_scan_fwd[(triton.cdiv(dv, bv), lay.n * h, groups)](
             q_eff, w_wy, kd, *(scales or (dummy,) * 4), decay, zcols, v, lam, wts if wts is not None else lam,
-            r0 if r0 is not None else dummy, out if reads else dummy, rfin if reads else dummy, rs if states else dummy, lay.seq_chunks, nl, nw, rows,
-            ns, j0, K=dk, V=dv, C=CHUNK, BK=pow2(dk), BV=bv, S=s, H=h, MODE=mode, HAS_R0=r0 is not None,
+            r0 if r0 is not None else dummy, out if reads else dummy, rfin if reads else dummy,
+            rs if states else dummy, lay.seq_chunks, nl, nw, rows, ns, j0,
+            K=dk, V=dv, C=CHUNK, BK=pow2(dk), BV=bv, S=s, H=h, MODE=mode, HAS_R0=r0 is not None,
             STORE_FINAL=reads, STORE_STATES=states, READS=reads, PREC=dot_precision(in_dtype),
             HALVES=halves, SCALED=scales is not None, num_warps=scan_warps(pow2(dk), s * bv), num_stages=1)
     return out, rfin, rs
