@@ -4,9 +4,7 @@
 # at K = 256: 472 -> 8 B of spills, 160 -> 96 KB shared) and pieces=fp16 also covers zcols. 1. Their GPU tests
 # (test_loglinear_delta_rule.py, and the loglinear_delta_rule bf16 / head-dim tests), with pieces=fp16 too;
 # 2. compiled log-linear GDN 340m at 8K (12,921 tokens/s in session 11) with the defaults and with LLGDN, the
-# HILO_* setting s19_a's sweep found best (e.g. LLGDN="HILO_LOGLINEAR_DELTA=pieces=fp16" bash s19_b.sh);
-# 3. loglinear_attn's untimed node-form options at log-linear Mamba-2's heads (H = 32, K = 128, V = 64, 8K x 4),
-# whose _grads (61.9 ms) and _intra_bwd (34.4) lead its step profile (s18_c).
+# HILO_* setting s19_a's sweep found best (e.g. LLGDN="HILO_LOGLINEAR_DELTA=pieces=fp16" bash s19_b.sh).
 source benchmarks/gpu_sessions/lib.sh
 tests lldr 150 8 tests/kernels/test_loglinear_delta_rule.py
 tests lldr_bf16 80 8 tests/kernels/test_gpu_bf16.py tests/kernels/test_gpu_head_dims.py -k "loglinear_delta_rule"
@@ -18,8 +16,5 @@ if [ -n "$LLGDN" ]; then  # "HILO_X=a;HILO_Y=b": set for this run only
   [ "$l" -gt 70 ] && eval "$(echo "$LLGDN" | tr ';' ' ') throughput $(( l > 110 ? 110 : l )) llgdn_8192_opt --steps 8 \
     --compile --models loglinear_gated_deltanet --seq-lens 8192"
 fi
-l=$(( $(left) - 5 )); [ "$l" -gt 60 ] && sweep $(( l > 120 ? 120 : l )) llattn_m2 --op loglinear_attn --seq-len 8192 \
-  --tokens 32768 --heads 32 --dim 128 --dim-v 64 --skip-check --variants "" "HILO_LOGLINEAR=node_grads_split=1" \
-  "HILO_LOGLINEAR=node_save=1" "HILO_LOGLINEAR=node_grads_split=1,node_grads_warps=4"
 el done
 cat "$L"
