@@ -249,3 +249,14 @@ def test_unknown_size_is_named_before_hydra(capsys):
     with pytest.raises(SystemExit):
         main(["--families", "mamba2", "--size", "huge", "--contexts", "64"])
     assert "unknown size(s) ['huge']" in capsys.readouterr().err
+
+
+def test_families_are_every_model_config():
+    """FAMILIES (the families decode.py, train_throughput.py's default, step_profile, activation_memory and
+    decode_ops cover) is every conf/model/<name>.yaml: ahla_transformer and hla3_transformer were missing from it
+    until session 18, so no benchmark ran them by default."""
+    from pathlib import Path
+
+    conf = Path(__file__).resolve().parents[2] / "conf" / "model"
+    assert set(FAMILIES) == {p.stem for p in conf.glob("*.yaml")}
+    assert len(FAMILIES) == len(set(FAMILIES))
