@@ -272,6 +272,20 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.2f}"
 
 
+def _bounded_verdict(first: dict, last: dict, bound: float) -> str:
+    """The latency verdict of a family with a bound: the ratio of the fastest rounds at the longest and shortest
+    contexts against it, and "unsettled" where the rounds' own spread reaches across the bound (the ratio would fall
+    on the other side of it with the slowest round at one end), as batch-1 decoding is host-bound: session 18 read
+    hla3_transformer at x1.17 from 1K rounds x1.16 apart, then x0.98 in three rounds."""
+    ratio = last["latency_ratio"]
+    low = ratio / first["round_spread"]  # the slowest shortest-context round
+    high = ratio * last["round_spread"]  # the slowest longest-context round
+    if low <= bound < high:
+        return (f"latency x{ratio:.2f} (x{low:.2f} to x{high:.2f} across the rounds): the x{bound} target is "
+                "unsettled, re-run with more --rounds")
+    return f"latency x{ratio:.2f}, {'meets' if ratio <= bound else 'MISSES'} the x{bound} target"
+
+
 def table(rows: list[dict]) -> str:
     """Markdown table of measure_family rows, then one verdict line per family (latency target and state memory)."""
     lines = [("| family | size | context | prefill ms | ms/token | rounds | x shortest | state MiB | expected MiB "
@@ -293,8 +307,7 @@ def table(rows: list[dict]) -> str:
         if bound is None:
             verdict = f"latency x{last['latency_ratio']:.2f} (no bound: grows with the KV cache)"
         else:
-            ok = "meets" if last["latency_ratio"] <= bound else "MISSES"
-            verdict = f"latency x{last['latency_ratio']:.2f}, {ok} the x{bound} target"
+            verdict = _bounded_verdict(first, last, bound)
         mem = "state = expected at every context" if all(r["state_bytes"] == r["expected_bytes"] for r in fam) \
             else "STATE DIFFERS FROM expected_state_bytes"
         spread = max(r["round_spread"] for r in fam)

@@ -205,6 +205,26 @@ def test_rounds_keep_the_lowest_median(rows):
     assert len(one[0]["round_ms"]) == 1 and "| 1 |" in table(one)
 
 
+def test_a_verdict_within_the_rounds_spread_is_unsettled(rows):
+    """A bounded family's verdict stands only where the rounds' spread cannot move the ratio across the bound: s18_c's
+    hla3_transformer (x1.17 against x1.1, its 1K rounds x1.16 apart) is unsettled; the same ratio from tight rounds is
+    a miss, and x0.98 with tight rounds meets."""
+    fam = [dict(r) for r in rows if r["family"] == "mamba2"][:2]
+    first, last = fam
+
+    def verdict(ratio, first_spread, last_spread):
+        first.update(latency_ratio=1.0, round_spread=first_spread)
+        last.update(latency_ratio=ratio, round_spread=last_spread)
+        return table([first, last]).splitlines()[-1]
+
+    assert "unsettled, re-run with more --rounds" in verdict(1.17, 1.16, 1.0)
+    assert "x1.01 to x1.17" in verdict(1.17, 1.16, 1.0)
+    assert "MISSES the x1.1 target" in verdict(1.17, 1.02, 1.0)
+    assert "meets the x1.1 target" in verdict(0.98, 1.05, 1.0)
+    assert "unsettled" in verdict(1.05, 1.0, 1.10)  # a meet that the longest context's slow round would undo
+    assert "MISSES" not in verdict(1.05, 1.0, 1.10)
+
+
 def test_generate_timing_is_reported_only_when_asked(rows):
     assert all(r["generate_ms_per_token"] is None for r in rows)
     timed = main(["--size", "tiny", "--contexts", "8", "--steps", "6", "--warmup", "0", "--verify-tokens", "0",
