@@ -12,7 +12,7 @@ source benchmarks/gpu_sessions/lib.sh
 sweep 240 lldr_gdn --op loglinear_delta_rule --seq-len 8192 --tokens 32768 --heads 3 --dim 256 --dim-v 512 \
   --skip-check --variants "" "HILO_LOGLINEAR=scan_cols=256" "HILO_LOGLINEAR_DELTA=pieces=fp16" \
   "HILO_LOGLINEAR_DELTA=pieces=fp16,bwd_scan_stages=2" "HILO_LOGLINEAR=scan_cols=256;HILO_LOGLINEAR_DELTA=pieces=fp16"
-sweep 90 lldr_check --op loglinear_delta_rule --seq-len 16384 --variants "" "HILO_LOGLINEAR_DELTA=pieces=fp16" \
+sweep 110 lldr_check --op loglinear_delta_rule --seq-len 8192 --variants "" "HILO_LOGLINEAR_DELTA=pieces=fp16" \
   "HILO_LOGLINEAR_DELTA=pieces=fp16,bwd_scan_stages=2"
 for spec in "ahla_transformer 16384" "hla3_transformer 16384"; do
   set -- $spec
