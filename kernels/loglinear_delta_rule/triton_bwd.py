@@ -109,29 +109,36 @@ GLUES = ("auto", "eager", "compiled")
 # reads spills 472 B per thread on sm_90 with whole tiles; benchmarks/RESULTS.md, session 10). H200, K = V = 128:
 # 47.9 ms against 45.3 (session 11), so "64" stays.
 SCAN_ROWS = ("64", "32")
-# The backward level scans' stacked-column budget: "same" (HILO_LOGLINEAR's scan_cols, as the forward's) or a budget
-# of their own, so forward and backward tiles can differ: at K = 256, V = 512 (sm_90, Triton 3.6) scan_cols=256
-# takes the forward scan with reads from 472 to 128 B of spills but the backward scans from 0-48 to 512-552 B.
+# The level scans' stacked-column budget: "auto" (the default: 256, i.e. 64 stacked columns of V, at K > 128; else
+# HILO_LOGLINEAR's scan_cols) or a budget of its own. H200, bf16, log-linear GDN 340m's heads (H = 3, K = 256, V = 512,
+# 8K x 4) fwd+bwd: 82.2 ms at 256 against 99.2 at 128 (half the programs re-reading each chunk's pieces; s19_a.sh).
+SCAN_COLS = ("auto", "32", "64", "128", "256")
+# The backward level scans' stacked-column budget: "same" (the forward's, scan_cols above) or a budget of their own,
+# so forward and backward tiles can differ: at K = 256, V = 512 (sm_90, Triton 3.6) a budget of 256 takes the forward
+# scan with reads from 472 to 128 B of spills but the backward scans from 0-48 to 512-552 B (yet "same" timed faster
+# there, above). At K = 128 a backward budget of 256 is over shared memory (an OutOfResources error).
 BWD_SCAN_COLS = ("same", "32", "64", "128", "256")
 # The pieces q_eff, W, Kd and zcols as the level scans read them (every scan program reloads a chunk's [C, K] pieces,
 # so at K = 256 with 32 stacked columns of V = 512 each piece is read 128 times per (sequence, head) and chunk): "fp32"
-# (as the glue makes them) or "fp16" (16-bit inputs only: fp16 values with a power-of-two scale per row, per column
+# (as the glue makes them), "fp16" (16-bit inputs only: fp16 values with a power-of-two scale per row, per column
 # for zcols [K, C], half the bytes; the scans' tf32 products see the same 11 significant bits of each, rounded to
-# nearest instead of truncated). The gradient kernels, which load each piece once, read the fp32 pieces. Not yet
-# timed; by bytes the scans are L2-bound (benchmarks/RESULTS.md, session 18), and fp16 pieces take a forward scan's
-# reads of a chunk from 256 KB to 128.
-PIECES = ("fp32", "fp16")
-# Software-pipelining stages of the backward level scans' chunk loop: "1" (the build timed so far) or "2" / "3" (the
-# next chunk's pieces load during this chunk's products). sm_90, Triton 3.6, bf16, K = 256, V = 512: with
-# pieces=fp16 and 2 stages the backward scans stage 153-157 KB (fits; the forward scans would need 246-287 KB, over
-# the 227 KB limit, so they keep 1). Not yet timed.
-BWD_SCAN_STAGES = ("1", "2", "3")
+# nearest instead of truncated) or "auto" (the default: fp16 at K > 128). The gradient kernels, which load each piece
+# once, read the fp32 pieces. H200, bf16 fwd+bwd (s19_a.sh): at K = 256, V = 512 (8K x 4, H = 3) 80.0 ms against 99.2;
+# at K = V = 128 (8K, H = 16) 48.7 against 44.1, slower, so auto keeps fp32 there.
+PIECES = ("auto", "fp32", "fp16")
+# Software-pipelining stages of the backward level scans' chunk loop: "1", "2", "3" (the next chunk's pieces load
+# during this chunk's products) or "auto" (the default: 2 where the pieces are fp16 at K > 128, else 1). sm_90,
+# Triton 3.6, bf16, K = 256, V = 512: with pieces=fp16 and 2 stages the backward scans stage 153-157 KB (fits; the
+# forward scans would need 246-287 KB, over the 227 KB limit, so they keep 1); fp32 pieces would double that. H200
+# at those heads (s19_a.sh): 76.5 ms against 80.0 with fp16 pieces; all three auto choices together: 340m log-linear
+# GDN compiled at 8K x 4, 17,600 tokens/s against 12,841 (s19_b.sh).
+BWD_SCAN_STAGES = ("auto", "1", "2", "3")
 OPTIONS = {"form": "scan", "inverse": "triton", "bwd": "split", "states": "recompute", "grads_block": "full",
-           "grads_v": "unroll", "glue": "auto", "glue_tf32": "1", "scan_rows": "64", "bwd_scan_cols": "same",
-           "pieces": "fp32", "bwd_scan_stages": "1"}
+           "grads_v": "unroll", "glue": "auto", "glue_tf32": "1", "scan_rows": "64", "scan_cols": "auto",
+           "bwd_scan_cols": "same", "pieces": "auto", "bwd_scan_stages": "auto"}
 _CHOICES = {"form": FORMS, "inverse": INVERSES, "bwd": BWDS, "states": STATES, "grads_block": GRADS_BLOCKS,
             "grads_v": GRADS_V, "glue": GLUES, "glue_tf32": ("0", "1"), "scan_rows": SCAN_ROWS,
-            "bwd_scan_cols": BWD_SCAN_COLS, "pieces": PIECES, "bwd_scan_stages": BWD_SCAN_STAGES}
+            "scan_cols": SCAN_COLS, "bwd_scan_cols": BWD_SCAN_COLS, "pieces": PIECES, "bwd_scan_stages": BWD_SCAN_STAGES}
 GLUE_BACKEND = "inductor"  # torch.compile backend of glue="compiled" (tests on CPU use "aot_eager": no C++ build)
 
 
@@ -146,6 +153,33 @@ def _read_options() -> None:
 
 
 _read_options()
+
+
+def _wide(dk: int) -> bool:
+    """K > 128: the heads (log-linear GDN's K = 256) where the auto choices below were timed to pay."""
+    return dk > 128
+
+
+def scan_cols(dk: int) -> int | None:
+    """The forward level scans' stacked-column budget (None: HILO_LOGLINEAR's scan_cols)."""
+    choice = OPTIONS["scan_cols"]
+    if choice == "auto":
+        return 256 if _wide(dk) else None
+    return int(choice)
+
+
+def fp16_pieces(dk: int, in_dtype: torch.dtype) -> bool:
+    """Whether the level scans read scaled fp16 pieces (never for fp32 inputs: their products are exact)."""
+    choice = OPTIONS["pieces"]
+    return in_dtype != torch.float32 and (choice == "fp16" or (choice == "auto" and _wide(dk)))
+
+
+def bwd_scan_stages(dk: int, in_dtype: torch.dtype) -> int:
+    """Software-pipelining stages of the backward level scans."""
+    choice = OPTIONS["bwd_scan_stages"]
+    if choice == "auto":
+        return 2 if _wide(dk) and fp16_pieces(dk, in_dtype) else 1
+    return int(choice)
 
 
 @triton.jit(do_not_specialize=["NL", "NW", "ROWS", "NS", "J0"])
@@ -374,11 +408,11 @@ def _delta_level_grads_rest(q_eff, zcols, v, lam, wts, rs, drs, dout, row_chunk,
 
 
 def _scan_pieces(q_eff, w_wy, kd, zcols, in_dtype):
-    """((q_eff, w_wy, kd, zcols) as the level scans read them, their scales or None): with HILO_LOGLINEAR_DELTA=
-    pieces=fp16 and 16-bit inputs, scaled_fp16 copies (a scale per row; zcols one per column, scaled_fp16_columns):
+    """((q_eff, w_wy, kd, zcols) as the level scans read them, their scales or None): where fp16_pieces (pieces=fp16,
+    or auto at K > 128, with 16-bit inputs), scaled_fp16 copies (a scale per row; zcols one per column, scaled_fp16_columns):
     half the bytes of the pieces that every scan program reloads per chunk, and the products keep tf32's precision;
     otherwise the fp32 pieces themselves (fp32 inputs always: their products are exact)."""
-    if OPTIONS["pieces"] != "fp16" or in_dtype == torch.float32:
+    if not fp16_pieces(q_eff.shape[-1], in_dtype):
         return (q_eff, w_wy, kd, zcols), None
     converted = [*(scaled_fp16(x) for x in (q_eff, w_wy, kd)), scaled_fp16_columns(zcols)]
     return tuple(x for x, _ in converted), tuple(sc for _, sc in converted)
@@ -396,7 +430,8 @@ class DeltaLevelScanFunction(torch.autograd.Function):
         save = OPTIONS["states"] == "save"
         (qp, wp, kp, zp), scales = _scan_pieces(q_eff, w_wy, kd, zcols, in_dtype)
         out, rfin, rs = delta_level_scan_fwd(qp, wp, kp, decay, zp, v, lam, wts, r0, lay, mode, in_dtype,
-                                             states=save, halves=OPTIONS["scan_rows"] == "32", scales=scales)
+                                             states=save, halves=OPTIONS["scan_rows"] == "32", scales=scales,
+                                             cols=scan_cols(q_eff.shape[-1]))
         del qp, wp, kp, zp, scales  # the backward converts again: the fp32 pieces are saved anyway
         ctx.save_for_backward(q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs if save else r0)
         ctx.lay, ctx.mode, ctx.in_dtype, ctx.has_r0, ctx.saved_states = lay, mode, in_dtype, r0 is not None, save
@@ -409,7 +444,8 @@ class DeltaLevelScanFunction(torch.autograd.Function):
         (qp, wp, kp, zp), scales = _scan_pieces(q_eff, w_wy, kd, zcols, ctx.in_dtype)
         if not ctx.saved_states:  # the forward kept r0 only: the scan runs again for the states entering each chunk
             rs = delta_level_scan_fwd(qp, wp, kp, decay, zp, v, lam, wts, rs, lay, mode, ctx.in_dtype,
-                                      reads=False, halves=OPTIONS["scan_rows"] == "32", scales=scales)[2]
+                                      reads=False, halves=OPTIONS["scan_rows"] == "32", scales=scales,
+                                      cols=scan_cols(q_eff.shape[-1]))[2]
         h, rows, _, dk = q_eff.shape
         dv_ = v.shape[-1]
         nl = lam.shape[-1]
@@ -429,7 +465,7 @@ class DeltaLevelScanFunction(torch.autograd.Function):
         drs = torch.zeros(rs.shape, device=rs.device, dtype=torch.float32) if split else rs
         dout = dout.contiguous()
         prec = dot_precision(ctx.in_dtype)
-        bwd_cols = None if OPTIONS["bwd_scan_cols"] == "same" else int(OPTIONS["bwd_scan_cols"])
+        bwd_cols = scan_cols(dk) if OPTIONS["bwd_scan_cols"] == "same" else int(OPTIONS["bwd_scan_cols"])
         for j0, s, groups, bv in scan_launches(lay, mode, ns, dk, dv_, bwd_cols):
             _delta_level_scan_bwd[(triton.cdiv(dv_, bv), lay.n * h, groups)](
                 qp, wp, kp, *(scales or (q_eff,) * 4), decay, zp, v, lam, wts if wts is not None else lam, rs, dout,
@@ -438,7 +474,7 @@ class DeltaLevelScanFunction(torch.autograd.Function):
                 rows, ns, j0, K=dk, V=dv_, C=CHUNK, BK=pow2(dk), BV=bv, S=s, H=h, MODE=mode,
                 HAS_DRFIN=drfin is not None, STORE_DR0=dr0 is not None, SPLIT=split, PREC=prec,
                 SCALED=scales is not None, num_warps=scan_warps(pow2(dk), s * bv),
-                num_stages=int(OPTIONS["bwd_scan_stages"]))
+                num_stages=bwd_scan_stages(dk, ctx.in_dtype))
         if split and rows:
             # K <= 64, or K <= 128 with grads_block=full: one K-block (G accumulated alone, each state tile loaded
             # once); otherwise 64-wide K-blocks (sm_90, K = V = 128, bf16: 98 KB of shared memory, two programs an

@@ -263,12 +263,14 @@ def scan_launches(lay: LevelLayout, mode: int, count: int, dk: int, dv: int,
 
 
 def delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, lay: LevelLayout, mode: int, in_dtype,
-                         states: bool = True, reads: bool = True, halves: bool = False, scales=None):
+                         states: bool = True, reads: bool = True, halves: bool = False, scales=None,
+                         cols: int | None = None):
     """out [H, rows, C, V] (the scan's reads) and rfin [N, H, NS, K, V] (final states), fp32, and with states=True
     rs [H, rows, NS, K, V] (states entering each chunk, in the inputs' dtype; else None). reads=False runs the scan
     for rs alone (the backward's recompute: out and rfin are then None). halves: the chunk's pieces in two row
     blocks (_scan_fwd_halves; the same sums). scales: (q_eff's, w_wy's, kd's row scales, zcols' column scales) when
-    those four pieces come as scaled_fp16 (scaled_fp16_columns) values, else None."""
+    those four pieces come as scaled_fp16 (scaled_fp16_columns) values, else None. cols: the stacked-column budget
+    (scan_launches; None: HILO_LOGLINEAR's scan_cols)."""
     h, rows, _, dk = q_eff.shape
     dv = v.shape[-1]
     nl = lam.shape[-1]
@@ -281,7 +283,7 @@ def delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, lay: Le
     rs = torch.empty(h, rows, ns, dk, dv, device=dev, dtype=torch.float32 if in_dtype == torch.float32 else in_dtype) \
         if states else None
     dummy = q_eff
-    for j0, s, groups, bv in scan_launches(lay, mode, ns, dk, dv):
+    for j0, s, groups, bv in scan_launches(lay, mode, ns, dk, dv, cols):
         _delta_level_scan_fwd[(triton.cdiv(dv, bv), lay.n * h, groups)](
             q_eff, w_wy, kd, *(scales or (dummy,) * 4), decay, zcols, v, lam, wts if wts is not None else lam,
             r0 if r0 is not None else dummy, out if reads else dummy, rfin if reads else dummy,

@@ -399,6 +399,83 @@ def test_backward_scan_columns_of_their_own(monkeypatch):
         triton_bwd._read_options()
 
 
+def test_auto_scan_choices(monkeypatch):
+    """The defaults (scan_cols, pieces, bwd_scan_stages = auto) take the timed choices at K > 128 only: 256 stacked
+    columns, fp16 pieces for 16-bit inputs and two backward stages with them; at K <= 128, or for fp32 inputs, what
+    was there before. A value given by name wins at any K."""
+    from kernels.loglinear_delta_rule import triton_bwd as tb
+
+    bf16, f32 = torch.bfloat16, torch.float32
+    got = {(dk, dt): (tb.scan_cols(dk), tb.fp16_pieces(dk, dt), tb.bwd_scan_stages(dk, dt))
+           for dk in (64, 128, 256) for dt in (bf16, f32)}
+    assert got == {(64, bf16): (None, False, 1), (128, bf16): (None, False, 1), (256, bf16): (256, True, 2),
+                   (64, f32): (None, False, 1), (128, f32): (None, False, 1), (256, f32): (256, False, 1)}
+    for key, val in (("scan_cols", "64"), ("pieces", "fp16"), ("bwd_scan_stages", "3")):
+        monkeypatch.setitem(tb.OPTIONS, key, val)
+    assert (tb.scan_cols(128), tb.fp16_pieces(128, bf16), tb.bwd_scan_stages(128, bf16)) == (64, True, 3)
+    assert not tb.fp16_pieces(128, f32)  # fp32 inputs keep exact fp32 products whatever the option
+    monkeypatch.setitem(tb.OPTIONS, "pieces", "fp32")
+    monkeypatch.setitem(tb.OPTIONS, "bwd_scan_stages", "auto")
+    assert (tb.fp16_pieces(256, bf16), tb.bwd_scan_stages(256, bf16)) == (False, 1)  # 2 stages need fp16 pieces
+
+
+@triton_only
+def test_auto_choices_run_at_k256(monkeypatch):
+    """At K = 256 with fp16 inputs the defaults run the scans on 256 stacked columns (recorded: two stacked levels
+    of BV = 32 at V = 32, against one under HILO_LOGLINEAR's 128) with scaled fp16 pieces, forward and backward, the
+    backward scans at two stages, within SPEC's 16-bit tolerances of the fp32 chunked path on the same values."""
+    from kernels.loglinear_delta_rule import triton_bwd, triton_fwd
+
+    seen = {"fwd": [], "bwd": [], "scaled": []}
+
+    def recorder(real, key):
+        def record(*args):
+            out = real(*args)
+            seen[key] += out
+            return out
+        return record
+
+    real_pieces = triton_bwd._scan_pieces
+
+    def pieces(*args):
+        out = real_pieces(*args)
+        seen["scaled"].append(out[1] is not None)
+        return out
+
+    monkeypatch.setattr(triton_fwd, "scan_launches", recorder(triton_fwd.scan_launches, "fwd"))
+    monkeypatch.setattr(triton_bwd, "scan_launches", recorder(triton_bwd.scan_launches, "bwd"))
+    monkeypatch.setattr(triton_bwd, "_scan_pieces", pieces)
+    real_scan = triton_bwd._delta_level_scan_bwd
+
+    class StagesRecorder:  # the backward scan's launch settings (the interpreter runs any num_stages alike)
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.setdefault("stages", []).append(kwargs["num_stages"])
+                return real_scan[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(triton_bwd, "_delta_level_scan_bwd", StagesRecorder())
+    x = make(1, 130, seed=31, dk=256, dv=32)
+    x["q"] = x["q"] * 0.5
+    outs = {}
+    for backend, dtype in (("torch", torch.float32), ("triton", torch.float16)):
+        dev = DEV if backend == "triton" else "cpu"
+        leaves = [x[n].to(torch.float16 if n in ("q", "k", "v", "beta") else torch.float32).to(
+            dev, dtype if n in ("q", "k", "v", "beta") else torch.float32).requires_grad_() for n in NAMES]
+        o, st = loglinear_delta_rule(*leaves, scale=256 ** -0.5, output_final_state=True, backend=backend)
+        gen = torch.Generator().manual_seed(2)
+        do = torch.randn(o.shape, generator=gen).to(o)
+        grads = torch.autograd.grad((o.float() * do).sum(), leaves[:5])
+        outs[backend] = [o.cpu(), st.levels.cpu(), *(d.cpu() for d in grads)]
+    assert {(s, bv) for _, s, _, bv in seen["fwd"]} == {(2, 32)}
+    assert {(s, bv) for _, s, _, bv in seen["bwd"]} == {(2, 32)}
+    assert seen["scaled"] and all(seen["scaled"])
+    assert seen["stages"] and set(seen["stages"]) == {2}
+    for name, tol, a, b in zip(["o", "final levels", "dq", "dk", "dv", "dbeta", "dg"], [5e-3, 5e-3] + [1e-2] * 4 + [2e-2],
+                               outs["triton"], outs["torch"], strict=True):
+        assert error_ratio(a, b) <= tol, f"fp16 K = 256 {name}: {error_ratio(a, b)}"
+
+
 def test_input_errors():
     x = {n: val.float() for n, val in make(1, 75, seed=2).items()}
     args = [x[n] for n in NAMES[:5]]
@@ -456,16 +533,17 @@ def test_level_nodes_rows_at_different_positions(nodes_form):
     assert_close(run("triton", x, init=init), ref, "nodes rows with their own start")
 
 
+@triton_only
 @pytest.mark.parametrize("split", [45, 130])
 def test_level_nodes_continuation_from_final_state(nodes_form, split):
-    x = make(1, 300, seed=split + 1)
-    _, full = loglinear_delta_rule(*(x[n].float() for n in NAMES), output_final_state=True, backend="triton")
+    x = {n: val.float().to(DEV) for n, val in make(1, 300, seed=split + 1).items()}  # CUDA where there is one
+    _, full = loglinear_delta_rule(*(x[n] for n in NAMES), output_final_state=True, backend="triton")
     first = {n: val[:, :split] for n, val in x.items()}
     second = {n: val[:, split:] for n, val in x.items()}
-    _, mid = loglinear_delta_rule(*(first[n].float() for n in NAMES), output_final_state=True, backend="triton")
-    o2, end = loglinear_delta_rule(*(second[n].float() for n in NAMES), initial_state=mid, output_final_state=True,
+    _, mid = loglinear_delta_rule(*(first[n] for n in NAMES), output_final_state=True, backend="triton")
+    o2, end = loglinear_delta_rule(*(second[n] for n in NAMES), initial_state=mid, output_final_state=True,
                                    backend="triton")
-    o_full, _ = loglinear_delta_rule(*(x[n].float() for n in NAMES), backend="triton")
+    o_full, _ = loglinear_delta_rule(*(x[n] for n in NAMES), backend="triton")
     assert error_ratio(o2, o_full[:, split:]) <= TOL
     assert error_ratio(end.levels, full.levels) <= TOL
 
@@ -474,24 +552,24 @@ def test_level_nodes_form_option_errors(monkeypatch):
     from kernels.loglinear_delta_rule import triton_bwd
 
     for bad in ("form=tree", "inverse=lu", "solver=triton", "bwd=fused", "states=drop", "grads_block=32",
-                "grads_v=2", "glue=jit", "glue_tf32=yes", "scan_rows=16", "bwd_scan_cols=48", "pieces=bf16",
-                "bwd_scan_stages=4"):
+                "grads_v=2", "glue=jit", "glue_tf32=yes", "scan_rows=16", "scan_cols=48", "bwd_scan_cols=48",
+                "pieces=bf16", "bwd_scan_stages=4"):
         monkeypatch.setenv("HILO_LOGLINEAR_DELTA", bad)
         with pytest.raises(ValueError, match=r"expected one of form=scan\|nodes, inverse=triton\|solve, "
                                              r"bwd=atomic\|split, states=recompute\|save, grads_block=64\|full, "
                                              r"grads_v=unroll\|loop, glue=auto\|eager\|compiled, glue_tf32=0\|1, scan_rows=64\|32, "
-                                             r"bwd_scan_cols=same\|32\|64\|128\|256, pieces=fp32\|fp16, "
-                                             r"bwd_scan_stages=1\|2\|3, got"):
+                                             r"scan_cols=auto\|32\|64\|128\|256, bwd_scan_cols=same\|32\|64\|128\|256, "
+                                             r"pieces=auto\|fp32\|fp16, bwd_scan_stages=auto\|1\|2\|3, got"):
             triton_bwd._read_options()
     # none of them the default
     monkeypatch.setenv("HILO_LOGLINEAR_DELTA", "form=nodes, inverse=solve,bwd=atomic, states=save,grads_block=64,"
-                       "grads_v=loop,glue=compiled, glue_tf32=0,scan_rows=32,bwd_scan_cols=64,pieces=fp16,"
-                       "bwd_scan_stages=2")
+                       "grads_v=loop,glue=compiled, glue_tf32=0,scan_rows=32,scan_cols=128,bwd_scan_cols=64,"
+                       "pieces=fp16,bwd_scan_stages=2")
     monkeypatch.setattr(triton_bwd, "OPTIONS", dict(triton_bwd.OPTIONS))
     triton_bwd._read_options()
     assert triton_bwd.OPTIONS == {"form": "nodes", "inverse": "solve", "bwd": "atomic", "states": "save",
                                   "grads_block": "64", "grads_v": "loop", "glue": "compiled", "glue_tf32": "0",
-                                  "scan_rows": "32", "bwd_scan_cols": "64", "pieces": "fp16",
+                                  "scan_rows": "32", "scan_cols": "128", "bwd_scan_cols": "64", "pieces": "fp16",
                                   "bwd_scan_stages": "2"}
 
 
