@@ -121,9 +121,19 @@ def _read_options() -> None:
         OPTIONS[key] = int(val)
 
 
-def _launch(key: str) -> int:
-    """The launch setting `key` of LAUNCH_DEFAULTS: OPTIONS' unless 0."""
-    return int(OPTIONS.get(key) or LAUNCH_DEFAULTS[key])
+# The chunk kernels' output columns where K > 128 (HILO_LOGLINEAR's heads of 256, run by ahla in value blocks of 256):
+# 32 instead of LAUNCH_DEFAULTS' 64. H200, bf16, ahla fwd+bwd at the HLA Gated DeltaNet's heads (8K x 4, H = 3, K = V =
+# 256): 4.838 ms against 5.483 (64-wide K loops 5.209, 8 warps 5.216); hla_gated_deltanet 340m compiled at 8K x 4:
+# 79,645 tokens/s against 74,284 (s19_c.sh, s19_e.sh, s19_f.sh). sm_90 AOT: 255 registers and 64-80 B of spills a
+# thread at 64 columns, one program a multiprocessor. K <= 128 keeps 64 (session 12's sweeps).
+WIDE_K_COLS = {"out_by": 32, "dvalues_bv": 32}
+
+
+def _launch(key: str, dk: int = 0) -> int:
+    """The launch setting `key` of LAUNCH_DEFAULTS: OPTIONS' unless 0; dk: the pass's K (WIDE_K_COLS above 128)."""
+    if OPTIONS.get(key):
+        return int(OPTIONS[key])
+    return WIDE_K_COLS[key] if dk > 128 and key in WIDE_K_COLS else LAUNCH_DEFAULTS[key]
 
 
 def _launch_kwargs(family: str) -> dict:
@@ -560,7 +570,7 @@ def _out(q, x, y, g, power, hs: ChunkStates, scale, lay: Layout, out_dtype, prec
     """The chunk outputs of one pass [TT, H, DY] in out_dtype; mid (role 1: it is x, 2: y) a mid16 MidTokens read as
     such; store_mid16: the output is the inner pass's, stored as scaled fp16 (returned as MidTokens)."""
     dk, dy = q.shape[-1], y.shape[-1]
-    by = _pow2(dy, hi=_launch("out_by"))
+    by = _pow2(dy, hi=_launch("out_by", dk))
     o = torch.empty(*y.shape, device=y.device, dtype=torch.float16 if store_mid16 else out_dtype)
     if store_mid16:
         produced = MidTokens(o, torch.empty(*y.shape[:-1], triton.cdiv(dy, by), device=y.device,
@@ -587,7 +597,7 @@ def _pass_grads(q, x, y, g, do, hs: ChunkStates, dhs: ChunkStates, power, scale,
     h = lay.heads
     gate = g if g is not None else q
     dy = torch.empty(y.shape, device=q.device, dtype=dtypes[2]) if dy is None else dy
-    bk, bv = _pow2(dk, hi=_launch("dvalues_bk")), _pow2(dv, hi=_launch("dvalues_bv"))
+    bk, bv = _pow2(dk, hi=_launch("dvalues_bk")), _pow2(dv, hi=_launch("dvalues_bv", dk))
     persist = _launch("dvalues_persist")
     mid_scale, mid_consts = _mid_args(mid, role if role == 1 else 0, x)  # _pass_dvalues reads no Y
     _pass_dvalues[(triton.cdiv(dv, bv), triton.cdiv(lay.rows, persist), h)](
@@ -775,7 +785,7 @@ def _(q, k, v, g, op, scale, p_in, p_out, out_fp32):
                 q.new_empty((rows, h, dk, triton.cdiv(dy, by)) if half else (0,), dtype=f32))
 
     mid16 = _mid16(q)
-    by = _pow2(inner, hi=_launch("out_by"))
+    by = _pow2(inner, hi=_launch("out_by", dk))
     return (v.new_empty(v.shape, dtype=f32 if out_fp32 else v.dtype),
             q.new_empty(b * t, h, inner, dtype=torch.float16 if mid16 else f32),
             q.new_empty((b * t, h, triton.cdiv(inner, by)) if mid16 else (0,), dtype=f32), *states(inner), *states(dv))

@@ -848,6 +848,25 @@ def test_fused_launch_tiles(monkeypatch, tile):
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("dk,cols", [(60, 64), (160, 32)])
+def test_fused_output_columns_by_head_size(monkeypatch, dk, cols):
+    """The chunk kernels' output columns by default: 64 up to K = 128, 32 above (WIDE_K_COLS, timed at K = 256),
+    recorded at V = 72 (whose next power of two is 128) while ahla still matches the float64 references; a setting
+    given by name wins at any K."""
+    from kernels.hla import triton_fused
+
+    seen = _record_launches(monkeypatch, ("_chunk_out", "_pass_dvalues"),
+                            lambda grid, kw: kw["BY"] if "BY" in kw else kw["BV"])
+    q, k, v, g = make(1, 70, 1, dk, 72, "strong", seed=41)
+    h0 = random_state("ahla", 1, 1, dk, 72, seed=42)
+    _fused_vs_references(0.5 * q, 0.5 * k, v, g, h0, "d1", op="ahla")
+    assert seen["_chunk_out"] == {cols} and seen["_pass_dvalues"] == {cols}
+    assert [triton_fused._launch("out_by", d) for d in (128, 129)] == [64, 32]
+    monkeypatch.setitem(triton_fused.OPTIONS, "out_by", 16)
+    assert triton_fused._launch("out_by", dk) == 16 and triton_fused._launch("dvalues_bv", dk) == cols
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
 @pytest.mark.parametrize("op,decay", [("hla2", "d1"), ("hla2", "d2"), ("ahla", "d1")])
 def test_fused_without_states(op, decay):
     """No initial state and no final state (the kernels' other branches, through the custom op pair
