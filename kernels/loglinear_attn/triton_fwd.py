@@ -61,16 +61,20 @@ CHUNK_LEVELS_C = tl.constexpr(CHUNK_LEVELS)
 #   node_save:  the node form keeps its forward's nodes for the backward instead of recomputing them (one
 #               [K, V] node per chunk row and head: 8 KiB per token per layer at H = 16, K = V = 128 in bf16).
 #   node_grads_split: the node form's gradient kernel as two (reads: dq, dlambda; writes: dk, dv), each with half the
-#               live tiles. Triton 3.6 AOT for sm_90, bf16, K = V = 128 (benchmarks/triton_resources.py): the fused
-#               kernel takes 255 registers and spills 32 B at 8 warps; the halves 195 / 193 registers without spills
-#               at 8 warps (255 and spilling at 4). Not yet timed on a GPU, so off; node_grads_warps: their warps.
+#               live tiles; node_grads_warps: their warps. Triton 3.6 AOT for sm_90, bf16, K = V = 128
+#               (benchmarks/triton_resources.py): the fused kernel takes 255 registers and spills 32 B at 8 warps; the
+#               halves 195 / 193 registers without spills at 8 warps (255 and spilling at 4). Unset (None, 0), both
+#               follow the head size (triton_nodes.grads_split): split at 4 warps where K <= 128 and V <= 64, else one
+#               kernel. H200, bf16 fwd+bwd at log-linear Mamba-2's heads (8K x 4, H = 32, K = 128, V = 64): 7.519 ms
+#               split at 4 warps against 8.435 fused (8.638 split at 8 warps); loglinear_mamba2 340m compiled at 8K x
+#               4: 87,784 tokens/s against 83,674 (s19_c.sh, s19_e.sh, s19_f.sh).
 #   node_stages: software-pipelining stages of the node form's gradient kernel (its per-level loops).
 #   scan_bwd_split: loglinear_attn's backward scan as two launches (forward recompute, then the reverse pass)
 #               instead of one launch running both side by side: fewer registers per program (sm_90, K = V = 128:
 #               spills 416 + 224 B instead of 776 B at one chunk level), half the programs in flight.
 OPTIONS = {"scan_cols": 128, "scan_warps": 0, "scan_levels": 8, "lowp": False, "scan_bwd_split": False,
            "form": "nodes", "node_stages": 2, "node_lowp": True,
-           "node_save": False, "node_grads_split": False, "node_grads_warps": 8}
+           "node_save": False, "node_grads_split": None, "node_grads_warps": 0}
 FORMS = ("nodes", "scan")
 
 

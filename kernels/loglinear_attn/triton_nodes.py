@@ -408,6 +408,15 @@ def _blocks(dk: int, dv: int):
     return bk, min(pow2(dv), 64 if bk <= 128 else 32), 4 if bk <= 128 else 8
 
 
+def grads_split(dk: int, dv: int) -> tuple[bool, int]:
+    """(split, warps) of the node form's gradient kernels: OPTIONS' node_grads_split / node_grads_warps where set,
+    else split at 4 warps for heads up to K = 128, V = 64 (timed there; at K = V = 128 the halves spill at 4 warps
+    and the fused kernel stays) and 8 warps otherwise."""
+    small = pow2(dk) <= 128 and pow2(dv) <= 64
+    split = small if OPTIONS["node_grads_split"] is None else bool(OPTIONS["node_grads_split"])
+    return split, OPTIONS["node_grads_warps"] or (4 if small else 8)
+
+
 def nodes_fwd(k, v, g, lay: LevelLayout, tab: NodeTables, rows: torch.Tensor | None = None, fp32: bool = False):
     """The node states [rows, H, K, V] (zero where no node is needed), or those of the listed rows only (in list
     order). With node_lowp and bf16 inputs they are stored in bf16, which is what every dot that reads them rounds
@@ -494,12 +503,12 @@ def node_scan_bwd(qf, kf, vf, gf, lf, do, drfin, scale, lay: LevelLayout, dq, dk
     common = {"H": h, "K": dk_, "V": dv_, "C": CHUNK, "BK": bk, "BV": bv, "NJP": tab.njp, "HAS_G": gf is not None,
               "LOWP": _node_lowp(qf.dtype), "PREC": prec, "num_stages": OPTIONS["node_stages"]}
     big_g = dbig_g if dbig_g is not None else dq
-    if OPTIONS["node_grads_split"]:  # two kernels with half the live tiles each (more programs per SM)
+    split, split_warps = grads_split(dk_, dv_)
+    if split:  # two kernels with half the live tiles each (more programs per SM)
         _grads_read[(lay.rows, h)](qf, gate, lf, do, nodes, rf, tab.read_list, tab.n_read, dq, dlam, dq_out, big_g,
-                                   lay.chunks, scale, nl, lay.nj, LEV0=7, num_warps=OPTIONS["node_grads_warps"],
-                                   **common)
+                                   lay.chunks, scale, nl, lay.nj, LEV0=7, num_warps=split_warps, **common)
         _grads_write[(lay.rows, h)](kf, vf, gate, dnodes, wf, tab.write_list, tab.n_write, dk, dv, dk_out, dv_out,
-                                    big_g, lay.chunks, num_warps=OPTIONS["node_grads_warps"], **common)
+                                    big_g, lay.chunks, num_warps=split_warps, **common)
     else:
         _grads[(lay.rows, h)](
             qf, kf, vf, gate, lf, do, nodes, dnodes, rf, wf, tab.read_list, tab.n_read, tab.write_list, tab.n_write,

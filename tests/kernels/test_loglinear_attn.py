@@ -286,6 +286,47 @@ def test_triton_forms_many_chunk_levels(form, save, split, monkeypatch):
     assert_close(run("triton", x, cu=cu, init=init), ref, f"triton form={form} node_save={save} split={split}")
 
 
+def test_node_grads_split_follows_head_size(monkeypatch):
+    """Unset, the node form's gradient kernels split at 4 warps for heads up to K = 128, V = 64 (timed at log-linear
+    Mamba-2's heads) and stay one kernel at 8 warps above; a setting given by name wins."""
+    from kernels.loglinear_attn.triton_fwd import OPTIONS
+    from kernels.loglinear_attn.triton_nodes import grads_split
+
+    assert [grads_split(dk, dv) for dk, dv in ((16, 8), (128, 64), (100, 60), (128, 128), (256, 32))] == [
+        (True, 4), (True, 4), (True, 4), (False, 8), (False, 8)]
+    monkeypatch.setitem(OPTIONS, "node_grads_split", False)
+    assert grads_split(128, 64) == (False, 4)
+    monkeypatch.setitem(OPTIONS, "node_grads_split", True)
+    monkeypatch.setitem(OPTIONS, "node_grads_warps", 8)
+    assert grads_split(128, 64) == (True, 8) and grads_split(128, 128) == (True, 8)
+
+
+@triton_only
+def test_node_grads_default_launch(monkeypatch):
+    """With the defaults at small heads the backward launches the two halves at 4 warps (recorded), and the result
+    still matches the definition."""
+    from kernels.loglinear_attn import triton_nodes
+
+    seen = []
+
+    class Recorder:
+        def __init__(self, real):
+            self.real = real
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append((self.real.__name__, kwargs["num_warps"]))
+                return self.real[grid](*args, **kwargs)
+            return launch
+
+    for name in ("_grads", "_grads_read", "_grads_write"):
+        monkeypatch.setattr(triton_nodes, name, Recorder(getattr(triton_nodes, name)))
+    x = make(1, 64 * 5 + 3, seed=35, nl=num_levels(64 * 5 + 3))
+    ref = run("quadratic", x, dtype=torch.float64)
+    assert_close(run("triton", x), ref, "node form, default gradient kernels")
+    assert set(seen) == {("_grads_read", 4), ("_grads_write", 4)}
+
+
 def test_form_option_is_checked(monkeypatch):
     from kernels.loglinear_attn.triton_bwd import _form
     from kernels.loglinear_attn.triton_fwd import OPTIONS
