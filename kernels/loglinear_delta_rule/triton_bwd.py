@@ -138,7 +138,8 @@ OPTIONS = {"form": "scan", "inverse": "triton", "bwd": "split", "states": "recom
            "bwd_scan_cols": "same", "pieces": "auto", "bwd_scan_stages": "auto"}
 _CHOICES = {"form": FORMS, "inverse": INVERSES, "bwd": BWDS, "states": STATES, "grads_block": GRADS_BLOCKS,
             "grads_v": GRADS_V, "glue": GLUES, "glue_tf32": ("0", "1"), "scan_rows": SCAN_ROWS,
-            "scan_cols": SCAN_COLS, "bwd_scan_cols": BWD_SCAN_COLS, "pieces": PIECES, "bwd_scan_stages": BWD_SCAN_STAGES}
+            "scan_cols": SCAN_COLS, "bwd_scan_cols": BWD_SCAN_COLS, "pieces": PIECES,
+            "bwd_scan_stages": BWD_SCAN_STAGES}
 GLUE_BACKEND = "inductor"  # torch.compile backend of glue="compiled" (tests on CPU use "aot_eager": no C++ build)
 
 
@@ -409,9 +410,9 @@ def _delta_level_grads_rest(q_eff, zcols, v, lam, wts, rs, drs, dout, row_chunk,
 
 def _scan_pieces(q_eff, w_wy, kd, zcols, in_dtype):
     """((q_eff, w_wy, kd, zcols) as the level scans read them, their scales or None): where fp16_pieces (pieces=fp16,
-    or auto at K > 128, with 16-bit inputs), scaled_fp16 copies (a scale per row; zcols one per column, scaled_fp16_columns):
-    half the bytes of the pieces that every scan program reloads per chunk, and the products keep tf32's precision;
-    otherwise the fp32 pieces themselves (fp32 inputs always: their products are exact)."""
+    or auto at K > 128, with 16-bit inputs), scaled_fp16 copies (a scale per row; zcols one per column,
+    scaled_fp16_columns): half the bytes of the pieces that every scan program reloads per chunk, and the products
+    keep tf32's precision; otherwise the fp32 pieces themselves (fp32 inputs always: their products are exact)."""
     if not fp16_pieces(q_eff.shape[-1], in_dtype):
         return (q_eff, w_wy, kd, zcols), None
     converted = [*(scaled_fp16(x) for x in (q_eff, w_wy, kd)), scaled_fp16_columns(zcols)]
