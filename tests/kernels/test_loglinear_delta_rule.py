@@ -297,6 +297,43 @@ def test_scaled_fp16_pieces(monkeypatch):
     assert triton_bwd._scan_pieces(*pieces, torch.bfloat16)[1] is None
 
 
+def assert_fp16_close(x, scale, what):
+    """The Triton path on fp16 q, k, v, beta against the fp32 chunked path on the same fp16 values (the comparison is
+    of the arithmetic, not of the inputs' rounding): output (kept fp16), final levels and every gradient within
+    SPEC's 16-bit tolerances."""
+    outs = {}
+    for backend, dtype in (("torch", torch.float32), ("triton", torch.float16)):
+        dev = DEV if backend == "triton" else "cpu"
+        leaves = [x[n].to(torch.float16 if n in ("q", "k", "v", "beta") else torch.float32).to(
+            dev, dtype if n in ("q", "k", "v", "beta") else torch.float32).requires_grad_() for n in NAMES]
+        o, st = loglinear_delta_rule(*leaves, scale=scale, output_final_state=True, backend=backend)
+        gen = torch.Generator().manual_seed(1)
+        do = torch.randn(o.shape, generator=gen).to(o)
+        dl = torch.randn(st.levels.shape, generator=gen).to(st.levels)
+        grads = torch.autograd.grad((o.float() * do).sum() + (st.levels * dl).sum(), leaves)
+        outs[backend] = [o.cpu(), st.levels.cpu(), *(d.cpu() for d in grads)]
+    assert outs["triton"][0].dtype == torch.float16
+    names = ["o", "final levels", "dq", "dk", "dv", "dbeta", "dg", "dlevel_scales"]
+    tols = [5e-3, 5e-3, 1e-2, 1e-2, 1e-2, 1e-2, 2e-2, 2e-2]
+    for name, tol, a, b in zip(names, tols, outs["triton"], outs["torch"], strict=True):
+        assert error_ratio(a, b) <= tol, f"{what} {name}: {error_ratio(a, b)}"
+
+
+def record_scan_launches(monkeypatch, seen):
+    """Collect every level-scan launch (first state, stacked states, groups, BV) in seen["fwd"] / seen["bwd"]."""
+    from kernels.loglinear_delta_rule import triton_bwd, triton_fwd
+
+    def recorder(real, key):
+        def record(*args):
+            out = real(*args)
+            seen.setdefault(key, []).extend(out)
+            return out
+        return record
+
+    monkeypatch.setattr(triton_fwd, "scan_launches", recorder(triton_fwd.scan_launches, "fwd"))
+    monkeypatch.setattr(triton_bwd, "scan_launches", recorder(triton_bwd.scan_launches, "bwd"))
+
+
 @triton_only
 @pytest.mark.parametrize("pieces,stages,bwd", [("fp32", "1", "split"), ("fp16", "1", "split"), ("fp16", "2", "split"),
                                                ("fp16", "1", "atomic")])
@@ -313,23 +350,7 @@ def test_triton_half_inputs(monkeypatch, pieces, stages, bwd):
     monkeypatch.setitem(triton_bwd.OPTIONS, "bwd", bwd)
     x = make(1, 200, seed=24)
     x["q"] = x["q"] * 0.5
-    outs = {}
-    for backend, dtype in (("torch", torch.float32), ("triton", torch.float16)):
-        dev = DEV if backend == "triton" else "cpu"
-        # the fp16 values for both: the comparison is of the arithmetic, not of the inputs' rounding
-        leaves = [x[n].to(torch.float16 if n in ("q", "k", "v", "beta") else torch.float32).to(
-            dev, dtype if n in ("q", "k", "v", "beta") else torch.float32).requires_grad_() for n in NAMES]
-        o, st = loglinear_delta_rule(*leaves, scale=SCALE, output_final_state=True, backend=backend)
-        gen = torch.Generator().manual_seed(1)
-        do = torch.randn(o.shape, generator=gen).to(o)
-        dl = torch.randn(st.levels.shape, generator=gen).to(st.levels)
-        grads = torch.autograd.grad((o.float() * do).sum() + (st.levels * dl).sum(), leaves)
-        outs[backend] = [o.cpu(), st.levels.cpu(), *(d.cpu() for d in grads)]
-    assert outs["triton"][0].dtype == torch.float16
-    names = ["o", "final levels", "dq", "dk", "dv", "dbeta", "dg", "dlevel_scales"]
-    tols = [5e-3, 5e-3, 1e-2, 1e-2, 1e-2, 1e-2, 2e-2, 2e-2]
-    for name, tol, a, b in zip(names, tols, outs["triton"], outs["torch"], strict=True):
-        assert error_ratio(a, b) <= tol, f"fp16 {name}: {error_ratio(a, b)}"
+    assert_fp16_close(x, SCALE, "fp16")
 
 
 @triton_only
@@ -372,22 +393,13 @@ def test_backward_scan_columns_of_their_own(monkeypatch):
     import re
 
     from kernels.loglinear_attn.triton_fwd import OPTIONS as ATTN_OPTIONS
-    from kernels.loglinear_delta_rule import triton_bwd, triton_fwd
+    from kernels.loglinear_delta_rule import triton_bwd
 
     monkeypatch.setitem(ATTN_OPTIONS, "scan_levels", 2)
     monkeypatch.setitem(ATTN_OPTIONS, "scan_cols", 64)
     monkeypatch.setitem(triton_bwd.OPTIONS, "bwd_scan_cols", "32")
-    seen = {"fwd": [], "bwd": []}
-
-    def recorder(real, key):
-        def record(*args):
-            out = real(*args)
-            seen[key] += out
-            return out
-        return record
-
-    monkeypatch.setattr(triton_fwd, "scan_launches", recorder(triton_fwd.scan_launches, "fwd"))
-    monkeypatch.setattr(triton_bwd, "scan_launches", recorder(triton_bwd.scan_launches, "bwd"))
+    seen = {}
+    record_scan_launches(monkeypatch, seen)
     x = make(2, 300, seed=19, nl=num_levels(400), dv=32)
     init = prior_state([0, 100], nl=x["lam"].shape[-1], seed=20, dv=32)
     ref = run("quadratic", x, init=init, dtype=torch.float64)
@@ -424,56 +436,33 @@ def test_auto_choices_run_at_k256(monkeypatch):
     """At K = 256 with fp16 inputs the defaults run the scans on 256 stacked columns (recorded: two stacked levels
     of BV = 32 at V = 32, against one under HILO_LOGLINEAR's 128) with scaled fp16 pieces, forward and backward, the
     backward scans at two stages, within SPEC's 16-bit tolerances of the fp32 chunked path on the same values."""
-    from kernels.loglinear_delta_rule import triton_bwd, triton_fwd
+    from kernels.loglinear_delta_rule import triton_bwd
 
-    seen = {"fwd": [], "bwd": [], "scaled": []}
-
-    def recorder(real, key):
-        def record(*args):
-            out = real(*args)
-            seen[key] += out
-            return out
-        return record
-
-    real_pieces = triton_bwd._scan_pieces
+    seen = {"scaled": [], "stages": []}
+    record_scan_launches(monkeypatch, seen)
+    real_pieces, real_scan = triton_bwd._scan_pieces, triton_bwd._delta_level_scan_bwd
 
     def pieces(*args):
         out = real_pieces(*args)
         seen["scaled"].append(out[1] is not None)
         return out
 
-    monkeypatch.setattr(triton_fwd, "scan_launches", recorder(triton_fwd.scan_launches, "fwd"))
-    monkeypatch.setattr(triton_bwd, "scan_launches", recorder(triton_bwd.scan_launches, "bwd"))
-    monkeypatch.setattr(triton_bwd, "_scan_pieces", pieces)
-    real_scan = triton_bwd._delta_level_scan_bwd
-
     class StagesRecorder:  # the backward scan's launch settings (the interpreter runs any num_stages alike)
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
-                seen.setdefault("stages", []).append(kwargs["num_stages"])
+                seen["stages"].append(kwargs["num_stages"])
                 return real_scan[grid](*args, **kwargs)
             return launch
 
+    monkeypatch.setattr(triton_bwd, "_scan_pieces", pieces)
     monkeypatch.setattr(triton_bwd, "_delta_level_scan_bwd", StagesRecorder())
     x = make(1, 130, seed=31, dk=256, dv=32)
     x["q"] = x["q"] * 0.5
-    outs = {}
-    for backend, dtype in (("torch", torch.float32), ("triton", torch.float16)):
-        dev = DEV if backend == "triton" else "cpu"
-        leaves = [x[n].to(torch.float16 if n in ("q", "k", "v", "beta") else torch.float32).to(
-            dev, dtype if n in ("q", "k", "v", "beta") else torch.float32).requires_grad_() for n in NAMES]
-        o, st = loglinear_delta_rule(*leaves, scale=256 ** -0.5, output_final_state=True, backend=backend)
-        gen = torch.Generator().manual_seed(2)
-        do = torch.randn(o.shape, generator=gen).to(o)
-        grads = torch.autograd.grad((o.float() * do).sum(), leaves[:5])
-        outs[backend] = [o.cpu(), st.levels.cpu(), *(d.cpu() for d in grads)]
+    assert_fp16_close(x, 256 ** -0.5, "fp16 K = 256")
     assert {(s, bv) for _, s, _, bv in seen["fwd"]} == {(2, 32)}
     assert {(s, bv) for _, s, _, bv in seen["bwd"]} == {(2, 32)}
     assert seen["scaled"] and all(seen["scaled"])
     assert seen["stages"] and set(seen["stages"]) == {2}
-    names = ["o", "final levels", "dq", "dk", "dv", "dbeta", "dg"]
-    for name, tol, a, b in zip(names, [5e-3, 5e-3] + [1e-2] * 4 + [2e-2], outs["triton"], outs["torch"], strict=True):
-        assert error_ratio(a, b) <= tol, f"fp16 K = 256 {name}: {error_ratio(a, b)}"
 
 
 def test_input_errors():
