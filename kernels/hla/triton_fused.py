@@ -121,7 +121,7 @@ def _read_options() -> None:
         OPTIONS[key] = int(val)
 
 
-# The chunk kernels' output columns where K > 128 (HILO_LOGLINEAR's heads of 256, run by ahla in value blocks of 256):
+# The chunk kernels' output columns where K > 128 (the HLA Gated DeltaNet's K = 256, ahla in value blocks of 256):
 # 32 instead of LAUNCH_DEFAULTS' 64. H200, bf16, ahla fwd+bwd at the HLA Gated DeltaNet's heads (8K x 4, H = 3, K = V =
 # 256): 4.838 ms against 5.483 (64-wide K loops 5.209, 8 warps 5.216); hla_gated_deltanet 340m compiled at 8K x 4:
 # 79,645 tokens/s against 74,284 (s19_c.sh, s19_e.sh, s19_f.sh). sm_90 AOT: 255 registers and 64-80 B of spills a
