@@ -58,10 +58,12 @@ def _chunk_batch(q, k, v, beta, g, scale, state, chunk):
     end_decay = gamma[..., -1].exp()
 
     outs = []
-    for c in range(nc):
-        u = u_tilde[:, :, c] - w[:, :, c] @ state
-        outs.append(q_decayed[:, :, c] @ state + qk[:, :, c] @ u)
-        state = end_decay[:, :, c, None, None] * state + k_to_end[:, :, c].transpose(-1, -2) @ u
+    # per-chunk views taken once by unbind (indexing inside the loop would add a full-size zero gradient per chunk)
+    per_chunk = zip(*(x.unbind(2) for x in (u_tilde, w, q_decayed, qk, end_decay, k_to_end)), strict=True)
+    for u_c, w_c, qd_c, qk_c, end_c, kend_c in per_chunk:
+        u = u_c - w_c @ state
+        outs.append(qd_c @ state + qk_c @ u)
+        state = end_c[:, :, None, None] * state + kend_c.transpose(-1, -2) @ u
     o = torch.stack(outs, 2).reshape(b, h, nc * chunk, dv)[:, :, :t]
     return o, state
 

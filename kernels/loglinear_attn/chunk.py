@@ -102,11 +102,15 @@ def chunk_levels(q, k, v, g, beta, lam, p0, prior, want_final, prepare):
         z = torch.cat([z, prior.to(q.dtype)], 2)
     if z.shape[2]:
         inter = []
-        for c in range(nc):
-            z = z * keep[c][None, None, :, None, None]
-            reads_c = q_eff[:, :, c, None] @ z  # [b, h, S, C, V]
-            inter.append((weights[:, :, c].transpose(-1, -2)[..., None] * reads_c).sum(2))
-            z = _carry(z, trans[:, :, c]) + writes[c][None, None, :, None, None] * local[:, :, c, None]
+        # per-chunk views taken once by unbind (indexing inside the loop would add a full-size zero gradient per
+        # chunk: quadratic in the chunk count)
+        per_chunk = zip(keep.unbind(0), q_eff.unbind(2), weights.unbind(2), trans.unbind(2), writes.unbind(0),
+                        local.unbind(2), strict=True)
+        for keep_c, q_c, weights_c, trans_c, writes_c, local_c in per_chunk:
+            z = z * keep_c[None, None, :, None, None]
+            reads_c = q_c[:, :, None] @ z  # [b, h, S, C, V]
+            inter.append((weights_c.transpose(-1, -2)[..., None] * reads_c).sum(2))
+            z = _carry(z, trans_c) + writes_c[None, None, :, None, None] * local_c[:, :, None]
         o = o + torch.stack(inter, 2)
     o = o.reshape(b, h, nc * CHUNK, dv)[:, :, front: front + t]
     if not want_final:

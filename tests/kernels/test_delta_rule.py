@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 from compile_checks import assert_one_graph_with_eager_values
+from graph_checks import assert_no_per_chunk_selects
 
 from kernels import delta_rule
 from kernels.delta_rule import delta_rule_step
@@ -35,6 +36,15 @@ def make(b, t, h, dk, dv, seed=0, decay="weak", normalize=True, dtype=torch.floa
     scale = {"weak": 0.05, "strong": 3.0, "zero": 0.0}.get(decay)
     g = None if decay is None else -torch.rand(b, t, h, generator=gen) * scale
     return [x if x is None else x.to(dtype) for x in (q, k, v, beta)] + [g]
+
+
+def test_chunk_loop_is_linear_in_chunks():
+    def forward(t):
+        q, k, v, beta, g = (x.requires_grad_() for x in make(2, t, 2, 8, 4))
+        o, s = delta_rule(q, k, v, beta, g, output_final_state=True, backend="torch")
+        return o.sum() + s.sum()
+
+    assert_no_per_chunk_selects(forward, 64 * 2, 64 * 6)
 
 
 def matrix_reference(q, k, v, beta, g, h0=None, scale=None):

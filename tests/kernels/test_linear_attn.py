@@ -6,6 +6,7 @@ import os
 import pytest
 import torch
 from compile_checks import assert_one_graph_with_eager_values
+from graph_checks import assert_no_per_chunk_selects
 
 from kernels import linear_attn
 from kernels.common import error_ratio
@@ -33,6 +34,16 @@ def make(b, t, h, dk, dv, decay, seed=0, n_state=None, dtype=torch.float32, devi
     cast = (lambda x: None if x is None else x.to(device=device, dtype=dtype))
     return cast(q), cast(k), cast(v), None if g is None else g.to(device=device, dtype=torch.float32), cast(h0) if (
         h0 is None or dtype != torch.float64) else h0.to(device)
+
+
+def test_chunk_loop_is_linear_in_chunks():
+    """The chunked path's state loop takes per-chunk views once (packed rows: the loop runs over every row's chunks)."""
+    def forward(t):
+        q, k, v, g, _ = make(3, t, 2, 8, 4, "weak", seed=5)
+        o, s = linear_attn(*(x.requires_grad_() for x in (q, k, v, g)), output_final_state=True, backend="torch")
+        return o.sum() + s.sum()
+
+    assert_no_per_chunk_selects(forward, 64 * 2, 64 * 6)
 
 
 def run(q, k, v, g, h0, backend, cu=None, dtype=None, with_final=True, seed=1, do=None, dfinal=None):

@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 from compile_checks import assert_one_graph_with_eager_values
+from graph_checks import assert_no_per_chunk_selects
 
 from kernels import linear_attn, loglinear_attn
 from kernels.common import error_ratio
@@ -37,6 +38,16 @@ def prior_state(tokens, nl, seed):
     tokens = torch.tensor(tokens, dtype=torch.int64)
     levels = torch.randn(len(tokens), H, nl, DK, DV, generator=gen, dtype=torch.float64)
     return LogLinearState(levels * (tokens > 0)[:, None, None, None, None], tokens)
+
+
+def test_chunk_loop_is_linear_in_chunks():
+    def forward(t):
+        x = make(1, t, seed=6)
+        o, state = loglinear_attn(*(x[n].float().requires_grad_() for n in ("q", "k", "v", "g", "lam")), scale=SCALE,
+                                  output_final_state=True, backend="torch")
+        return o.sum() + state.levels.sum()
+
+    assert_no_per_chunk_selects(forward, 64 * 3, 64 * 9)
 
 
 def run(backend, x, cu=None, init=None, dtype=torch.float32, seed=1):
