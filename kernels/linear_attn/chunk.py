@@ -4,7 +4,8 @@ Per chunk of C = 64 tokens (chunks never cross a document boundary), with gc the
 cumsum of g and gl its last value, S the state entering the chunk:
     o_i   = scale * ( exp(gc_i) q_i S  +  sum_{j <= i} exp(gc_i - gc_j) (q_i . k_j) v_j )
     S_out = exp(gl) S + sum_j exp(gl - gc_j) k_j v_j^T
-The intra-chunk terms of all chunks are computed at once; the state pass runs chunk by chunk. The chunk
+The intra-chunk terms of all chunks are computed at once; the state pass runs chunk by chunk (without cu_seqlens,
+the rows' j-th chunks in one step). The chunk
 table comes from kernels.common.varlen on the tensors' device, so no host synchronisation happens.
 """
 
@@ -53,19 +54,21 @@ def linear_attn_chunk(q, k, v, g, scale, initial_state, output_final_state, cu_s
     local = torch.einsum("njhk,njhv->nhkv", kdec, vc)
     h0 = (torch.zeros(n, h, dk, dv, dtype=dt, device=dev) if initial_state is None
           else initial_state.to(dt))
-    first = (torch.arange(nc, device=dev) == offsets[seq]).unbind(0)
-    # per-chunk views taken once by unbind: indexing the stacked tensors inside the loop would make autograd add a
-    # full-size zero gradient per chunk (quadratic in the chunk count: 80 s a step for tiny Mamba-2 at 128 x 256)
-    decay_last = gl.exp()[:, :, None, None].unbind(0)
-    local_c, h0_c = local.unbind(0), h0[seq].unbind(0)
-    states_in, states_out = [], []
-    prev = h0_c[0]
-    for c in range(nc):
-        s_in = torch.where(first[c], h0_c[c], prev)
-        prev = decay_last[c] * s_in + local_c[c]
-        states_in.append(s_in)
-        states_out.append(prev)
-    s_in = torch.stack(states_in, 0)
+    decay_last = gl.exp()[:, :, None, None]
+    if cu_seqlens is None and t > 0:
+        # b rows of cps chunks each, in row order: the state pass steps through a row's chunks for all rows at once
+        cps = -(-t // chunk)
+        real = n * cps
+        state, states_in = h0, []
+        for local_j, decay_j in zip(local[:real].reshape(n, cps, h, dk, dv).unbind(1),
+                                    decay_last[:real].reshape(n, cps, h, 1, 1).unbind(1), strict=True):
+            states_in.append(state)
+            state = decay_j * state + local_j
+        s_in = torch.stack(states_in, 1).reshape(real, h, dk, dv)
+        s_in = torch.cat([s_in, s_in.new_zeros(nc - real, h, dk, dv)])  # the table's empty tail rows
+        final = state
+    else:
+        s_in, final = _packed_states(local, decay_last, h0, seq, offsets, nc)
     o_inter = torch.einsum("nihk,nhkv->nihv", qc * gc.exp()[..., None], s_in)
     oc = scale * (o_intra + o_inter)
 
@@ -74,8 +77,24 @@ def linear_attn_chunk(q, k, v, g, scale, initial_state, output_final_state, cu_s
     o = o[:total].reshape(b, t, h, dv).to(q.dtype)
     if not output_final_state:
         return o, None
+    return o, final.to(torch.float32 if dt == torch.float32 else dt)
+
+
+def _packed_states(local, decay_last, h0, seq, offsets, nc):
+    """(states entering each chunk [nc, H, K, V], final states [N, H, K, V]) of documents packed one after another in
+    the chunk table: one step per chunk of the table, a document's first chunk starting from its initial state."""
+    first = (torch.arange(nc, device=local.device) == offsets[seq]).unbind(0)
+    # per-chunk views taken once by unbind: indexing the stacked tensors inside the loop would make autograd add a
+    # full-size zero gradient per chunk (quadratic in the chunk count: 80 s a step for tiny Mamba-2 at 128 x 256)
+    local_c, decay_c, h0_c = local.unbind(0), decay_last.unbind(0), h0[seq].unbind(0)
+    states_in, states_out = [], []
+    prev = h0_c[0]
+    for c in range(nc):
+        s_in = torch.where(first[c], h0_c[c], prev)
+        prev = decay_c[c] * s_in + local_c[c]
+        states_in.append(s_in)
+        states_out.append(prev)
     s_out = torch.stack(states_out, 0)
     last = (offsets[1:] - 1).clamp(min=0)
     has_chunks = (offsets[1:] > offsets[:-1])[:, None, None, None]
-    final = torch.where(has_chunks, s_out[last], h0)
-    return o, final.to(torch.float32 if dt == torch.float32 else dt)
+    return torch.stack(states_in, 0), torch.where(has_chunks, s_out[last], h0)

@@ -36,11 +36,15 @@ def make(b, t, h, dk, dv, decay, seed=0, n_state=None, dtype=torch.float32, devi
         h0 is None or dtype != torch.float64) else h0.to(device)
 
 
-def test_chunk_loop_is_linear_in_chunks():
-    """The chunked path's state loop takes per-chunk views once (packed rows: the loop runs over every row's chunks)."""
+@pytest.mark.parametrize("packed", [False, True])
+def test_chunk_loop_is_linear_in_chunks(packed):
+    """The chunked path's state loop takes per-chunk views once: fixed-length rows (a step per chunk of a row, all
+    rows at once) and packed documents (cu_seqlens: a step per chunk of the table)."""
     def forward(t):
-        q, k, v, g, _ = make(3, t, 2, 8, 4, "weak", seed=5)
-        o, s = linear_attn(*(x.requires_grad_() for x in (q, k, v, g)), output_final_state=True, backend="torch")
+        q, k, v, g, _ = make(1 if packed else 3, t, 2, 8, 4, "weak", seed=5)
+        cu = torch.tensor([0, t // 3, t // 2, t]) if packed else None
+        o, s = linear_attn(*(x.requires_grad_() for x in (q, k, v, g)), output_final_state=True, cu_seqlens=cu,
+                           backend="torch")
         return o.sum() + s.sum()
 
     assert_no_per_chunk_selects(forward, 64 * 2, 64 * 6)
