@@ -10,7 +10,8 @@ CONFIG_KEYS = (
     "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
     "mixer", "operator", "attn_layers", "mixer_kwargs", "attn_backend", "rope_theta", "max_position_embeddings",
     "norm_eps", "initializer_range", "tie_word_embeddings", "use_cache", "bos_token_id", "eos_token_id",
-    "pad_token_id", "mlp", "pre_conv", "fused_loss_chunk", "fused_norms", "fused_projections",
+    "pad_token_id", "mlp", "pre_conv", "fused_loss_chunk", "loss_at_targets_only", "fused_norms",
+    "fused_projections",
 )
 
 
@@ -45,6 +46,9 @@ class HiloConfig(PretrainedConfig):
     fused_loss_chunk: rows per chunk of the chunked LM-head cross-entropy (models.loss) that HiloForCausalLM uses
     when called with labels and return_logits=False; None makes that call materialise all logits and take the
     plain loss instead (the same value; more memory).
+    loss_at_targets_only: that loss runs the LM head only at the positions that have a target (labels not -100),
+    the same value and gradients for one host synchronisation a step: for tasks with few labelled positions, such
+    as MQAR (a query per key-value pair), where the head over every position would be most of the step.
     fused_norms: run the blocks' RMSNorms, the mixer's residual add fused with the MLP's RMSNorm, and the mixers'
     gated RMSNorms as the Triton kernels of models.fused_norms (the same function; CUDA tensors, or CPU ones under
     TRITON_INTERPRET=1; the torch code elsewhere). Off by default until measured on a GPU.
@@ -88,6 +92,7 @@ class HiloConfig(PretrainedConfig):
         mlp: bool = True,
         pre_conv: int | None = None,
         fused_loss_chunk: int | None = 4096,
+        loss_at_targets_only: bool = False,
         fused_norms: bool = False,
         fused_projections: bool = False,
         **kwargs,
@@ -119,6 +124,8 @@ class HiloConfig(PretrainedConfig):
                 isinstance(fused_loss_chunk, bool) or not isinstance(fused_loss_chunk, int) or fused_loss_chunk < 1):
             raise ValueError(f"fused_loss_chunk must be null (plain loss) or a number of rows >= 1, "
                              f"got {fused_loss_chunk!r}")
+        if not isinstance(loss_at_targets_only, bool):
+            raise TypeError(f"loss_at_targets_only must be true or false, got {loss_at_targets_only!r}")
         if not isinstance(fused_norms, bool):
             raise TypeError(f"fused_norms must be true or false, got {fused_norms!r}")
         if not isinstance(fused_projections, bool):
@@ -147,6 +154,7 @@ class HiloConfig(PretrainedConfig):
         self.mlp = mlp
         self.pre_conv = pre_conv
         self.fused_loss_chunk = fused_loss_chunk
+        self.loss_at_targets_only = loss_at_targets_only
         self.fused_norms = fused_norms
         self.fused_projections = fused_projections
         super().__init__(

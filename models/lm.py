@@ -325,8 +325,12 @@ class HiloForCausalLM(HiloPreTrainedModel, GenerationMixin):
         # (not slicing hidden) keeps hidden a view.
         no_target = torch.full_like(labels[:, :1], IGNORE_INDEX)
         targets = torch.cat([labels[:, 1:], no_target], dim=1).reshape(-1)
+        hidden = hidden.reshape(-1, hidden.shape[-1])
+        if self.config.loss_at_targets_only:
+            rows = (targets != IGNORE_INDEX).nonzero().squeeze(1)
+            hidden, targets = hidden.index_select(0, rows), targets.index_select(0, rows)
         loss = chunked_cross_entropy(
-            hidden.reshape(-1, hidden.shape[-1]), self.lm_head.weight, targets,
+            hidden, self.lm_head.weight, targets,
             chunk_size=self.config.fused_loss_chunk, reduction="mean" if num_items_in_batch is None else "sum")
         return loss if num_items_in_batch is None else loss / num_items_in_batch
 

@@ -201,3 +201,24 @@ def test_config_default_and_validation():
     for bad in [0, -3, 2.5, True, "4096"]:
         with pytest.raises(ValueError, match="fused_loss_chunk"):
             HiloConfig(fused_loss_chunk=bad)
+
+
+@pytest.mark.parametrize("num_items", [None, 3])
+def test_loss_at_targets_only_equals_plain_loss_on_fewer_rows(num_items, monkeypatch):
+    model = model_pair(4, loss_at_targets_only=True)
+    x = torch.randint(0, VOCAB, (2, 13), generator=torch.Generator().manual_seed(7))
+    labels = torch.full_like(x, -100)
+    labels[0, 5], labels[1, 2], labels[1, 12] = 3, 7, 11  # three targets, as MQAR's queries
+    kwargs = {"input_ids": x, "labels": labels, "num_items_in_batch": num_items}
+    plain, plain_grads = loss_and_grads(model, **kwargs)
+    import models.lm as lm
+    head_rows = []
+    real = lm.chunked_cross_entropy
+    monkeypatch.setattr(lm, "chunked_cross_entropy", lambda h, *a, **k: head_rows.append(len(h)) or real(h, *a, **k))
+    sparse, sparse_grads = loss_and_grads(model, return_logits=False, **kwargs)
+    assert head_rows == [3]  # the head ran on the three target rows, not on 2 x 13
+    torch.testing.assert_close(sparse.loss, plain.loss, atol=1e-6, rtol=1e-6)
+    for name in plain_grads:
+        torch.testing.assert_close(sparse_grads[name], plain_grads[name], atol=1e-6, rtol=1e-4, msg=name)
+    with pytest.raises(TypeError, match="loss_at_targets_only"):
+        HiloConfig(loss_at_targets_only=1)
