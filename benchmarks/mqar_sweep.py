@@ -1,0 +1,133 @@
+"""Run an MQAR grid with many points at once on one machine, then print its table (benchmarks/mqar_table.py).
+
+    python benchmarks/mqar_sweep.py --out runs/mqar_grid --jobs 16 \
+        --models mamba2,gated_deltanet --widths 32,64 --lrs 4.6e-4,1e-3,2.2e-3 --seeds 0,1,2 \
+        [--gpus 0,1] [-- trainer.max_steps=6000 ...]
+
+MQAR models are tiny (2 layers, width 16-64): one run leaves a GPU mostly idle, waiting on Python and kernel
+launches. Running --jobs points as separate processes on the same GPU (round-robin over --gpus when given) fills
+it. Every point is one `train.py experiment=mqar_sweep` run with its own directory under --out
+(<model>-d<width>-lr<lr>-s<seed>/: config.yaml, metrics.jsonl, summary.json, train.log); overrides after `--` go
+to every point. A point whose directory already holds a summary.json is skipped, so an interrupted grid continues
+where it stopped. At the end the sweep's throughput (optimizer steps of all points per second of wall time) and the
+table (best lr per model and width, mean +- std over seeds, beside the paper's numbers) are printed and written to
+<out>/mqar_table.md and .csv (the throughput to <out>/sweep_result.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+
+import mqar_table  # noqa: E402
+
+
+def split_list(text: str, kind=str) -> list:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"empty list: {text!r}")
+    return [kind(t) for t in items]
+
+
+def point_name(model: str, width: int, lr: float, seed: int) -> str:
+    return f"{model}-d{width}-lr{lr:g}-s{seed}"
+
+
+def point_command(model: str, width: int, lr: float, seed: int, run_dir: Path, extra: list[str]) -> list[str]:
+    return [sys.executable, str(REPO_ROOT / "train.py"), "experiment=mqar_sweep", f"+model/mqar={model}",
+            f"model.hidden_size={width}", f"optim.lr={lr:g}", f"seed={seed}", f"hydra.run.dir={run_dir}",
+            f"name={run_dir.name}", "trainer.progress_bar=false", *extra]
+
+
+def run_grid(points: list[tuple], out: Path, jobs: int, gpus: list[str] | None, extra: list[str]) -> dict:
+    """Run every (model, width, lr, seed) point, at most `jobs` at a time; return counts, wall time and steps."""
+    todo = []
+    for model, width, lr, seed in points:
+        run_dir = out / point_name(model, width, lr, seed)
+        if (run_dir / "summary.json").is_file():
+            continue
+        todo.append((run_dir, point_command(model, width, lr, seed, run_dir, extra)))
+    running: list[tuple[subprocess.Popen, Path, object]] = []
+    failed: list[Path] = []
+    start = time.perf_counter()
+    launched, ran = 0, [run_dir for run_dir, _ in todo]
+    while todo or running:
+        while todo and len(running) < jobs:
+            run_dir, cmd = todo.pop(0)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            env = dict(os.environ)
+            if gpus:
+                env["CUDA_VISIBLE_DEVICES"] = gpus[launched % len(gpus)]
+            log = open(run_dir / "sweep.log", "w")
+            running.append((subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT),
+                            run_dir, log))
+            launched += 1
+        time.sleep(0.5)
+        for item in list(running):
+            proc, run_dir, log = item
+            if proc.poll() is None:
+                continue
+            log.close()
+            running.remove(item)
+            if proc.returncode != 0:
+                failed.append(run_dir)
+                print(f"point failed (exit {proc.returncode}): {run_dir}/sweep.log", file=sys.stderr)
+    wall = time.perf_counter() - start
+    steps = 0
+    for run_dir in ran:
+        summary = run_dir / "summary.json"
+        if summary.is_file():
+            steps += int(json.loads(summary.read_text()).get("step", 0))
+    return {"launched": launched, "failed": [str(f) for f in failed], "wall_s": wall, "steps": steps}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1:]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="directory of the grid's runs")
+    parser.add_argument("--models", type=split_list, required=True,
+                        help=f"comma-separated conf/model/mqar names, e.g. {','.join(mqar_table.MODEL_ORDER[:3])}")
+    parser.add_argument("--widths", type=lambda t: split_list(t, int), default=[16, 32, 64])
+    parser.add_argument("--lrs", type=lambda t: split_list(t, float), default=[1e-4, 4.6e-4, 2.2e-3, 1e-2])
+    parser.add_argument("--seeds", type=lambda t: split_list(t, int), default=[0])
+    parser.add_argument("--jobs", type=int, default=1, help="points run at once")
+    parser.add_argument("--gpus", type=split_list, default=None,
+                        help="CUDA device indices the points are spread over, round-robin (default: inherit)")
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    known = {p.stem for p in (REPO_ROOT / "conf" / "model" / "mqar").glob("*.yaml")}
+    unknown = [m for m in args.models if m not in known]
+    if unknown:
+        parser.error(f"unknown MQAR model(s) {unknown}; conf/model/mqar has {sorted(known)}")
+    points = list(itertools.product(args.models, args.widths, args.lrs, args.seeds))
+    result = run_grid(points, args.out.resolve(), args.jobs, args.gpus, extra)
+    result["steps_per_s"] = result["steps"] / max(result["wall_s"], 1e-9)
+    (args.out / "sweep_result.json").write_text(json.dumps({**result, "jobs": args.jobs, "points": len(points)}))
+    print(f"{len(points)} points ({result['launched']} run now, {len(result['failed'])} failed) in "
+          f"{result['wall_s']:.0f} s: {result['steps_per_s']:.1f} optimizer steps/s "
+          f"over all points ({result['steps']} steps)")
+    runs, skipped = mqar_table.collect_runs([args.out])
+    if runs:
+        rows = mqar_table.build_table(runs)
+        md, csv_path = mqar_table.write_table(rows, args.out / "mqar_table")
+        print(mqar_table.to_markdown(rows))
+        print(f"{len(runs)} runs ({skipped} without an accuracy) -> {md}, {csv_path}")
+    return 1 if result["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
