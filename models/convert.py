@@ -127,15 +127,14 @@ def hilo_config_from_llama(config: LlamaConfig, **overrides) -> HiloConfig:
     if rope.get("rope_type", "default") != "default" or rope.get("partial_rotary_factor", 1.0) != 1.0:
         raise ConversionError(f"hilo's RoPE is the default full-width rotary embedding: Llama rope_parameters "
                               f"{rope} do not map")
-    return HiloConfig(
-        vocab_size=config.vocab_size, hidden_size=config.hidden_size, num_layers=config.num_hidden_layers,
-        num_heads=config.num_attention_heads, num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim,
-        intermediate_size=config.intermediate_size, mixer="attention", rope_theta=rope.get("rope_theta", 10000.0),
-        max_position_embeddings=config.max_position_embeddings, norm_eps=config.rms_norm_eps,
-        initializer_range=config.initializer_range, tie_word_embeddings=config.tie_word_embeddings,
-        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id,
-        **overrides,
-    )
+    return HiloConfig(**{
+        "vocab_size": config.vocab_size, "hidden_size": config.hidden_size, "num_layers": config.num_hidden_layers,
+        "num_heads": config.num_attention_heads, "num_kv_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim, "intermediate_size": config.intermediate_size, "mixer": "attention",
+        "rope_theta": rope.get("rope_theta", 10000.0), "max_position_embeddings": config.max_position_embeddings,
+        "norm_eps": config.rms_norm_eps, "initializer_range": config.initializer_range,
+        "tie_word_embeddings": config.tie_word_embeddings, "bos_token_id": config.bos_token_id,
+        "eos_token_id": config.eos_token_id, "pad_token_id": config.pad_token_id, **overrides})
 
 
 def hilo_to_llama_state_dict(config: HiloConfig, state_dict: StateDict) -> dict[str, torch.Tensor]:
@@ -239,19 +238,19 @@ def hilo_config_from_mamba2(config: Mamba2Config, **overrides) -> HiloConfig:
     mixer_kwargs = {"head_dim": config.head_dim, "state_size": config.state_size, "expand": config.expand,
                     "n_groups": config.n_groups, "conv_size": config.conv_kernel, "conv_bias": config.use_conv_bias,
                     "dt_min": config.time_step_min, "dt_max": config.time_step_max}
-    mixer_kwargs.update(overrides.pop("mixer_kwargs", {}))
-    return HiloConfig(
-        vocab_size=config.vocab_size, hidden_size=config.hidden_size, num_layers=config.num_hidden_layers,
-        mixer="mamba2", mixer_kwargs=mixer_kwargs, mlp=False, norm_eps=config.layer_norm_epsilon,
-        initializer_range=config.initializer_range, tie_word_embeddings=config.tie_word_embeddings,
-        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id,
-        **overrides,
-    )
+    overrides = dict(overrides)
+    mixer_kwargs.update(overrides.pop("mixer_kwargs", {}))  # e.g. {"backend": "torch"}
+    return HiloConfig(**{
+        "vocab_size": config.vocab_size, "hidden_size": config.hidden_size, "num_layers": config.num_hidden_layers,
+        "mixer": "mamba2", "mixer_kwargs": mixer_kwargs, "mlp": False, "norm_eps": config.layer_norm_epsilon,
+        "initializer_range": config.initializer_range, "tie_word_embeddings": config.tie_word_embeddings,
+        "bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id,
+        "pad_token_id": config.pad_token_id, **overrides})
 
 
 def hilo_to_mamba2_state_dict(config: HiloConfig, state_dict: StateDict) -> dict[str, torch.Tensor]:
     """Mamba2ForCausalLM's state dict from a hilo mamba2 model's (mlp=False); only the names change."""
-    mamba2_config_from_hilo(config)
+    conv_bias = mamba2_config_from_hilo(config).use_conv_bias
     used: set[str] = set()
     out = {"backbone.embeddings.weight": _take(state_dict, used, "model.embed_tokens.weight"),
            "backbone.norm_f.weight": _take(state_dict, used, "model.norm.weight"),
@@ -261,8 +260,8 @@ def hilo_to_mamba2_state_dict(config: HiloConfig, state_dict: StateDict) -> dict
         src, dst = f"model.layers.{i}.", f"backbone.layers.{i}."
         out[f"{dst}norm.weight"] = _take(state_dict, used, f"{src}mixer_norm.weight")
         for ours, theirs in _MAMBA2_MIXER_KEYS.items():
-            if ours == "conv.conv.bias" and f"{src}mixer.{ours}" not in state_dict:
-                continue  # conv_bias=False (the config says so; a missing bias otherwise fails the peer's load)
+            if ours == "conv.conv.bias" and not conv_bias:
+                continue
             out[f"{dst}mixer.{theirs}"] = _take(state_dict, used, f"{src}mixer.{ours}")
     _check_all_used(state_dict, used)
     return out

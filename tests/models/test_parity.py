@@ -112,6 +112,11 @@ def test_transformer_matches_llama(tied):
     with torch.no_grad():
         ref = hilo(ids).logits
     assert error_ratio(peer_logits(llama, mapped, ids), ref) <= TOL
+    # and back: the inverse mapping of the peer's own state dict gives hilo's config and weights exactly
+    assert convert.hilo_config_from_llama(llama.config).to_diff_dict() == config.to_diff_dict()
+    back = convert.llama_to_hilo_state_dict(llama.config, llama.state_dict())
+    assert back.keys() == hilo.state_dict().keys()
+    assert all(torch.equal(back[k], v) for k, v in hilo.state_dict().items())
     if not tied:  # decoding does not depend on the tie; one run of it is enough
         prompt = tokens(2, 5, seed=3)
         assert torch.equal(greedy(llama, prompt, 10), greedy(hilo, prompt, 10))
@@ -120,11 +125,6 @@ def test_transformer_matches_llama(tied):
     assert error_ratio(peer_logits(llama, swapped(mapped, q, q, (slice(0, 16), slice(16, 32))), ids), ref) > 1e-2
     gate, up = "model.layers.1.mlp.gate_proj.weight", "model.layers.1.mlp.up_proj.weight"
     assert error_ratio(peer_logits(llama, swapped(mapped, gate, up), ids), ref) > 1e-2
-    # and back: the inverse mapping gives hilo's state dict exactly
-    back = convert.llama_to_hilo_state_dict(llama.config, mapped)
-    assert convert.hilo_config_from_llama(llama.config).to_diff_dict() == config.to_diff_dict()
-    assert back.keys() == hilo.state_dict().keys()
-    assert all(torch.equal(back[k], v) for k, v in hilo.state_dict().items())
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -149,6 +149,11 @@ def test_mamba2_matches_transformers():
     with torch.no_grad():
         ref = hilo(ids).logits
     assert error_ratio(peer_logits(peer, mapped, ids), ref) <= TOL
+    assert convert.hilo_config_from_mamba2(peer_config).mixer_kwargs == {
+        **MAMBA2["mixer_kwargs"], "conv_bias": True, "dt_min": 1e-3, "dt_max": 1e-1}
+    back = convert.mamba2_to_hilo_state_dict(peer_config, peer.state_dict())
+    assert back.keys() == hilo.state_dict().keys()
+    assert all(torch.equal(back[k], v) for k, v in hilo.state_dict().items())
     prompt = tokens(2, 6, seed=6)
     assert torch.equal(greedy(peer, prompt, 10), greedy(hilo, prompt, 10))
     # B and C exchanged (the two n_groups * state_size row blocks of in_proj after x), or D zeroed, would not pass
@@ -158,11 +163,6 @@ def test_mamba2_matches_transformers():
     assert error_ratio(peer_logits(peer, bc, ids), ref) > 1e-2
     no_d = dict(mapped, **{"backbone.layers.1.mixer.D": torch.zeros(8)})
     assert error_ratio(peer_logits(peer, no_d, ids), ref) > 1e-2
-    back = convert.mamba2_to_hilo_state_dict(peer_config, mapped)
-    assert convert.hilo_config_from_mamba2(peer_config).mixer_kwargs == {
-        **MAMBA2["mixer_kwargs"], "conv_bias": True, "dt_min": 1e-3, "dt_max": 1e-1}
-    assert back.keys() == hilo.state_dict().keys()
-    assert all(torch.equal(back[k], v) for k, v in hilo.state_dict().items())
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -183,6 +183,11 @@ def test_gated_deltanet_layer_matches_qwen3_next():
     peer = Qwen3NextGatedDeltaNet(peer_config, 0).eval()
     mapped = convert.hilo_to_qwen3_next_gdn_state_dict(config, hilo.state_dict())
     peer.load_state_dict(mapped, strict=True)
+    kwargs = convert.gated_deltanet_kwargs_from_qwen3_next(peer_config)
+    assert kwargs == {"mixer_kwargs": GDN["mixer_kwargs"], "norm_eps": config.norm_eps}
+    back = convert.qwen3_next_gdn_to_hilo_state_dict(peer_config, peer.state_dict())
+    assert back.keys() == hilo.state_dict().keys()
+    assert all(torch.equal(back[k], v) for k, v in hilo.state_dict().items())
     x = torch.randn(2, 70, 48, generator=torch.Generator().manual_seed(8))  # two of the peer's 64-token chunks
     positions = torch.arange(70).expand(2, 70)
     cache, peer_cache = HiloCache([False]), DynamicCache(config=peer_config)
@@ -202,11 +207,6 @@ def test_gated_deltanet_layer_matches_qwen3_next():
                     swapped(mapped, "in_proj_ba.weight", "in_proj_ba.weight", (slice(0, 1), slice(1, 2)))):
             peer.load_state_dict(bad, strict=True)
             assert error_ratio(peer(x), ref) > 1e-2
-    kwargs = convert.gated_deltanet_kwargs_from_qwen3_next(peer_config)
-    assert kwargs == {"mixer_kwargs": GDN["mixer_kwargs"], "norm_eps": config.norm_eps}
-    back = convert.qwen3_next_gdn_to_hilo_state_dict(peer_config, mapped)
-    assert back.keys() == hilo.state_dict().keys()
-    assert all(torch.equal(back[k], v) for k, v in hilo.state_dict().items())
 
 
 # --------------------------------------------------------------------------------------------------------------
