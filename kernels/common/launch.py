@@ -17,6 +17,7 @@ inner block's values winning inside it. A setting left at None follows its head-
 
 import dataclasses
 import threading
+import typing
 from contextlib import contextmanager
 from typing import Any
 
@@ -79,8 +80,48 @@ class LogLinearDeltaRule:
     bwd_scan_stages: int | None = None  # pipelining stages of the backward scans (None: loglinear_delta_bwd_stages)
 
 
+@dataclasses.dataclass(frozen=True)
+class ShortConv:
+    """kernels/short_conv's Triton launches: [block_t tokens, block_c channels] tiles and warps a program."""
+
+    block_t: int = 64  # without an initial state (training)
+    block_c: int = 64
+    warps: int = 4
+    state_block_t: int = 32  # with one (decoding's prefill)
+    state_block_c: int = 64
+    state_warps: int = 4
+    silu_in_graph: bool | None = None  # SiLU as torch ops after the op (None: while torch.compile traces the call)
+
+
+@dataclasses.dataclass(frozen=True)
+class HLA:
+    """kernels/hla's fused kernels (kernels/hla/triton_fused.py), per kernel family: the sequential state scans, the
+    chunk outputs (_chunk_out), the value gradients (_pass_dvalues), the query / key gradients (_pass_dqk)."""
+
+    scan_warps: int = 4
+    scan_stages: int = 2
+    scan_maxnreg: int | None = None
+    scan_by: int | None = None  # the scans' state columns (None: 64, halved to 32 on small grids)
+    out_warps: int = 4
+    out_stages: int = 2
+    out_maxnreg: int | None = None
+    out_bk: int = 128  # the K loop's block
+    out_by: int | None = None  # output columns (None: hla_cols' rule)
+    dvalues_warps: int = 4
+    dvalues_stages: int = 2
+    dvalues_maxnreg: int | None = None
+    dvalues_bk: int = 128
+    dvalues_bv: int | None = None  # output columns (None: hla_cols' rule)
+    dqk_warps: int = 4
+    dqk_stages: int = 2
+    dqk_maxnreg: int | None = None
+    dqk_bk: int = 64
+    dqk_bv: int | None = None  # the V loop's block (None: 32, even at V = 16)
+
+
 FAMILIES: dict[str, type] = {"delta_rule": DeltaRule, "linear_attn": LinearAttn, "loglinear_attn": LogLinearAttn,
-                             "loglinear_delta_rule": LogLinearDeltaRule}
+                             "loglinear_delta_rule": LogLinearDeltaRule, "short_conv": ShortConv,
+                             "hla": HLA}
 
 _lock = threading.Lock()
 _current: dict[str, Any] = {name: cls() for name, cls in FAMILIES.items()}
@@ -108,12 +149,9 @@ def _check(family: str, fields: dict) -> None:
     for name, value in fields.items():
         if name not in known:
             raise ValueError(f"{family}: unknown launch setting {name!r}; expected one of {sorted(known)}")
-        default = getattr(defaults(family), name)
-        if value is None:
-            ok = "None" in str(known[name].type)
-        else:
-            ok = type(value) is (int if default is None else type(default))  # a bool is no int here
-        if not ok:
+        kinds = typing.get_args(known[name].type) or (known[name].type,)  # int | None -> (int, NoneType)
+        if type(value) not in kinds:  # exact: a bool is no int here
+            default = getattr(defaults(family), name)
             raise ValueError(f"{family}: {name}={value!r}: expected {known[name].type} (default {default!r})")
 
 
@@ -185,3 +223,16 @@ def loglinear_delta_bwd_stages(dk: int, in_dtype) -> int:
     if chosen:
         return chosen
     return 2 if dk > 128 and loglinear_delta_pieces16(dk, in_dtype) else 1
+
+
+class HLACols(typing.NamedTuple):
+    out_by: int
+    dvalues_bv: int
+
+
+def hla_cols(dk: int) -> HLACols:
+    """The output columns of hla's chunk kernels (_chunk_out's out_by, _pass_dvalues' dvalues_bv) for a pass of key
+    width dk: the settings where set, else 64, or 32 at K > 128 (docs/kernel_settings.md)."""
+    launch = current("hla")
+    wide = 32 if dk > 128 else 64
+    return HLACols(launch.out_by or wide, launch.dvalues_bv or wide)
