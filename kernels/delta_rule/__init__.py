@@ -1,4 +1,4 @@
-"""Gated DeltaNet (SPEC §2, `delta_rule`): S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,
+"""Gated DeltaNet (`delta_rule`, docs/kernels.md): S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,
 o_t = scale * q_t^T S_t, per head, over [B, T, H, D] tensors.
 
 Backends: "triton" (chunked WY/UT kernels, forward and backward; on CPU tensors only under TRITON_INTERPRET=1),
