@@ -193,11 +193,11 @@ CASES: dict[str, OpCase] = {
                                    {"q": QKV_TOL, "k": QKV_TOL, "v": QKV_TOL, "beta": GATE_TOL, "g": GATE_TOL,
                                     "level_scales": GATE_TOL, "initial_levels": QKV_TOL}, oracle="torch"),
     # the fused chunked kernels, with the two-pass compositions over linear_attn's Triton kernels beside them (bf16
-    # passes for hla2, fp32 for ahla unless HILO_HLA=compose16=1: kernels.hla.compose)
+    # passes for hla2, fp32 for ahla: kernels.hla.compose)
     **{op: OpCase(_make_hla, _call_hla(op),
                   {"q": QKV_TOL, "k": QKV_TOL, "v": QKV_TOL, "g": GATE_TOL, "initial_state": QKV_TOL},
                   backend="fused", baselines={f"{op}_compose": "triton"}) for op in ("hla2", "ahla")},
-    # third order: the three-pass composition only (bf16 passes; HILO_HLA=compose16=0 runs them in fp32)
+    # third order: the three-pass composition only (bf16 passes for bf16 inputs)
     "hla3": OpCase(functools.partial(_make_hla, fields=3), _call_hla("hla3"),
                    {"q": QKV_TOL, "k": QKV_TOL, "v": QKV_TOL, "g": GATE_TOL, "initial_state": QKV_TOL},
                    backend="triton"),

@@ -163,8 +163,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def hilo_environment() -> str:
-    """The kernels' HILO_* build options set in the environment, as the command's prefix ("HILO_X=a HILO_Y=b "):
-    they change what runs, so the recorded command must carry them."""
+    """The kernels' HILO_* options set in the environment (docs/kernel_settings.md), as the command's prefix
+    ("HILO_X=a HILO_Y=b "): they change what runs, so the recorded command must carry them."""
     import os
     import shlex
 

@@ -1,4 +1,4 @@
-"""hilo kernels: one package per operator family (SPEC §2).
+"""hilo kernels: one package per operator family (docs/kernels.md).
 
 Each family exposes one public function that validates its inputs and picks a backend.
 """

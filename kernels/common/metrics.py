@@ -1,4 +1,4 @@
-"""The SPEC §2 error ratio used by tests and benchmarks."""
+"""The error ratio (docs/kernels.md) used by tests and benchmarks."""
 
 import torch
 

@@ -1,4 +1,4 @@
-"""Input validation and backend choice for the recurrent operators (SPEC §2 conventions).
+"""Input validation and backend choice for the recurrent operators (the conventions of docs/kernels.md).
 
 Every error names the operator and says what was expected. Values of a CUDA cu_seqlens are checked with
 torch._assert_async (a device-side assertion, no host synchronisation); a CPU cu_seqlens is checked on the
@@ -16,7 +16,7 @@ MAX_HEAD_DIM = 256
 # The delta-rule operators (delta_rule, loglinear_delta_rule) take value heads up to twice as wide: all their kernels
 # hold the whole K in a tile but loop or block over V, so Gated DeltaNet's K = 256, V = 512 heads can run in one call
 # and do the K-only work (the WY/UT form, (I + A)^{-1}, their gradients) once. Exact on CPU (fp32, interpreter); in
-# bf16 on the GPU not yet checked at V > 256, so the GDN layers still call per 256 columns by default (session 9).
+# bf16 on the GPU not yet checked at V > 256, so the GDN layers still call per 256 columns by default.
 MAX_DELTA_VALUE_DIM = 512
 
 

@@ -1,4 +1,4 @@
-"""Gated DeltaNet (SPEC §2, `delta_rule`): S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,
+"""Gated DeltaNet (`delta_rule`, docs/kernels.md): S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,
 o_t = scale * q_t^T S_t, per head, over [B, T, H, D] tensors.
 
 Backends: "triton" (chunked WY/UT kernels, forward and backward; on CPU tensors only under TRITON_INTERPRET=1),
@@ -62,32 +62,20 @@ def delta_rule(
     from .triton_bwd import delta_rule_triton
 
     if q.is_cuda:
-        min_k, min_v = padded_head_dims(q.dtype)
+        min_k, min_v = PADDED_HEAD_DIMS
         if q.shape[-1] < min_k or v.shape[-1] < min_v:
             return delta_rule_triton_padded(q, k, v, beta, g, scale, initial_state, output_final_state, cu_seqlens)
     return delta_rule_triton(q, k, v, beta, g, scale, initial_state, output_final_state, cu_seqlens)
 
 
-# On the H200 (Triton 3.6, bf16) the kernels hit an illegal memory access at K = V = 16 with every build switch and
-# at K = 64, V = 32 (2026-11-29); K = 32, V = 64 and every V >= 60 were exact there. Heads narrower than
-# PADDED_HEAD_DIMS (K, V) run zero-padded to it. The two-kernel 16-bit backward (HILO_DELTA_RULE=fused_bwd=0 with
-# lowp_bwd on, not the default) faulted in _grads_wy_kernel at K = 32 with every V and prepare mode (fp16 and bf16,
-# 2026-11-30, benchmarks/gpu_sessions/s13_diag_delta.py) and ran exactly at K = 64: it pads K to 64.
+# On the H200 (Triton 3.6, bf16) the kernels hit an illegal memory access at K = V = 16 and at K = 64, V = 32;
+# K = 32, V = 64 and every V >= 60 were exact there. CUDA heads narrower than PADDED_HEAD_DIMS (K, V) run zero-padded
+# to it.
 PADDED_HEAD_DIMS = (32, 64)
-PADDED_K_TWO_KERNEL_LOWP = 64
-
-
-def padded_head_dims(dtype: torch.dtype) -> tuple[int, int]:
-    """(K, V) that CUDA calls of the Triton delta rule are zero-padded up to, under the current build switches."""
-    from .triton_fwd import OPTIONS
-
-    if dtype != torch.float32 and OPTIONS["lowp_bwd"] and not OPTIONS["fused_bwd"]:
-        return max(PADDED_HEAD_DIMS[0], PADDED_K_TWO_KERNEL_LOWP), PADDED_HEAD_DIMS[1]
-    return PADDED_HEAD_DIMS
 
 
 def delta_rule_triton_padded(q, k, v, beta, g, scale, initial_state, output_final_state, cu_seqlens):
-    """The Triton delta rule on heads zero-padded to at least padded_head_dims (K, V), then sliced back: exact,
+    """The Triton delta rule on heads zero-padded to at least PADDED_HEAD_DIMS (K, V), then sliced back: exact,
     because zero key columns never touch the state (k^T S and k k^T ignore them, so padded state rows stay zero)
     and zero value columns only fill state and output columns that are dropped. scale must already be resolved."""
     import torch.nn.functional as F
@@ -95,7 +83,7 @@ def delta_rule_triton_padded(q, k, v, beta, g, scale, initial_state, output_fina
     from .triton_bwd import delta_rule_triton
 
     dk, dv = q.shape[-1], v.shape[-1]
-    min_k, min_v = padded_head_dims(q.dtype)
+    min_k, min_v = PADDED_HEAD_DIMS
     pk, pv = max(dk, min_k) - dk, max(dv, min_v) - dv
     h0 = None if initial_state is None else F.pad(initial_state, (0, pv, 0, pk))
     o, final = delta_rule_triton(F.pad(q, (0, pk)), F.pad(k, (0, pk)), F.pad(v, (0, pv)), beta, g, scale, h0,

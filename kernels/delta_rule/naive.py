@@ -1,4 +1,4 @@
-"""The Gated DeltaNet recurrence of SPEC §2, token by token in fp32: the test oracle.
+"""The Gated DeltaNet recurrence (docs/kernels.md), token by token in fp32: the test oracle.
 
 S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,   o_t = scale * q_t^T S_t   (per head).
 """

@@ -7,14 +7,11 @@ the gradients are, going backwards through the chunks with dS' (the gradient at 
   dU = scale P^T dO + Kbar dS',     dS = e^{gamma_C} dS' + scale (diag(e^gamma) Q)^T dO - W^T dU,
 and then, chunk by chunk in parallel: dW = -dU S^T, dX = T^T dW, dY = T^T dU, dT = dW X^T + dU Y^T,
 dA = -T^T dT T^T (strictly lower part), plus the direct terms of Q, K, beta and gamma; dg is the reverse
-cumsum of dgamma inside the chunk. Launches (triton_fwd.OPTIONS selects between the layouts):
-  1. intra (per (chunk, head, V-block)): dU_intra = scale P^T dO; or, with intra_in_state_bwd, formed inside 2;
+cumsum of dgamma inside the chunk. Launches:
+  1. intra (per (chunk, head, V-block)): dU_intra = scale P^T dO;
   2. reverse state pass (per (document, head, V-block)): dS' per chunk, dU, and the initial-state gradient;
-  3. fused_bwd (default): grads (per (chunk, head)): everything else in one program, with dA = -dY U^T (see
-     _grads_kernel); otherwise two kernels:
-  3a. grads_qk (per (chunk, head), looping over V-blocks): dq, the output and state-write parts of dk and dgamma,
-     and dW;
-  3b. grads_wy (per (chunk, head)): through the UT transform: dv, dbeta, the rest of dk and dgamma, dg.
+  3. grads (per (chunk, head)): everything else in one program, with dA = -dY U^T (see _grads_kernel): dW, dgamma
+     and the partial dk never go through HBM.
 The forward's chunk states, pseudo-values, U~, W and T are saved, not recomputed.
 """
 
@@ -25,23 +22,10 @@ import triton
 import triton.language as tl
 
 from kernels.common.compile import absent_grad, dense_outputs
+from kernels.common.launch import current
 from kernels.common.varlen import chunk_table, sequence_bounds
 
-from .triton_fwd import (
-    CHUNK,
-    GRADS_BLOCKS,
-    NUM_STAGES,
-    NUM_WARPS,
-    OPTIONS,
-    STATE_BV,
-    block_sizes,
-    delta_rule_fwd,
-    dot_precision,
-    launch_warps,
-    lowp,
-    state_block_v,
-    state_stages,
-)
+from .triton_fwd import CHUNK, block_sizes, delta_rule_fwd, dot_precision, state_block_v, state_stages
 
 
 @triton.jit
@@ -82,13 +66,11 @@ def _state_bwd_kernel(
     dh_ptr, dh0_ptr, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, PREC: tl.constexpr, INTRA: tl.constexpr,
-    SCALE_V: tl.constexpr,
+    HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Reverse pass over a document's chunks. INTRA: also form dU_intra = scale P^T dO here (work independent of
-    dS, off the recurrence's critical path) instead of reading it from the intra kernel's output. SCALE_V (bits):
-    1 = the decay of Kbar dS' applied to the [C, BV] product instead of to K, 2 = scale e^gamma applied to dO instead
-    of to Q. On sm_90 (Triton 3.9, 8 warps) 2 alone spills least (BV 64: 32 B vs 320 B for 0 and 136 B for 3)."""
+    """Reverse pass over a document's chunks, reading dU_intra from the intra kernel's output. scale e^gamma goes on
+    dO rather than on Q, and the decay of Kbar dS' on K: on sm_90 (Triton 3.9, 8 warps) that spills least (BV 64:
+    32 B against 320 B with both on K and 136 B with both on the [C, BV] tiles)."""
     pid_v = tl.program_id(0)
     pid_h = tl.program_id(1)
     pid_n = tl.program_id(2)
@@ -122,208 +104,17 @@ def _state_bwd_kernel(
         b_gamma = tl.load(gamma_ptr + tok * H + pid_h, mask=rmask, other=0.0)
         g_last = tl.load(gamma_ptr + last * H + pid_h)
         b_do = tl.load(do_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], mask=m2, other=0.0)
-        if INTRA:
-            incl = rows[:, None] >= rows[None, :]
-            decay_t = tl.exp(tl.where(incl, b_gamma[:, None] - b_gamma[None, :], float("-inf")))
-            b_pt = tl.dot(b_k, tl.trans(b_q), input_precision=PREC) * tl.trans(decay_t) * scale
-            b_du = tl.dot(b_pt.to(b_do.dtype), b_do, input_precision=PREC)
-        else:
-            b_du = tl.load(du_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], mask=m2,
-                           other=0.0).to(tl.float32)
-        if SCALE_V % 2 == 1:
-            # Kbar dS' = diag(e^{gamma_C - gamma}) (K dS'): the decay on the [C, BV] result, K used as loaded.
-            b_du += tl.dot(b_k, dstate.to(b_k.dtype), input_precision=PREC) * tl.exp(g_last - b_gamma)[:, None]
-        else:
-            b_kbar = (b_k.to(tl.float32) * tl.exp(g_last - b_gamma)[:, None]).to(b_k.dtype)
-            b_du += tl.dot(b_kbar, dstate.to(b_k.dtype), input_precision=PREC)
+        b_du = tl.load(du_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], mask=m2,
+                       other=0.0).to(tl.float32)
+        b_kbar = (b_k.to(tl.float32) * tl.exp(g_last - b_gamma)[:, None]).to(b_k.dtype)
+        b_du += tl.dot(b_kbar, dstate.to(b_k.dtype), input_precision=PREC)
         tl.store(du_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], b_du.to(du_ptr.dtype.element_ty),
                  mask=m2)
-        if SCALE_V >= 2:
-            b_dod = (b_do.to(tl.float32) * (tl.exp(b_gamma) * scale)[:, None]).to(b_do.dtype)
-            dstate = dstate * tl.exp(g_last) + tl.dot(tl.trans(b_q), b_dod, input_precision=PREC)
-        else:
-            b_qd = (b_q.to(tl.float32) * (tl.exp(b_gamma) * scale)[:, None]).to(b_q.dtype)
-            dstate = dstate * tl.exp(g_last) + tl.dot(tl.trans(b_qd), b_do, input_precision=PREC)
+        b_dod = (b_do.to(tl.float32) * (tl.exp(b_gamma) * scale)[:, None]).to(b_do.dtype)
+        dstate = dstate * tl.exp(g_last) + tl.dot(tl.trans(b_q), b_dod, input_precision=PREC)
         dstate -= tl.dot(tl.trans(b_w), b_du.to(b_w.dtype), input_precision=PREC)
     if STORE_DH0:
         tl.store(dh0_ptr + (pid_n * H + pid_h) * K * V + s_off, dstate, mask=smask)
-
-
-@triton.jit
-def _grads_qk_kernel(
-    q_ptr, k_ptr, gamma_ptr, u_ptr, h_ptr, dh_ptr, do_ptr, du_ptr, table_ptr,
-    dq_ptr, dk_ptr, dw_ptr, dgam_ptr, scale,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    C: tl.constexpr, KB: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-):
-    """dq; the parts of dk and dgamma from the output (S and P terms) and the state write (Kbar^T U, e^{gamma_C}
-    S); dW = -dU S^T for the second kernel. K is walked in blocks of KB so that only [C, KB] tiles stay live."""
-    pid_c = tl.program_id(0)
-    pid_h = tl.program_id(1)
-    start = tl.load(table_ptr + pid_c * 3).to(tl.int64)
-    end = tl.load(table_ptr + pid_c * 3 + 1).to(tl.int64)
-    if end <= start:
-        return
-    rows = tl.arange(0, C)
-    tok = start + rows
-    rmask = tok < end
-    b_gamma = tl.load(gamma_ptr + tok * H + pid_h, mask=rmask, other=0.0)
-    last = end - start - 1
-    g_last = tl.load(gamma_ptr + (end - 1) * H + pid_h)
-    dt = q_ptr.dtype.element_ty
-    h_base = pid_c.to(tl.int64) * H * K * V + pid_h * K * V
-
-    b_dp = tl.zeros([C, C], dtype=tl.float32)
-    for v0 in range(0, V, BV):
-        offs_v = v0 + tl.arange(0, BV)
-        m2 = rmask[:, None] & (offs_v < V)[None, :]
-        vptrs = (tok[:, None] * H + pid_h) * V + offs_v[None, :]
-        b_do = tl.load(do_ptr + vptrs, mask=m2, other=0.0)
-        b_u = tl.load(u_ptr + vptrs, mask=m2, other=0.0)
-        b_dp += tl.dot(b_do, tl.trans(b_u), input_precision=PREC)
-    b_qk = tl.zeros([C, C], dtype=tl.float32)
-    for k0 in range(0, K, KB):
-        offs_k = k0 + tl.arange(0, KB)
-        mk = rmask[:, None] & (offs_k < K)[None, :]
-        kptrs = (tok[:, None] * H + pid_h) * K + offs_k[None, :]
-        b_qk += tl.dot(tl.load(q_ptr + kptrs, mask=mk, other=0.0), tl.trans(tl.load(k_ptr + kptrs, mask=mk, other=0.0)),
-                       input_precision=PREC)
-    incl = rows[:, None] >= rows[None, :]
-    decay = tl.exp(tl.where(incl, b_gamma[:, None] - b_gamma[None, :], float("-inf")))
-    e_gamma = tl.exp(b_gamma)
-    e_end = tl.where(rmask, tl.exp(g_last - b_gamma), 0.0)
-    # Intra-chunk output term P = scale Q K^T * Gamma * M.
-    b_e = b_dp * b_qk * decay * scale
-    b_dgam = tl.sum(b_e, 1) - tl.sum(b_e, 0)
-    b_dpm = (b_dp * decay * scale).to(dt)
-    b_glast = tl.zeros([C], dtype=tl.float32)
-
-    for k0 in range(0, K, KB):
-        offs_k = k0 + tl.arange(0, KB)
-        kmask = offs_k < K
-        mk = rmask[:, None] & kmask[None, :]
-        kptrs = (tok[:, None] * H + pid_h) * K + offs_k[None, :]
-        b_dqs = tl.zeros([C, KB], dtype=tl.float32)
-        b_kb = tl.zeros([C, KB], dtype=tl.float32)
-        b_dw = tl.zeros([C, KB], dtype=tl.float32)
-        b_dgl = tl.zeros([KB], dtype=tl.float32)
-        for v0 in range(0, V, BV):
-            offs_v = v0 + tl.arange(0, BV)
-            vmask = offs_v < V
-            m2 = rmask[:, None] & vmask[None, :]
-            vptrs = (tok[:, None] * H + pid_h) * V + offs_v[None, :]
-            b_do = tl.load(do_ptr + vptrs, mask=m2, other=0.0)
-            b_u = tl.load(u_ptr + vptrs, mask=m2, other=0.0)
-            b_du = tl.load(du_ptr + vptrs, mask=m2, other=0.0).to(dt)
-            smask = kmask[:, None] & vmask[None, :]
-            s_off = h_base + offs_k[:, None] * V + offs_v[None, :]
-            b_h = tl.load(h_ptr + s_off, mask=smask, other=0.0)
-            b_dh = tl.load(dh_ptr + s_off, mask=smask, other=0.0)
-            b_dqs += tl.dot(b_do, tl.trans(b_h), input_precision=PREC)
-            b_kb += tl.dot(b_u, tl.trans(b_dh), input_precision=PREC)
-            b_dw -= tl.dot(b_du, tl.trans(b_h), input_precision=PREC)
-            b_dgl += tl.sum(b_dh.to(tl.float32) * b_h.to(tl.float32), 1)
-        tl.store(dw_ptr + kptrs, b_dw.to(dw_ptr.dtype.element_ty), mask=mk)
-        b_q = tl.load(q_ptr + kptrs, mask=mk, other=0.0)
-        b_k = tl.load(k_ptr + kptrs, mask=mk, other=0.0)
-        b_dq = b_dqs * (e_gamma * scale)[:, None] + tl.dot(b_dpm, b_k, input_precision=PREC)
-        tl.store(dq_ptr + kptrs, b_dq.to(dq_ptr.dtype.element_ty), mask=mk)
-        # State write Kbar^T U with Kbar = diag(e^{gamma_C - gamma}) K, and the carried e^{gamma_C} S.
-        b_dk = tl.dot(tl.trans(b_dpm), b_q, input_precision=PREC) + b_kb * e_end[:, None]
-        tl.store(dk_ptr + kptrs, b_dk.to(dk_ptr.dtype.element_ty), mask=mk)
-        b_dgam += e_gamma * scale * tl.sum(b_q.to(tl.float32) * b_dqs, 1)
-        b_term = e_end * tl.sum(b_k.to(tl.float32) * b_kb, 1)
-        b_dgam -= b_term
-        b_glast += tl.exp(g_last) * tl.sum(b_dgl, 0) + tl.sum(b_term, 0)
-    b_dgam += tl.where(rows == last, b_glast, 0.0)
-    tl.store(dgam_ptr + tok * H + pid_h, b_dgam, mask=rmask)
-
-
-@triton.jit
-def _grads_wy_kernel(
-    k_ptr, v_ptr, beta_ptr, gamma_ptr, tinv_ptr, w_ptr, ut_ptr, du_ptr, dw_ptr, dk_part_ptr, dgam_ptr, table_ptr,
-    dk_ptr, dv_ptr, dbeta_ptr, dg_ptr,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    C: tl.constexpr, KB: tl.constexpr, BV: tl.constexpr,
-    HAS_G: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr,
-):
-    """Through the UT transform: dv, dbeta, the rest of dk and dgamma; then dg = reverse cumsum of dgamma.
-
-    dA = -T^T (dW X^T + dU Y^T) T^T = -(dX W^T + dY U~^T), since X^T T^T = W^T and Y^T T^T = U~^T. K is walked in
-    blocks of KB (twice: dA needs every block before dk can be formed).
-    """
-    pid_c = tl.program_id(0)
-    pid_h = tl.program_id(1)
-    start = tl.load(table_ptr + pid_c * 3).to(tl.int64)
-    end = tl.load(table_ptr + pid_c * 3 + 1).to(tl.int64)
-    if end <= start:
-        return
-    rows = tl.arange(0, C)
-    tok = start + rows
-    rmask = tok < end
-    b_beta = tl.load(beta_ptr + tok * H + pid_h, mask=rmask, other=0.0).to(tl.float32)
-    b_gamma = tl.load(gamma_ptr + tok * H + pid_h, mask=rmask, other=0.0)
-    # Operand dtype of the products: the input dtype under LOWP (fp32 accumulation), else fp32 (tf32 or ieee).
-    mdt = k_ptr.dtype.element_ty if LOWP else tl.float32
-    b_tt = tl.trans(tl.load(tinv_ptr + (tok[:, None] * H + pid_h) * C + rows[None, :], mask=rmask[:, None],
-                            other=0.0)).to(mdt)
-
-    b_da = tl.zeros([C, C], dtype=tl.float32)
-    b_dbeta = tl.zeros([C], dtype=tl.float32)
-    for v0 in range(0, V, BV):
-        offs_v = v0 + tl.arange(0, BV)
-        m2 = rmask[:, None] & (offs_v < V)[None, :]
-        vptrs = (tok[:, None] * H + pid_h) * V + offs_v[None, :]
-        b_v = tl.load(v_ptr + vptrs, mask=m2, other=0.0).to(tl.float32)
-        b_ut = tl.load(ut_ptr + vptrs, mask=m2, other=0.0).to(tl.float32)
-        b_du = tl.load(du_ptr + vptrs, mask=m2, other=0.0).to(mdt)
-        b_dy = tl.dot(b_tt, b_du, input_precision=PREC)
-        tl.store(dv_ptr + vptrs, (b_dy * b_beta[:, None]).to(dv_ptr.dtype.element_ty), mask=m2)
-        b_dbeta += tl.sum(b_dy * b_v, 1)
-        b_da -= tl.dot(b_dy.to(mdt), tl.trans(b_ut.to(mdt)), input_precision=PREC)
-    b_kk = tl.zeros([C, C], dtype=tl.float32)
-    for k0 in range(0, K, KB):
-        offs_k = k0 + tl.arange(0, KB)
-        mk = rmask[:, None] & (offs_k < K)[None, :]
-        kptrs = (tok[:, None] * H + pid_h) * K + offs_k[None, :]
-        b_dx = tl.dot(b_tt, tl.load(dw_ptr + kptrs, mask=mk, other=0.0).to(mdt), input_precision=PREC)
-        b_w = tl.load(w_ptr + kptrs, mask=mk, other=0.0).to(mdt)
-        b_da -= tl.dot(b_dx.to(mdt), tl.trans(b_w), input_precision=PREC)
-        b_k = tl.load(k_ptr + kptrs, mask=mk, other=0.0)
-        b_kk += tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
-    e_gamma = tl.exp(b_gamma)
-    # A = diag(beta) (K K^T * Gamma) on the strictly lower part.
-    strict = rows[:, None] > rows[None, :]
-    dstrict = tl.exp(tl.where(strict, b_gamma[:, None] - b_gamma[None, :], float("-inf")))
-    b_kkd = b_kk * dstrict
-    b_da = tl.where(strict, b_da, 0.0)
-    b_ga = b_da * b_beta[:, None] * dstrict
-    b_gam = b_ga.to(mdt)
-    b_dbeta += tl.sum(b_da * b_kkd, 1)
-    b_d = b_da * b_kkd * b_beta[:, None]
-    b_dgam = tl.load(dgam_ptr + tok * H + pid_h, mask=rmask, other=0.0) + tl.sum(b_d, 1) - tl.sum(b_d, 0)
-    # X = diag(beta e^gamma) K.
-    b_xw = b_beta * e_gamma
-    for k0 in range(0, K, KB):
-        offs_k = k0 + tl.arange(0, KB)
-        mk = rmask[:, None] & (offs_k < K)[None, :]
-        kptrs = (tok[:, None] * H + pid_h) * K + offs_k[None, :]
-        b_dx = tl.dot(b_tt, tl.load(dw_ptr + kptrs, mask=mk, other=0.0).to(mdt), input_precision=PREC)
-        b_k = tl.load(k_ptr + kptrs, mask=mk, other=0.0)
-        b_dk = tl.load(dk_part_ptr + kptrs, mask=mk, other=0.0).to(tl.float32) + b_dx * b_xw[:, None]
-        b_dk += tl.dot(b_gam, b_k.to(mdt), input_precision=PREC) + tl.dot(tl.trans(b_gam), b_k.to(mdt),
-                                                                         input_precision=PREC)
-        b_k = b_k.to(tl.float32)
-        tl.store(dk_ptr + kptrs, b_dk.to(dk_ptr.dtype.element_ty), mask=mk)
-        b_tmp = e_gamma * tl.sum(b_dx * b_k, 1)
-        b_dbeta += b_tmp
-        b_dgam += b_beta * b_tmp
-
-    tl.store(dbeta_ptr + tok * H + pid_h, b_dbeta, mask=rmask)
-    if HAS_G:
-        b_dgam = tl.where(rmask, b_dgam, 0.0)
-        b_dg = tl.sum(b_dgam, 0) - tl.cumsum(b_dgam, axis=0) + b_dgam
-        tl.store(dg_ptr + tok * H + pid_h, b_dg, mask=rmask)
 
 
 @triton.jit
@@ -334,8 +125,8 @@ def _grads_kernel(
     C: tl.constexpr, KB: tl.constexpr, BV: tl.constexpr, BV2: tl.constexpr,
     HAS_G: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr,
 ):
-    """grads_qk and grads_wy in one program per (chunk, head): dq, dk, dv, dbeta, dg; dW, dgamma and partial dk
-    stay in registers.
+    """The backward's chunk-parallel part in one program per (chunk, head): dq, dk, dv, dbeta, dg; dW, dgamma and
+    partial dk stay in registers.
 
     dA needs no pass over W: dA = -(dX W^T + dY U~^T) with dX W^T = T^T dW W^T = -T^T dU S^T W^T = -dY (W S)^T,
     and U = U~ - W S, so dA = -dY U^T (U the forward's pseudo-values). So dA, dv and the dbeta term of Y come from
@@ -462,18 +253,18 @@ def _grads_kernel(
 
 
 def grads_launch() -> dict:
-    """num_warps, num_stages and (when capped) maxnreg of the fused backward kernel: OPTIONS' grads_* where set."""
-    out = {"num_warps": launch_warps("grads"),
-           "num_stages": int(OPTIONS["grads_stages"]) or NUM_STAGES["grads"]}
-    if int(OPTIONS["grads_maxnreg"]):
-        out["maxnreg"] = int(OPTIONS["grads_maxnreg"])
+    """num_warps, num_stages and (when capped) maxnreg of the fused backward kernel (kernels.common.launch)."""
+    launch = current("delta_rule")
+    out = {"num_warps": launch.grads_warps, "num_stages": launch.grads_stages}
+    if launch.grads_maxnreg:
+        out["maxnreg"] = launch.grads_maxnreg
     return out
 
 
 def delta_rule_bwd(q, k, v, beta, g, scale, want_dh0, bounds, table, choff, saved, do, dht):
     """Gradients (dq, dk, dv, dbeta fp32, dg fp32 or None, dh0 fp32 or None unless want_dh0) on the packed
     [L, H, *] layout."""
-    gamma, tinv, w, ut, u, hs = saved
+    gamma, tinv, w, _ut, u, hs = saved
     total, h, dk = q.shape
     dv = v.shape[-1]
     n = bounds.numel() - 1
@@ -481,61 +272,34 @@ def delta_rule_bwd(q, k, v, beta, g, scale, want_dh0, bounds, table, choff, save
     bk, bv = block_sizes(dk, dv)
     prec = dot_precision(q.dtype)
     dev = q.device
-    low = lowp(q.dtype, "lowp_bwd")
-    mid = q.dtype if low else torch.float32  # dtype of the large intermediates dU, dW, partial dk
-    du = torch.empty(total, h, dv, device=dev, dtype=mid)
+    low = q.dtype != torch.float32  # 16-bit inputs: input-dtype dot operands and dU (fp32 accumulation)
+    launch = current("delta_rule")
+    du = torch.empty(total, h, dv, device=dev, dtype=q.dtype if low else torch.float32)
     sbv = state_block_v(dk, dv, n * h, dev, "state_bwd")
-    mode = int(OPTIONS["intra_in_state_bwd"])
-    # auto: only when the pass needs no V split to fill the GPU (short documents, many programs: throughput-bound);
-    # long documents with few (sequence, head) pairs keep the sequential pass as light as possible.
-    intra_fused = mode == 1 or (mode == 2 and sbv >= min(STATE_BV["state_bwd"], dv))
-    if not intra_fused:
-        _intra_kernel[(triton.cdiv(dv, bv), rows, h)](
-            q, k, gamma, do, table, du, scale, H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, PREC=prec,
-            num_warps=NUM_WARPS["intra"],
-        )
+    _intra_kernel[(triton.cdiv(dv, bv), rows, h)](
+        q, k, gamma, do, table, du, scale, H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, PREC=prec,
+        num_warps=launch.intra_warps,
+    )
     dh = torch.empty(rows, h, dk, dv, device=dev, dtype=q.dtype)
     dh0 = torch.empty(n, h, dk, dv, device=dev, dtype=torch.float32) if want_dh0 else None
     _state_bwd_kernel[(triton.cdiv(dv, sbv), h, n)](
         q, k, gamma, w, do, du, bounds, choff, dht if dht is not None else gamma,
         dh, dh0 if dh0 is not None else gamma, scale,
         H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=sbv, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
-        PREC=prec, INTRA=intra_fused, SCALE_V=2 if OPTIONS["state_scale_v"] else 0, num_warps=launch_warps("state_bwd"),
-        num_stages=state_stages(bk, q.element_size(), sbv),
+        PREC=prec, num_warps=launch.state_bwd_warps, num_stages=state_stages(bk, q.element_size(), sbv),
     )
     dq = torch.empty_like(q)
-    if OPTIONS["fused_bwd"]:
-        bv_full = max(16, triton.next_power_of_2(dv))
-        dkk = torch.empty_like(k)
-        dvv = torch.empty_like(v)
-        dbeta = torch.empty(total, h, device=dev, dtype=torch.float32)
-        dg = torch.empty(total, h, device=dev, dtype=torch.float32) if g is not None else None
-        _grads_kernel[(rows, h)](
-            q, k, v, beta, gamma, tinv, u, hs, dh, do, du, table, dq, dkk, dvv, dbeta,
-            dg if dg is not None else dbeta, scale,
-            H=h, K=dk, V=dv, C=CHUNK, KB=min(bk, GRADS_BLOCKS["kb"]), BV=min(bv_full, GRADS_BLOCKS["bv"]),
-            BV2=min(bv_full, GRADS_BLOCKS["bv2"]), HAS_G=g is not None, PREC=prec,
-            LOWP=low, **grads_launch(),
-        )
-        return dq, dkk, dvv, dbeta, dg, dh0
-    dk_part = torch.empty(total, h, dk, device=dev, dtype=mid)
-    dw = torch.empty(total, h, dk, device=dev, dtype=mid)
-    dgam = torch.empty(total, h, device=dev, dtype=torch.float32)
-    _grads_qk_kernel[(rows, h)](
-        q, k, gamma, u, hs, dh, do, du, table, dq, dk_part, dw, dgam, scale,
-        H=h, K=dk, V=dv, C=CHUNK, KB=min(bk, 64), BV=min(bv, 32), PREC=prec, num_warps=NUM_WARPS["grads_qk"],
-        num_stages=NUM_STAGES["grads_qk"],
-    )
+    bv_full = max(16, triton.next_power_of_2(dv))
     dkk = torch.empty_like(k)
     dvv = torch.empty_like(v)
     dbeta = torch.empty(total, h, device=dev, dtype=torch.float32)
     dg = torch.empty(total, h, device=dev, dtype=torch.float32) if g is not None else None
-    _grads_wy_kernel[(rows, h)](
-        k, v, beta, gamma, tinv, w, ut, du, dw, dk_part, dgam, table, dkk, dvv, dbeta,
-        dg if dg is not None else dbeta,
-        H=h, K=dk, V=dv, C=CHUNK, KB=min(bk, 64), BV=bv, HAS_G=g is not None, PREC=prec, LOWP=low,
-        num_warps=NUM_WARPS["grads_wy"],
-        num_stages=NUM_STAGES["grads_wy"],
+    _grads_kernel[(rows, h)](
+        q, k, v, beta, gamma, tinv, u, hs, dh, do, du, table, dq, dkk, dvv, dbeta,
+        dg if dg is not None else dbeta, scale,
+        H=h, K=dk, V=dv, C=CHUNK, KB=min(bk, launch.grads_kb), BV=min(bv_full, launch.grads_bv),
+        BV2=min(bv_full, launch.grads_bv2), HAS_G=g is not None, PREC=prec,
+        LOWP=low, **grads_launch(),
     )
     return dq, dkk, dvv, dbeta, dg, dh0
 

@@ -1,4 +1,4 @@
-"""Higher-order linear attention (SPEC §3): masked second-order HLA (`hla2`), asymmetric HLA (`ahla`) and masked
+"""Higher-order linear attention (docs/kernels.md): masked second-order HLA (`hla2`), asymmetric HLA (`ahla`) and masked
 third-order HLA (`hla3`), per head, with q multiplied by `scale` (it enters every pass, so hla2 and ahla scale
 as scale^2 and hla3 as scale^3), b_t = prod_{r <= t} exp(g_r) within a document:
 
@@ -11,10 +11,9 @@ as scale^2 and hla3 as scale^3), b_t = prod_{r <= t} exp(g_r) within a document:
   "torch"   the exact composition of linear_attn passes (kernels.hla.compose) over linear_attn's chunked
             PyTorch path; the default off CUDA;
   "triton"  the same composition over linear_attn's Triton kernels, forward and backward: for bf16 inputs of
-            hla2 and hla3 in bf16 ("compose16", see kernels.hla.compose; HILO_HLA=compose16=1 adds ahla, =0
-            removes all), else in fp32. The default on CUDA for hla3, and for hla2 with bf16 inputs (4.4-4.9 ms
+            hla2 and hla3 in bf16 ("compose16", see kernels.hla.compose), else in fp32. The default on CUDA for hla3, and for hla2 with bf16 inputs (4.4-4.9 ms
             fwd+bwd at 16K x 2 on the H200 against the fused kernels' 7.1, within the bf16 check);
-  "fused"   hla2 and ahla: SPEC §3's chunked second-order algorithm in Triton
+  "fused"   hla2 and ahla: the chunked second-order algorithm in Triton
             (kernels.hla.triton_fused), the inner and outer states (S and F; P and E) carried in fp32 and the
             inputs read in their own dtype, forward and backward; the default on CUDA for ahla, and for hla2 with
             fp32 / fp16 inputs (~20x faster than fp32 passes); on CPU tensors it needs TRITON_INTERPRET=1, like

@@ -1,4 +1,4 @@
-"""The HLA family as exact compositions of linear attention passes (SPEC §3's table).
+"""The HLA family as exact compositions of linear attention passes (docs/kernels.md).
 
 With LA(Q, K, V; p g) = kernels.linear_attn with decay exp(p g) and HLA's `scale` on Q (each pass takes it as
 linear_attn's own scale: every pass is linear in Q):
@@ -19,14 +19,13 @@ precision; o is returned in q's dtype. Gradients are autograd through the passes
 bf16 inputs on the "triton" backend run the passes in bf16 instead ("compose16"), as fla's two-pass composition
 does: linear_attn's 16-bit kernels (tensor-core dots), K~ / V~ and their gradients rounded to bf16 between the
 passes, decays and states in fp32. That is the default for hla2 and hla3 (and, through kernels.hla, their default
-backend on CUDA for bf16 inputs); HILO_HLA=compose16=1 extends it to ahla, compose16=0 turns it off. On the H200
-(2026-11-30, 16K x 2, H = 16, D = 128, fwd+bwd; benchmarks/RESULTS.md) compose16 passes SPEC §2's bf16 check for all
-three ops (worst, with linear_attn's split_scores: hla2 final state 3.9e-3, ahla o 4.3e-3 of its 5e-3 bound, hla3 o
-4.3e-3) and takes hla2 4.1 ms against the fused kernels' 7.1, ahla 4.2 against 7.0 and hla3 6.6-7.4 (fp32 passes:
-ahla's two took 200 ms). ahla keeps the fused kernels by default: at T = 32,768 its compose16 output error is 5.4e-3
-and 5.0e-3 of the bound with decays 0.999 and 0.99 (hla2 and hla3 there: 2.9-4.4e-3; benchmarks/hla_numerics.py).
-In float64 on CPU the rounding between passes alone moves the bf16 error ratio of o and every gradient from 1.65e-3
-to 2.1-2.35e-3 at T = 4K and 16K (benchmarks/hla_compose_rounding.py).
+backend on CUDA for bf16 inputs). On the H200 (16K x 2, H = 16, D = 128, fwd+bwd) compose16 passes the bf16 check
+of docs/kernels.md for all three ops (worst, with linear_attn's split scores: hla2 final state 3.9e-3, ahla o 4.3e-3
+of its 5e-3 bound, hla3 o 4.3e-3) and takes hla2 4.1 ms against the fused kernels' 7.1, ahla 4.2 against 7.0 and
+hla3 6.6-7.4 (fp32 passes: ahla's two took 200 ms). ahla keeps fp32 passes (and the fused kernels by default): at
+T = 32,768 its compose16 output error is 5.4e-3 and 5.0e-3 of the bound with decays 0.999 and 0.99 (hla2 and hla3
+there: 2.9-4.4e-3; benchmarks/hla_numerics.py). In float64 on CPU the rounding between passes alone moves the bf16
+error ratio of o and every gradient from 1.65e-3 to 2.1-2.35e-3 at T = 4K and 16K.
 """
 
 import torch
@@ -46,19 +45,13 @@ def _pass(q, k, v, g, power, state, output_final_state, cu_seqlens, backend, sca
 # Input dtypes compose16 runs the passes in: bf16 only. fp16's range (65504) is too small for HLA's intermediates
 # and outputs, which grow with t: with non-negative features and a weak decay, fp16 passes gave inf / NaN at T = 70.
 COMPOSE16_DTYPES = (torch.bfloat16,)
-# The ops compose16 applies to unless HILO_HLA=compose16 says otherwise (see the module docstring).
-COMPOSE16_DEFAULT_OPS = ("hla2", "hla3")
+# The ops compose16 applies to (see the module docstring: ahla's error at long T is too close to the bound).
+COMPOSE16_OPS = ("hla2", "hla3")
 
 
 def compose16(op: str, dtype: torch.dtype) -> bool:
-    """Whether `op`'s composition runs its passes in `dtype` (HILO_HLA=compose16: unset, the default ops; 1, all;
-    0, none)."""
-    from .triton_fused import OPTIONS
-
-    if dtype not in COMPOSE16_DTYPES:
-        return False
-    flag = OPTIONS["compose16"]
-    return op in COMPOSE16_DEFAULT_OPS if flag is None else bool(flag)
+    """Whether `op`'s composition runs its passes in `dtype`."""
+    return dtype in COMPOSE16_DTYPES and op in COMPOSE16_OPS
 
 
 def pass_dtype(op: str, dtype: torch.dtype, backend: str) -> torch.dtype:
@@ -70,11 +63,9 @@ def pass_dtype(op: str, dtype: torch.dtype, backend: str) -> torch.dtype:
 
 
 def _one_op(op, backend, normalize, cu_seqlens, q, k, v) -> bool:
-    """HILO_HLA's one_op (on by default) and a call kernels.hla.compose_op takes: hla2's or hla3's passes as one op
-    on the "triton" backend, fixed-length, without normalize, where its fused gradient accumulation applies."""
-    from .triton_fused import OPTIONS
-
-    if not (OPTIONS["one_op"] and backend == "triton" and not normalize and cu_seqlens is None):
+    """Whether a call takes kernels.hla.compose_op: hla2's or hla3's passes as one op on the "triton" backend,
+    fixed-length, without normalize, where its fused gradient accumulation applies."""
+    if not (backend == "triton" and not normalize and cu_seqlens is None):
         return False
     from .compose_op import applies
 

@@ -1,14 +1,13 @@
-"""hla2's two and hla3's three linear_attn passes as one custom op pair each (the default; HILO_HLA=one_op=0 runs
-them separately).
+"""hla2's two and hla3's three linear_attn passes as one custom op pair each (where it applies, below).
 
 As separate linear_attn ops, the passes' backward leaves full-size additions to autograd, each a read of two
 [B, T, H, K] tensors and a write of one: for hla2 q's gradient from both passes (dq1 + dq2) and k's from the first
 pass, where k is both the keys and the values (dk + dv); for hla3, q's from three passes and k's from the first two
 (dk1 + dv1 + dk2). On the H200, hla2 at 16K x 2 (H = 16, K = V = 128, bf16) took 4.14 ms against 2 x 2.01 for its
-two linear_attn passes alone (session 16). Here the backward kernels add them in place: a later pass's dq goes into
+two linear_attn passes alone. Here the backward kernels add them in place: a later pass's dq goes into
 the next earlier pass's (linear_attn's chunk_bwd with dq_acc), and the first pass, whose values are the keys, stores
 dk + dv itself (self_values): the same values, one gradient tensor each (hla3 keeps one addition, dk1 + dv1 + dk2).
-Session 17, hla2 at the same shape: 4.015 ms against 4.089 as separate passes (two rounds each), 3.899 with
+hla2 at the same shape: 4.015 ms against 4.089 as separate passes (two rounds each), 3.899 with
 linear_attn's backward at 4 warps (now its default).
 
 It applies where the accumulating one-tile kernel takes those passes (kernels.linear_attn.triton_bwd.

@@ -1,4 +1,4 @@
-"""References for the HLA family (SPEC §3): the masked matrices, the token recurrences, the chunked algorithm.
+"""References for the HLA family (docs/kernels.md): the masked matrices, the token recurrences, the chunked algorithm.
 
 Per head, q already multiplied by `scale`, b_t = prod_{r <= t} exp(g_r), D_ts = b_t / b_s [s <= t],
 L the causal mask (s <= t) and W = D * (q k^T) (W = L * (q k^T) without decay):
@@ -19,7 +19,7 @@ kernels.hla.state.decay_powers:
            F_t = a F_{t-1} + (S_t^T q_t)(P_t^T q_t)^T,                                     o_t = q_t^T F_t
 
 (unrolling each gives the sums above; S^T q, as linear_attn reads its state, equals S q for states built from
-tokens, which are symmetric). `hla2_chunked` is SPEC §3's one-pass chunked second-order algorithm (the
+tokens, which are symmetric). `hla2_chunked` is the one-pass chunked second-order algorithm (the
 fused kernel's algorithm) in PyTorch.
 """
 
@@ -121,7 +121,7 @@ def hla_recurrent(op, q, k, v, g, decay, normalize, eps, scale, initial_state, o
 
 def hla2_chunked(q, k, v, g=None, *, decay: str = "d1", scale: float = 1.0, chunk: int = 16,
                  initial_state=None, output_final_state: bool = False):
-    """SPEC §3's one-pass chunked second-order algorithm (the fused kernel's), for B sequences without cu_seqlens.
+    """The one-pass chunked second-order algorithm (the fused kernel's), for B sequences without cu_seqlens.
 
     Per chunk of C tokens, with l the in-chunk inclusive cumsum of g, Gamma^(p)_tj = exp(p (l_t - l_j)) [j <= t]
     and (p_in, p_out) = (2, 1) for "d1", (1, 2) for "d2", from the carried S (K x K) and F (K x V):

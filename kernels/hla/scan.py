@@ -1,5 +1,5 @@
 """The paper's parallel form of second-order HLA: an associative (semidirect-product) operator over segment
-summaries and an exclusive scan over chunks (SPEC §3, "associative-scan form"). A reference that shows the
+summaries and an exclusive scan over chunks (the associative-scan form of docs/kernels.md). A reference that shows the
 paper's claim (a parallel scan reproduces the serial activations exactly) for the masked operator; the
 production path is kernels.hla.compose.
 
@@ -16,7 +16,7 @@ A token is (k k^T, q v^T, q, 0, 0; rho = exp(g_t)); on the inclusive prefix of t
 The decayed rule is the "decay every summary" one: its serial form is G_t = a^2 G_{t-1} + a k_t (k_t^T C_{t-1}).
 
 AHLA (ahla_scan) uses summaries (R, P, E; rho) with R = sum k q^T, P = sum k v^T, E = sum_i k_i q_i^T P_i and
-    (R_A+R_B, r P_A+P_B, r E_A+E_B+r R_B P_A, rho_A r),  r = rho_B:  R is not decayed (SPEC §3 item 3),
+    (R_A+R_B, r P_A+P_B, r E_A+E_B+r R_B P_A, rho_A r),  r = rho_B:  R is not decayed (docs/kernels.md),
 a token is (k q^T, k v^T, (q.k) k v^T; exp(g_t)) and o_t = q_t^T E on the inclusive prefix of t (the masked ahla).
 """
 
@@ -155,7 +155,7 @@ def ahla_combine(a: AHLASummary, b: AHLASummary) -> AHLASummary:
     """AHLA's semidirect product, segment a then segment b (associative), r = rho_B:
         (R_A + R_B,  r P_A + P_B,  r E_A + E_B + r R_B P_A,  rho_A r).
     For a token i of B, P_i = (b_i / b_endA) P_A + (its in-B prefix); E weighs it by b_endB / b_i, so the cross
-    term is r sum_{i in B} k_i q_i^T P_A: R must not decay (SPEC §3 item 3; the paper decays it)."""
+    term is r sum_{i in B} k_i q_i^T P_A: R must not decay (the paper decays it)."""
     if b.rho is None:
         return AHLASummary(a.R + b.R, a.P + b.P, a.E + b.E + b.R @ a.P, None)
     r = b.rho[..., None, None]

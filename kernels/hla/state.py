@@ -55,7 +55,7 @@ def decay_powers(op: str, decay: str) -> tuple[int, int]:
     if decay not in DECAYS:
         raise ValueError(f"{op}: decay must be one of {DECAYS}, got {decay!r}")
     if op != "hla2" and decay != "d1":
-        raise ValueError(f"{op}: only decay='d1' is defined (SPEC §3); 'd2' exists for hla2 only")
+        raise ValueError(f"{op}: only decay='d1' is defined; 'd2' exists for hla2 only")
     if op == "ahla":
         return 1, 1
     return (2, 1) if decay == "d1" else (1, 2)

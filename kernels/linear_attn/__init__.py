@@ -1,4 +1,4 @@
-"""Linear attention with a scalar per-head log decay: Mamba-2 SSD / simple GLA (SPEC §2, `linear_attn`).
+"""Linear attention with a scalar per-head log decay: Mamba-2 SSD / simple GLA (`linear_attn`, docs/kernels.md).
 
     S_t = exp(g_t) S_{t-1} + k_t v_t^T,    o_t = scale * q_t^T S_t      (per head, S is K x V)
 

@@ -85,7 +85,7 @@ def _packed_states(local, decay_last, h0, seq, offsets, nc):
     the chunk table: one step per chunk of the table, a document's first chunk starting from its initial state."""
     first = (torch.arange(nc, device=local.device) == offsets[seq]).unbind(0)
     # per-chunk views taken once by unbind: indexing the stacked tensors inside the loop would make autograd add a
-    # full-size zero gradient per chunk, quadratic in the chunk count (benchmarks/RESULTS.md, session 19)
+    # full-size zero gradient per chunk, quadratic in the chunk count (docs/performance.md)
     local_c, decay_c, h0_c = local.unbind(0), decay_last.unbind(0), h0[seq].unbind(0)
     states_in, states_out = [], []
     prev = h0_c[0]

@@ -1,4 +1,4 @@
-"""The definition of SPEC §2, token by token: the test oracle.
+"""The definition (docs/kernels.md), token by token: the test oracle.
 
 S_t = exp(g_t) S_{t-1} + k_t v_t^T,  o_t = scale * q_t^T S_t   (per head; S is K x V; S_0 = initial_state).
 Computed in float32 (float64 when the inputs are float64); differentiable through autograd.

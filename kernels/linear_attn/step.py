@@ -1,4 +1,4 @@
-"""One-token recurrent update for decoding (SPEC §2): S' = exp(g) S + k v^T, o = scale * q^T S'."""
+"""One-token recurrent update for decoding (docs/kernels.md): S' = exp(g) S + k v^T, o = scale * q^T S'."""
 
 import torch
 

@@ -22,9 +22,9 @@ exactly (g there scales the whole entering state, read by every later token; dS_
 gets from this chunk on), from tiles each chunk's backward program loads anyway (the two-kernel path takes
 <dS_out, S_in> in _chunk_dv_bwd, run first), and a token's dg is that value minus the sum of dL/dG over the chunk's
 earlier tokens (at most 63 terms). On the H200 (bf16, T = 777) dg's error ratio went 1.76e-2 -> 4.7e-3 with the
-same value taken in the sequential dstates pass (session 14), which cost that pass 128 -> 228 registers a thread
+same value taken in the sequential dstates pass, which cost that pass 128 -> 228 registers a thread
 (sm_90, AOT) and linear_attn 2.07 -> 2.18 ms at 16K; this form leaves the pass as it was (128): on the H200 its
-check passes with dg under o's 3.7e-3 and linear_attn takes 1.99 ms at 16K (session 15). A float64 emulation of the
+check passes with dg under o's 3.7e-3 and linear_attn takes 1.99 ms at 16K. A float64 emulation of the
 kernels' bf16 roundings (benchmarks/kernel_rounding.py --dg) reproduces both earlier forms (1.52e-2, 4.94e-3) and
 gives this one 3.85e-3.
 """
@@ -36,10 +36,10 @@ import triton
 import triton.language as tl
 
 from kernels.common.compile import absent_grad, dense_outputs
+from kernels.common.launch import current
 
 from .triton_fwd import (
     BT,
-    OPTIONS,
     Layout,
     _chunk_bounds,
     _pow2,
@@ -336,6 +336,15 @@ def _segment_reverse_cumsum(x: torch.Tensor, lay: Layout) -> torch.Tensor:
     return (csum[:, last] - csum + xt).t().to(torch.float32)
 
 
+def bwd_launch() -> dict:
+    """num_warps, num_stages and (when capped) maxnreg of the fused backward kernel (kernels.common.launch)."""
+    launch = current("linear_attn")
+    out = {"num_warps": launch.bwd_warps, "num_stages": launch.bwd_stages}
+    if launch.bwd_maxnreg:
+        out["maxnreg"] = launch.bwd_maxnreg
+    return out
+
+
 def chunk_bwd(q, k, v, g, do, dht, hs, scale, h0, lay: Layout, need_dh0: bool, dq_acc=None,
               self_values: bool = False):
     """Gradients (dq, dk, dv, dg or None, dh0 or None) on the packed layout; hs are the forward's chunk states. q, k
@@ -360,7 +369,7 @@ def chunk_bwd(q, k, v, g, do, dht, hs, scale, h0, lay: Layout, need_dh0: bool, d
             fin if fin is not None else dhs, gseg if gseg is not None else dhs, lay.bounds, lay.offsets, scale,
             lay.seqlen, lay.nt, seg, H=h, G=groups, K=dk_, V=dv_, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
             HAS_DHT=dht is not None, STORE_DH0=need_dh0, IS_VARLEN=lay.varlen, PREC=dot_precision(k), FINALS=finals,
-            num_warps=OPTIONS["state_warps"] or 4, num_stages=OPTIONS["state_stages"] or 3)
+            num_warps=current("linear_attn").state_warps, num_stages=current("linear_attn").state_stages)
 
     if nseg > 1:  # segment 0's own share carries nowhere
         launch(nseg - 1, True)
@@ -381,8 +390,7 @@ def chunk_bwd(q, k, v, g, do, dht, hs, scale, h0, lay: Layout, need_dh0: bool, d
                                         dq_acc if dq_acc is not None else q, lay.table, scale, lay.seqlen, lay.nt,
                                         H=h, G=groups, K=dk_, V=dv_, BT=BT, BK=_pow2(dk_), BV=_pow2(dv_),
                                         HAS_G=g is not None, IS_VARLEN=lay.varlen, PREC=prec, **extra,
-                                        num_warps=OPTIONS["bwd_warps"] or 4, num_stages=OPTIONS["bwd_stages"] or 1,
-                                        **({"maxnreg": OPTIONS["bwd_maxnreg"]} if OPTIONS["bwd_maxnreg"] else {}))
+                                        **bwd_launch())
     else:
         bk = _pow2(dk_, hi=64 if wide_fp32 else 128)
         stages = 1 if wide_fp32 else 2

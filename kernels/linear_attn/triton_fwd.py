@@ -17,47 +17,22 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common.env_options import read_options
 from kernels.common.gpu import DEFAULT_MULTIPROCESSORS, multiprocessors
+from kernels.common.launch import current
 from kernels.common.varlen import chunk_table
 
 BT = 64
-# HILO_LINEAR_ATTN="split_scores=0|1" (default 1): 16-bit inputs multiply _chunk_out_fwd's intra-chunk scores into v
-# as two 16-bit halves (the scores rounded, then what rounding left out, rounded) instead of one rounded copy, one more
-# [BT, BT] x [BT, BV] product. That rounding is the largest the kernel adds (a float64 emulation of the bf16 forward,
-# benchmarks/kernel_rounding.py); on the H200 (2026-11-30, SPEC's bf16 check, 16K x 2, H = 16, D = 128) o's error
+# 16-bit inputs multiply _chunk_out_fwd's intra-chunk scores into v as two 16-bit halves (the scores rounded, then
+# what rounding left out, rounded) instead of one rounded copy, one more [BT, BT] x [BT, BV] product: that rounding
+# is the largest the kernel adds, and on the H200 (bf16 check of docs/kernels.md, 16K x 2, H = 16, D = 128) o's error
 # ratio went 3.73e-3 -> 3.36e-3 for linear_attn, 5.00e-3 -> 4.33e-3 (of 5e-3) for ahla's bf16 composition, for
-# 1.989 -> 1.998 ms fwd+bwd. 0 restores the single rounded copy.
-# HILO_LINEAR_ATTN="state_bk=64,state_bv=16,state_warps=2,state_stages=4": the [K, V] tile, warps and software
-# pipeline depth of the sequential state kernels (_chunk_states_fwd, _chunk_dstates_bwd; 0: state_blocks' choice, 4
-# warps, 3 stages: on the H200, fwd+bwd at 16K x 2 / 32K x 1, 1 stage 2.35 / 3.27 ms, 2 stages 2.00 / 2.59 (2.47 at
-# 32x32 tiles), 3 stages 1.98 / 2.56 (2.46), 4 stages 1.99 / 2.57; session 15). Each program walks all of a
-# document's chunks one after another (~1.3-1.5 us a chunk on the H200), so at long T these two kernels dominate: at
-# 32K x 1 they were 1.35 of linear_attn's 2.87 ms (session 15 profile; at 16K x 2, 0.74 of 2.26, the fused backward
-# 0.89). state_blocks narrows the tiles on small grids, and "state_segments=n" (0, the default: segment_count's rule,
-# which segments only long walks on narrow grids; 1: never; 2-32: n) splits each walk into n shorter ones side by
-# side (segment_count says how and when it pays).
-# "out_warps" / "out_stages" (_chunk_out_fwd; default 4 warps, 2 stages) and "bwd_warps" / "bwd_stages" (the fused
-# backward _chunk_bwd_fused; 4 and 1) set the chunk-parallel kernels' launches; 0 keeps the default, and
-# "bwd_maxnreg=96|128|168" caps the backward kernel's registers a thread. The backward took 8 warps until session 17:
-# on the H200 at 16K x 2 (bf16, K = V = 128, three rounds each) 4 warps took fwd+bwd 1.910 ms against 1.979, and
-# hla2 at 16K 3.899 against 4.015, although at 4 warps ptxas spills 416 bytes a thread (252 registers, no spill, at 8;
-# AOT sm_90). Session 17 also timed a backward that walked V in 16-64-wide blocks to keep one accumulator live (no
-# spill at 220-240 registers): 1.969-2.321 ms against 1.978, so it was removed.
-OPTIONS = {"split_scores": True, "state_bk": 0, "state_bv": 0, "state_warps": 0, "state_stages": 0,
-           "state_segments": 0, "out_warps": 0, "out_stages": 0, "bwd_warps": 0, "bwd_stages": 0,
-           "bwd_maxnreg": 0}
-_WARPS, _STAGES = (0, 1, 2, 4, 8, 16), (0, 1, 2, 3, 4)
-_ALLOWED = {"state_bk": (0, 16, 32, 64), "state_bv": (0, 16, 32, 64), "state_warps": _WARPS, "state_stages": _STAGES,
-            "state_segments": (0, 1, 2, 3, 4, 6, 8, 12, 16, 32), "out_warps": _WARPS, "out_stages": _STAGES,
-            "bwd_warps": _WARPS, "bwd_stages": _STAGES, "bwd_maxnreg": (0, 96, 128, 168)}
-
-
-def _read_options() -> None:
-    read_options("HILO_LINEAR_ATTN", OPTIONS, _ALLOWED)
-
-
-_read_options()
+# 1.989 -> 1.998 ms fwd+bwd.
+# Launch settings (warps, stages, the state kernels' tiles and segments): kernels.common.launch's LinearAttn table
+# (docs/kernel_settings.md). The sequential state kernels walk each document's chunks one after another (~1.3-1.5 us
+# a chunk on the H200), so at long T they dominate; 3 stages measured fastest (fwd+bwd at 16K x 2 / 32K x 1: 1 stage
+# 2.35 / 3.27 ms, 2 stages 2.00 / 2.59, 3 stages 1.98 / 2.56, 4 stages 1.99 / 2.57). The fused backward takes 4 warps:
+# at 16K x 2 (bf16, K = V = 128) fwd+bwd 1.910 ms against 1.979 with 8, hla2 3.899 against 4.015, although ptxas
+# spills 416 bytes a thread there (none at 8 warps).
 
 
 @triton.jit
@@ -201,7 +176,7 @@ def _chunk_out_fwd(q, k, v, g, hs, o, table, scale, T, NT,
                  other=0.0)
     scores_hi = scores.to(vb.dtype)
     acc += tl.dot(scores_hi, vb, input_precision=PREC)
-    if SPLIT:  # what rounding the scores left out, as a second 16-bit operand (OPTIONS["split_scores"])
+    if SPLIT:  # 16-bit inputs: what rounding the scores left out, as a second 16-bit operand (see the top)
         acc += tl.dot((scores - scores_hi.to(tl.float32)).to(vb.dtype), vb, input_precision=PREC)
     tl.store(o + (o_t[:, None] * H + i_h) * V + o_v[None, :], (acc * scale).to(o.dtype.element_ty),
              mask=m_t[:, None] & (o_v[None, :] < V))
@@ -239,9 +214,9 @@ class Layout:
 
 def state_blocks(dk: int, dv: int, programs_per_block: int) -> tuple[int, int]:
     """K/V tiles of the sequential state kernels: 64x64, narrowed to 64x32 and then 32x32 while the grid has fewer
-    than 256 programs (OPTIONS' state_bk / state_bv override either). Each program walks every chunk of its document
+    than 256 programs (the launch settings' state_bk / state_bv override either). Each program walks every chunk of its document
     at ~1.3-1.5 us a chunk on the H200, whatever its tile, so on few sequence-heads more, smaller programs finish
-    sooner: at 32K x 1, H = 16 (16 sequence-heads) 32x32 took linear_attn fwd+bwd from 2.59 to 2.46 ms (session 15);
+    sooner: at 32K x 1, H = 16 (16 sequence-heads) 32x32 took linear_attn fwd+bwd from 2.59 to 2.46 ms;
     at 16K x 2 the 256 programs of 64x32 were as fast as 512 of 32x32."""
     bk, bv = _pow2(dk, hi=64), _pow2(dv, hi=64)
 
@@ -252,10 +227,11 @@ def state_blocks(dk: int, dv: int, programs_per_block: int) -> tuple[int, int]:
         bv = 32
     if programs() < 256 and bk > 32:
         bk = 32
-    if OPTIONS["state_bk"]:
-        bk = _pow2(dk, hi=OPTIONS["state_bk"])
-    if OPTIONS["state_bv"]:
-        bv = _pow2(dv, hi=OPTIONS["state_bv"])
+    launch = current("linear_attn")
+    if launch.state_bk:
+        bk = _pow2(dk, hi=launch.state_bk)
+    if launch.state_bv:
+        bv = _pow2(dv, hi=launch.state_bv)
     return bk, bv
 
 
@@ -269,14 +245,14 @@ SEGMENT_MIN_CHUNKS = 512
 
 def segment_count(nt: int, programs: int, multiprocessors: int = DEFAULT_MULTIPROCESSORS) -> int:
     """How many segments the sequential state kernels split a document of up to nt chunks into, for a grid of
-    `programs` per segment (OPTIONS' state_segments: 0, the default, the rule below; 1 none; n, n). In segments the
+    `programs` per segment (the launch settings' state_segments: None, the default, the rule below; 1 none; n, n). In segments the
     walks are shorter and run side by side, after a first launch that takes each segment's own contribution (a plain
     sum of products, no walk through the state) and its gates' sum, at the price of one more launch each way and
     one more read of the kernels' inputs. That pays only where the walk's length sets the time: a long walk on a
-    grid narrower than the GPU. On the H200 (session 16, bf16, K = V = 128, fwd+bwd) the rule took 32K x 1 at H = 4
+    grid narrower than the GPU. On the H200 (bf16, K = V = 128, fwd+bwd) the rule took 32K x 1 at H = 4
     (64 programs, 12 segments) from 1.49 to 1.24 ms, at H = 8 (128 programs, 6) from 1.81 to 1.25, 64K x 1 at H = 4
     from 2.94 to 1.24; but 16K x 1 at H = 8 (a walk of 256 chunks in 6 segments) from 0.99 to 1.20, although its GPU
-    kernel time fell from 0.90 to 0.62 ms (session 17's profile: the loss is the call's host time, its extra
+    kernel time fell from 0.90 to 0.62 ms (by a profile: the loss is the call's host time, its extra
     launches, which a busy training step may hide; not yet timed there), and at 16K x 2, H = 16 (256 programs, 3
     segments; the first form, with the gate sums in torch) the two walks' kernel time went from 0.74 to 0.84 ms
     (there the walks are bound by throughput, not by their length). The rule: none on
@@ -284,10 +260,10 @@ def segment_count(nt: int, programs: int, multiprocessors: int = DEFAULT_MULTIPR
     programs in one wave (STATE_BLOCKS_PER_SM a multiprocessor: a second wave would double the walk again), none
     shorter than 16 chunks. With packed documents nt is the longest a document can be, and shorter ones leave some
     segments' programs idle."""
-    want = OPTIONS["state_segments"]
+    want = current("linear_attn").state_segments
     if want == 1:
         return 1
-    if want == 0:
+    if not want:
         if programs >= multiprocessors or nt < SEGMENT_MIN_CHUNKS:
             return 1
         want = min(STATE_BLOCKS_PER_SM * multiprocessors // programs, nt // 16)
@@ -330,7 +306,7 @@ def chunk_states(k, v, g, h0, lay: Layout, store_final: bool):
             fin if fin is not None else hs, gseg if gseg is not None else hs, lay.bounds, lay.offsets, lay.seqlen,
             lay.nt, seg, H=h, G=k.shape[1], K=dk, V=dv, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
             HAS_H0=h0 is not None, STORE_HT=store_final, IS_VARLEN=lay.varlen, PREC=dot_precision(k), FINALS=finals,
-            num_warps=OPTIONS["state_warps"] or 4, num_stages=OPTIONS["state_stages"] or 3)
+            num_warps=current("linear_attn").state_warps, num_stages=current("linear_attn").state_stages)
 
     if nseg > 1:  # the last segment's own contribution carries nowhere
         launch(nseg - 1, True)
@@ -353,6 +329,6 @@ def chunk_fwd(q, k, v, g, scale, h0, lay: Layout, store_final: bool):
     _chunk_out_fwd[grid](q, k, v, g if g is not None else q, hs, o, lay.table, scale, lay.seqlen, lay.nt,
                          H=lay.heads, G=q.shape[1], K=dk, V=dv, BT=BT, BK=bk, BV=bv, HAS_G=g is not None,
                          IS_VARLEN=lay.varlen, PREC=dot_precision(k),
-                         SPLIT=OPTIONS["split_scores"] and v.element_size() == 2,
-                         num_warps=OPTIONS["out_warps"] or 4, num_stages=OPTIONS["out_stages"] or 2)
+                         SPLIT=v.element_size() == 2,
+                         num_warps=current("linear_attn").out_warps, num_stages=current("linear_attn").out_stages)
     return o, ht, hs

@@ -1,4 +1,4 @@
-"""Log-linear attention (SPEC §2 `loglinear_attn`, §4): linear attention whose causal mask is a Fenwick hierarchy.
+"""Log-linear attention (`loglinear_attn`, docs/kernels.md): linear attention whose causal mask is a Fenwick hierarchy.
 
     o_t = scale * sum_{s <= t} lambda_t[l(t, s)] exp(G_t - G_s) (q_t . k_s) v_s,   l(t, s) = bit_length(t XOR s)
 

@@ -1,4 +1,4 @@
-"""Chunked log-linear attention in PyTorch (SPEC §4): exact, differentiable by autograd, the CPU path.
+"""Chunked log-linear attention in PyTorch (docs/kernels.md): exact, differentiable by autograd, the CPU path.
 
 Chunks of C = 64 tokens are aligned to absolute positions (a sequence that starts at position p0 > 0, after an
 initial state, is padded in front with p0 mod C inert tokens: k = v = q = 0, g = 0, beta = 0). Then for query t and

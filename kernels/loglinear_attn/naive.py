@@ -1,4 +1,4 @@
-"""The two reference forms of SPEC §2 log-linear attention, in fp32 (float64 for float64 inputs), differentiable.
+"""The two reference forms of log-linear attention (docs/kernels.md), in fp32 (float64 for float64 inputs), differentiable.
 
 Definition (per head; t, s positions in the document; G_t = sum_{r <= t} g_r):
     o_t = scale * sum_{s <= t} lambda_t[l(t, s)] exp(G_t - G_s) (q_t . k_s) v_s,   l(t, s) = bit_length(t XOR s)
@@ -25,7 +25,7 @@ def _read(lam, q, state):
 
 
 def carry(state: torch.Tensor, pos: int) -> torch.Tensor:
-    """SPEC §2's binary carry before the token at position pos of one sequence (none at 0): with m = the number of
+    """The binary carry (docs/kernels.md) before the token at position pos of one sequence (none at 0): with m = the number of
     trailing zero bits of pos, levels 0..m are added into level m + 1 and cleared. state is [H, L, K, V]."""
     if pos == 0:
         return state

@@ -1,4 +1,4 @@
-"""The per-level state of the log-linear operators, Fenwick level arithmetic and input validation (SPEC §2).
+"""The per-level state of the log-linear operators, Fenwick level arithmetic and input validation (docs/kernels.md).
 
 Level of source position s seen from query position t (positions count from 0 in each document):
     l(t, s) = bit_length(t XOR s)            (0 for s == t)
@@ -8,7 +8,7 @@ State (`LogLinearState`): after a document has consumed `tokens` = n >= 1 tokens
 `levels[:, :, l]` is the K x V state of bucket l as seen from p:
     levels[l] = sum_{s <= p, l(p, s) = l} P_{p<-s} k_s v_s^T        (delta rule: beta_s k_s v_s^T)
 with P_{p<-s} the transition from s to p (exp(G_p - G_s) for linear attention, the product of
-exp(g_r)(I - beta_r k_r k_r^T) for the delta rule). These are exactly the states of SPEC's binary-carry recurrence
+exp(g_r)(I - beta_r k_r k_r^T) for the delta rule). These are exactly the states of the binary-carry recurrence
 after step p. For n == 0 the levels must be zero and are not read (they get no gradient). Continuing from such a state, query t >= n sees prior level l
 through level max(l, bit_length(t XOR (n - 1))), which is what every backend computes.
 """
@@ -133,7 +133,7 @@ def check_loglinear_inputs(op: str, q: torch.Tensor, v: torch.Tensor, level_scal
 
 
 def binary_carry(levels: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """The carry of SPEC's recurrent form before writing the token at position `tokens` (per row, vectorised over
+    """The carry of the recurrent form before writing the token at position `tokens` (per row, vectorised over
     levels, no host synchronisation): for position t >= 1 with m trailing zero bits, levels 0..m are added into level
     m + 1 and cleared. levels [B, H, L, K, V], tokens [B] int64; needs t < 2^(L-1)."""
     nl = levels.shape[2]

@@ -1,4 +1,4 @@
-"""One-token log-linear attention step for decoding (SPEC §2 recurrent form), O(log T) per token.
+"""One-token log-linear attention step for decoding (the recurrent form of docs/kernels.md), O(log T) per token.
 
 With t = state.tokens (this token's position): binary carry (t >= 1, m trailing zero bits of t: levels 0..m are
 added into level m + 1 and cleared), then every level decays by exp(g), k v^T is written to level 0 and

@@ -1,21 +1,9 @@
 """Triton backward of log-linear attention, the autograd.Function tying it to triton_fwd, and the backend entry.
 
-With OPTIONS["form"] == "nodes" (the default) the chunk levels go through triton_nodes (forward and backward) and
-the level scans below are not launched; the intra-chunk kernels are shared by both forms.
-
-Two launches (notation of triton_fwd; P[t, s] = scale q_t.k_s exp(gc_t - gc_s) [s <= t], W[t, s] = P * Lambda):
-  1. `_intra_bwd`, one program per (chunk, head): dW = do v^T, dv = W^T do, dlambda_t[l] = sum_{s: level l}
-     (dW * P)[t, s] for l = 0..6, dP = dW * Lambda, dq = dP k * ..., dk = dP^T q * ... (plain stores, fp32).
-  2. `_level_scan_bwd`, one program per (V-block, sequence, head, level group, direction), the two directions
-     running at once (or as two launches, OPTIONS["scan_bwd_split"]):
-     - direction 0 walks the chunks forward, recomputing R exactly as the forward does, and adds
-       dq_t += scale exp(gc_t) sum_j w_tj (do_t R_j^T) and dlambda_t[6 + j] += [bit j-1 of c] do_t . (q_eff_t R_j);
-     - direction 1 walks them backward carrying dR [K, NJ * BV] (all chunk levels, one tile), starting from the
-       final-state gradient: at chunk c, with dL = sum_j [bit j-1 of c clear] dR_j (the levels c wrote to),
-           dv += kd dL,   dk += exp(gl - gc) * (v dL^T),   dR <- exp(gl) dR + q_eff^T (w * do),
-       then levels reset at c get dR_j = 0.
-     dq, dk, dv and dlambda sum over V-blocks and level groups with fp32 atomics.
-Recomputing R in direction 0 keeps the backward's memory at the forward's (no per-chunk level states stored).
+The chunk levels go through triton_nodes (forward and backward); `_intra_bwd`, one program per (chunk, head), takes
+the levels 0..6 (notation of triton_fwd; P[t, s] = scale q_t.k_s exp(gc_t - gc_s) [s <= t], W[t, s] = P * Lambda):
+dW = do v^T, dv = W^T do, dlambda_t[l] = sum_{s: level l} (dW * P)[t, s] for l = 0..6, dP = dW * Lambda,
+dq = dP k * ..., dk = dP^T q * ... (plain stores, fp32).
 Gate gradient: every decay is exp(G_t - G_s) with q_t carrying exp(G_t) and k_s exp(-G_s) (G the in-document
 cumsum of g), so dL/dG_t = q_t . dq_t - k_t . dk_t (+ sum_j <R_j, dR_j> of the final chunk-level states at a
 document's last token), and dg_t = sum_{s >= t in its document} dL/dG_s (as kernels.linear_attn.triton_bwd).
@@ -32,27 +20,15 @@ from kernels.common.compile import dense_outputs
 from .state import CHUNK_LEVELS, prior_level, segments
 from .triton_fwd import (
     CHUNK,
-    CHUNK_LEVELS_C,
-    FORMS,
-    OPTIONS,
     LevelLayout,
-    _accumulate,
     _chunk_rows,
     _in_chunk_lambda,
     _in_chunk_levels,
-    _mm,
-    _scan_chunk,
-    _sum_levels,
-    _tile_levels,
     dot_precision,
     intra_fwd,
     last_chunk_levels,
     level_layout,
-    level_scan_fwd,
-    lowp,
     pow2,
-    scan_warps,
-    tile_shrink,
 )
 from .triton_nodes import node_scan_bwd, node_scan_fwd
 
@@ -99,88 +75,6 @@ def _intra_bwd(q, k, v, g, lam, do, dq, dk, dv, dlam, chunks, scale, NL,
              mask=m_tk)
 
 
-@triton.jit(do_not_specialize=["NL", "J0", "NJT"])
-def _level_scan_bwd(q, k, v, g, lam, do, drfin, dq, dk, dv, dlam, seqs, scale, NL, J0, NJT,
-                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
-                    BV: tl.constexpr, NJ: tl.constexpr, HAS_G: tl.constexpr, HAS_DRFIN: tl.constexpr,
-                    DIRECTION: tl.constexpr, LOWP: tl.constexpr, PREC: tl.constexpr):
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    if DIRECTION == 2:  # both directions in one launch, alternating along the group axis
-        direction = tl.program_id(2) % 2
-        j0 = J0 + (tl.program_id(2) // 2) * NJ  # this program's levels: j0 + 1 .. j0 + NJ
-    else:
-        direction = DIRECTION
-        j0 = J0 + tl.program_id(2) * NJ
-    i_n, i_h = i_nh // H, i_nh % H
-    bos = tl.load(seqs + i_n * 3).to(tl.int64)
-    eos = tl.load(seqs + i_n * 3 + 1).to(tl.int64)
-    p0 = tl.load(seqs + i_n * 3 + 2).to(tl.int64)
-    front = p0 % C
-    nchunks = (front + eos - bos + C - 1) // C
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    cols = tl.arange(0, NJ * BV)
-    col_j = j0 + cols // BV  # level j - 1 of each column
-    col_v = i_v * BV + cols % BV
-    m_col = col_v < V
-    o_v = i_v * BV + tl.arange(0, BV)
-    o_j = j0 + tl.arange(0, NJ)
-    if direction == 0:
-        state = tl.zeros([BK, NJ * BV], dtype=tl.float32)
-        for i in range(nchunks):
-            c = p0 // C + i
-            o_t, m_t, qb, kb, q_scale, k_scale, decay, keep, read, w = _scan_chunk(
-                q, k, g, lam, bos, eos, bos - front + i * C, c, i_h, o_k, col_j, j0, scale, NL, H, K, C, NJ, BV,
-                HAS_G)
-            state = tl.where(keep[None, :], state, 0.0)
-            m_tv = m_t[:, None] & (o_v[None, :] < V)
-            dob = tl.load(do + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
-            do_cols = _tile_levels(dob, C, NJ, BV)
-            d_q = _mm(do_cols * w, tl.trans(state), q, LOWP, PREC) * q_scale[:, None]
-            _accumulate(dq + (o_t[:, None] * H + i_h) * K + o_k[None, :], d_q, m_t[:, None] & m_k[None, :])
-            reads = _mm(qb, state, q, LOWP, PREC) * (do_cols * q_scale[:, None]) * read.to(tl.float32)[None, :]
-            d_w = tl.sum(tl.reshape(reads, [C, NJ, BV]), 2)
-            lev = CHUNK_LEVELS_C + 1 + o_j
-            _accumulate(dlam + (o_t[:, None] * H + i_h) * NL + lev[None, :], d_w,
-                        mask=m_t[:, None] & (lev < NL)[None, :])
-            vb = tl.load(v + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
-            local = _mm(tl.trans(kb), vb * k_scale[:, None], q, LOWP, PREC)
-            state = state * decay + tl.where(read[None, :], 0.0, _tile_levels(local, BK, NJ, BV))
-    else:
-        d_state = tl.zeros([BK, NJ * BV], dtype=tl.float32)
-        if HAS_DRFIN:
-            c_last = (p0 + eos - bos - 1) // C
-            on = (((c_last >> col_j) & 1) == 1) & m_col & (col_j < NJT)
-            ptr = drfin + ((i_nh.to(tl.int64) * NJT + col_j[None, :]) * K + o_k[:, None]) * V + col_v[None, :]
-            d_state += tl.load(ptr, mask=m_k[:, None] & on[None, :], other=0.0)
-            d_state = tl.where(nchunks > 0, d_state, 0.0)
-        for it in range(nchunks):
-            i = nchunks - 1 - it
-            c = p0 // C + i
-            o_t, m_t, qb, kb, q_scale, k_scale, decay, keep, read, w = _scan_chunk(
-                q, k, g, lam, bos, eos, bos - front + i * C, c, i_h, o_k, col_j, j0, scale, NL, H, K, C, NJ, BV,
-                HAS_G)
-            # the write added kd^T v to every level not read at c: its gradient is the sum of those levels' dR
-            d_local = _sum_levels(tl.where(read[None, :], 0.0, d_state), BK, NJ, BV)
-            m_tv = m_t[:, None] & (o_v[None, :] < V)
-            vb = tl.load(v + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
-            _accumulate(dv + (o_t[:, None] * H + i_h) * V + o_v[None, :],
-                        _mm(kb, d_local, q, LOWP, PREC) * k_scale[:, None], m_tv)
-            d_kd = _mm(vb * k_scale[:, None], tl.trans(d_local), q, LOWP, PREC)
-            _accumulate(dk + (o_t[:, None] * H + i_h) * K + o_k[None, :], d_kd, m_t[:, None] & m_k[None, :])
-            dob = tl.load(do + (o_t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
-            d_read = _tile_levels(dob * q_scale[:, None], C, NJ, BV) * w
-            d_state = d_state * decay + _mm(tl.trans(qb), d_read, q, LOWP, PREC)
-            d_state = tl.where(keep[None, :], d_state, 0.0)
-
-
-def _form() -> str:
-    form = OPTIONS["form"]
-    if form not in FORMS:
-        raise ValueError(f"loglinear_attn OPTIONS['form'] = {form!r}; expected one of {FORMS}")
-    return form
-
-
 def _segment_reverse_cumsum(x: torch.Tensor, lay: LevelLayout) -> torch.Tensor:
     """dg_t = sum_{s >= t in t's document} x_s for x [TT, H] (float64 scan along the token axis)."""
     xt = x.t().to(torch.float64)
@@ -189,9 +83,9 @@ def _segment_reverse_cumsum(x: torch.Tensor, lay: LevelLayout) -> torch.Tensor:
     return (csum[:, last] - csum + xt).t().to(torch.float32)
 
 
-def _loglinear_forward(q, k, v, g, lam, lay, scale, want_final, keep_nodes=True):
+def _loglinear_forward(q, k, v, g, lam, lay, scale, want_final):
     """The kernels' forward: (o fp32 [B, T, H, V], final chunk-level states or None, what the backward needs: the
-    flat inputs and, with OPTIONS["node_save"] and keep_nodes, the forward's nodes)."""
+    flat inputs; the backward recomputes the nodes)."""
     b, t, h, _ = q.shape
     dv = v.shape[-1]
     qf, kf, vf = (x.reshape(b * t, h, x.shape[-1]).contiguous() for x in (q, k, v))
@@ -199,19 +93,15 @@ def _loglinear_forward(q, k, v, g, lam, lay, scale, want_final, keep_nodes=True)
     lf = lam.reshape(b * t, h, lam.shape[-1]).float().contiguous()
     o = torch.empty(b * t, h, dv, device=q.device, dtype=torch.float32)
     intra_fwd(qf, kf, vf, gf, lf, scale, lay, o)
-    rfin, nodes = None, None
-    if lay.nj and _form() == "nodes":
-        rfin, nodes = node_scan_fwd(qf, kf, vf, gf, lf, scale, lay, o, want_final)
-        if not (OPTIONS["node_save"] and keep_nodes):
-            nodes = None  # the backward recomputes them
-    elif lay.nj:
-        rfin = level_scan_fwd(qf, kf, vf, gf, lf, scale, lay, o, want_final)
-    return o.reshape(b, t, h, dv), rfin, (qf, kf, vf, gf, lf, nodes)
+    rfin = None
+    if lay.nj:
+        rfin = node_scan_fwd(qf, kf, vf, gf, lf, scale, lay, o, want_final)
+    return o.reshape(b, t, h, dv), rfin, (qf, kf, vf, gf, lf)
 
 
 def _loglinear_backward(saved, rfin, lay, scale, shape, do, drfin):
     """(dq, dk, dv fp32 or in the inputs' dtype, dg or None, dlam fp32) flat, from the forward's saved tensors."""
-    qf, kf, vf, gf, lf, nodes = saved
+    qf, kf, vf, gf, lf = saved
     b, t, h, dk_, dv_ = shape
     do = do.reshape(b * t, h, dv_).to(vf.dtype).contiguous()
     # the intra kernel stores every real token's dq, dk, dv (each token is in one chunk row)
@@ -229,21 +119,10 @@ def _loglinear_backward(saved, rfin, lay, scale, shape, do, drfin):
                                   PREC=prec, num_warps=8, num_stages=1)
     has_drfin = drfin is not None and rfin is not None
     d_big_g = None
-    if lay.nj and _form() == "nodes":
+    if lay.nj:
         # the node form's gradient kernel finishes dq, dk, dv (in the input dtype) and dL/dG_t itself
         dq, dk, dv, d_big_g = node_scan_bwd(qf, kf, vf, gf, lf, do, drfin if has_drfin else None, scale, lay, dq,
-                                            dk, dv, dlam, nodes)
-    # both directions in one launch (they run side by side), or one launch each (fewer registers per program)
-    directions = ((0, 1), (1, 1)) if OPTIONS["scan_bwd_split"] else ((2, 2),)
-    shrink = tile_shrink(pow2(dk_), 1)
-    for j0, nj, groups in (lay.level_groups(shrink=shrink) if _form() == "scan" else []):
-        bv = lay.scan_block_v(dv_, nj, shrink)
-        for direction, per_group in directions:
-            _level_scan_bwd[(triton.cdiv(dv_, bv), lay.n * h, per_group * groups)](
-                qf, kf, vf, gate, lf, do, drfin.contiguous() if has_drfin else qf, dq, dk, dv, dlam, lay.seqs,
-                scale, nl, j0, lay.nj, H=h, K=dk_, V=dv_, C=CHUNK, BK=pow2(dk_), BV=bv, NJ=nj,
-                HAS_G=gf is not None, HAS_DRFIN=has_drfin, DIRECTION=direction, LOWP=lowp(qf.dtype), PREC=prec,
-                num_warps=scan_warps(pow2(dk_), nj * bv), num_stages=1)
+                                            dk, dv, dlam)
     dg = None
     if gf is not None:
         if d_big_g is None:
@@ -276,8 +155,7 @@ class LogLinearAttnFunction(torch.autograd.Function):
 
 # Fixed-length calls without an initial or final state (what training makes) are also a torch.library custom op pair:
 # a compiled graph holds the operator as one node instead of breaking around it. The layout (host tables) is built
-# inside the op from the shapes alone, and the backward recomputes the nodes (node_save does not apply here: a fake
-# must know every output's shape). Calls with priors, final states or packed documents keep the Function (they read
+# inside the op from the shapes alone, and the backward recomputes the nodes. Calls with priors, final states or packed documents keep the Function (they read
 # tokens / boundaries on the host and return the levels through torch code).
 def _fixed_layout(q):
     b, t = q.shape[:2]
@@ -289,7 +167,7 @@ def _fixed_layout(q):
 def _loglinear_attn_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],  # noqa: UP045
                        lam: torch.Tensor, scale: float) -> torch.Tensor:
     """o fp32 [B, T, H, V]."""
-    return _loglinear_forward(q, k, v, g, lam, _fixed_layout(q), scale, False, keep_nodes=False)[0]
+    return _loglinear_forward(q, k, v, g, lam, _fixed_layout(q), scale, False)[0]
 
 
 @_loglinear_attn_op.register_fake
@@ -308,7 +186,7 @@ def _loglinear_attn_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tens
     flat = [x.reshape(b * t, h, x.shape[-1]).contiguous() for x in (q, k, v)]
     gf = None if g is None else g.reshape(b * t, h).float().contiguous()
     lf = lam.reshape(b * t, h, lam.shape[-1]).float().contiguous()
-    saved = (*flat, gf, lf, None)
+    saved = (*flat, gf, lf)
     dq, dk, dv, dg, dlam = _loglinear_backward(saved, None, _fixed_layout(q), scale, (*q.shape, v.shape[-1]), do,
                                                None)
     return dq, dk, dv, (q.new_empty(0, dtype=torch.float32) if dg is None else dg.to(g.dtype)), dlam.to(lam.dtype)

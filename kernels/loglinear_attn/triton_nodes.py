@@ -10,7 +10,7 @@ j = trailing_ones(e) + 1), so the nodes of all levels fit in one [rows, H, K, V]
 per-chunk states:
     N_e = sum_{s in the range} exp(G_end(e) - G_s) k_s v_s^T
     o_t += scale lambda_t[6 + j] exp(G_t - G_end(e)) q_t N_e           (t in chunk c, one term per set bit j of c)
-The scan form (triton_fwd._level_scan_fwd) carries the same states chunk to chunk; here
+A level scan would carry the same states chunk to chunk; here
   1. `_node_fwd`, one program per (V-block, row, head): N_e as one [K, BV] accumulation over the range's chunks
      (2^(j-1) of them; the levels together cost NJ / 2 times linear attention's state pass);
   2. `_read_fwd`, one program per (V-block, row, head): o += the reads of every set bit, one [C, K] @ [K, BV] dot each.
@@ -33,7 +33,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_fwd import CHUNK, OPTIONS, LevelLayout, _chunk_rows, _mm, dot_precision, pow2
+from kernels.common.launch import current, loglinear_attn_grads_split
+
+from .triton_fwd import CHUNK, LevelLayout, _chunk_rows, _mm, dot_precision, pow2
 
 
 class NodeTables:
@@ -352,7 +354,7 @@ def _grads_read(q, g, lam, do, nodes, rf, read_list, n_read, dq, dlam, dq_out, d
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, NJP: tl.constexpr, LEV0: tl.constexpr, HAS_G: tl.constexpr, LOWP: tl.constexpr,
                 PREC: tl.constexpr):
-    """The read half of _grads (OPTIONS["node_grads_split"]): dq, dlambda and q.dq of dL/dG."""
+    """The read half of _grads (the node_grads_split setting): dq, dlambda and q.dq of dL/dG."""
     i_r, i_h = tl.program_id(0), tl.program_id(1)
     o_t, m_t, o_k, m_tk, gc, _gl = _row(chunks, g, i_r, i_h, H, K, C, BK, HAS_G)
     q_scale = scale * tl.exp(gc)
@@ -399,7 +401,10 @@ def _grads_write(k, v, g, dnodes, wf, write_list, n_write, dk, dv, dk_out, dv_ou
 
 
 def _node_lowp(dtype: torch.dtype) -> bool:
-    return dtype != torch.float32 and bool(OPTIONS["node_lowp"])
+    """16-bit inputs: the node kernels' dots take 16-bit operands (node tiles rounded to the input dtype, fp32
+    accumulation; every tile is at least 64 wide) instead of tf32 products of fp32 tiles: 14.1 -> 10.2 ms fwd+bwd at
+    T = 16K on the H200 with unchanged bf16 error ratios."""
+    return dtype != torch.float32
 
 
 def _blocks(dk: int, dv: int):
@@ -409,17 +414,13 @@ def _blocks(dk: int, dv: int):
 
 
 def grads_split(dk: int, dv: int) -> tuple[bool, int]:
-    """(split, warps) of the node form's gradient kernels: OPTIONS' node_grads_split / node_grads_warps where set,
-    else split at 4 warps for heads up to K = 128, V = 64 (timed there; at K = V = 128 the halves spill at 4 warps
-    and the fused kernel stays) and 8 warps otherwise."""
-    small = pow2(dk) <= 128 and pow2(dv) <= 64
-    split = small if OPTIONS["node_grads_split"] is None else bool(OPTIONS["node_grads_split"])
-    return split, OPTIONS["node_grads_warps"] or (4 if small else 8)
+    """(split, warps) of the node form's gradient kernels (kernels.common.launch.loglinear_attn_grads_split)."""
+    return loglinear_attn_grads_split(pow2(dk), pow2(dv))
 
 
 def nodes_fwd(k, v, g, lay: LevelLayout, tab: NodeTables, rows: torch.Tensor | None = None, fp32: bool = False):
     """The node states [rows, H, K, V] (zero where no node is needed), or those of the listed rows only (in list
-    order). With node_lowp and bf16 inputs they are stored in bf16, which is what every dot that reads them rounds
+    order). With bf16 inputs they are stored in bf16, which is what every dot that reads them rounds
     them to anyway (half the bytes moved; fp16 keeps fp32 storage: a node sums up to half a sequence of k v^T and
     could overflow fp16's range); fp32 forces fp32 storage (the final states)."""
     h, dk, dv = k.shape[1], k.shape[2], v.shape[2]
@@ -436,8 +437,7 @@ def nodes_fwd(k, v, g, lay: LevelLayout, tab: NodeTables, rows: torch.Tensor | N
 
 
 def node_scan_fwd(q, k, v, g, lam, scale, lay: LevelLayout, o, store_final: bool):
-    """o += the chunk-level reads (node form); returns (the final chunk-level states [N, H, nj, K, V] fp32 or None,
-    the nodes): the counterpart of triton_fwd.level_scan_fwd."""
+    """o += the chunk-level reads (node form); returns the final chunk-level states [N, H, nj, K, V] fp32 or None."""
     h, dk, dv = q.shape[1], q.shape[2], v.shape[2]
     tab = node_tables(lay)
     rf, _, a_end = gate_factors(g, lay, tab, h)
@@ -451,7 +451,7 @@ def node_scan_fwd(q, k, v, g, lam, scale, lay: LevelLayout, o, store_final: bool
     if store_final:
         final = nodes if nodes.dtype == torch.float32 else nodes_fwd(k, v, g, lay, tab, tab.final_list, fp32=True)
         rfin = final_from_nodes(final, lay, tab, a_end, listed=final is not nodes)
-    return rfin, nodes
+    return rfin
 
 
 def _final_factors(lay: LevelLayout, tab: NodeTables, a_end, h: int):
@@ -476,15 +476,15 @@ def final_from_nodes(nodes, lay: LevelLayout, tab: NodeTables, a_end, listed: bo
     return picked.transpose(1, 2) * fac[..., None, None]
 
 
-def node_scan_bwd(qf, kf, vf, gf, lf, do, drfin, scale, lay: LevelLayout, dq, dk, dv, dlam, nodes=None):
+def node_scan_bwd(qf, kf, vf, gf, lf, do, drfin, scale, lay: LevelLayout, dq, dk, dv, dlam):
     """The chunk-level parts of the backward (node form), given the intra kernel's dq, dk, dv, dlam (fp32): returns
     the whole dq, dk, dv in the input dtypes and dL/dG [TT, H] fp32 (None without a gate); dlam is added in place.
-    nodes: the forward's (OPTIONS["node_save"]), else recomputed."""
+    The nodes are recomputed (keeping the forward's would hold 8 KiB per token per layer at H = 16, K = V = 128 in
+    bf16)."""
     h, dk_, dv_ = qf.shape[1], qf.shape[2], vf.shape[2]
     tab = node_tables(lay)
     rf, wf, a_end = gate_factors(gf, lay, tab, h)
-    if nodes is None:
-        nodes = nodes_fwd(kf, vf, gf, lay, tab)
+    nodes = nodes_fwd(kf, vf, gf, lay, tab)
     dnodes = torch.empty_like(nodes)
     bk, bv, warps = _blocks(dk_, dv_)
     prec = dot_precision(qf.dtype)
@@ -501,7 +501,7 @@ def node_scan_bwd(qf, kf, vf, gf, lf, do, drfin, scale, lay: LevelLayout, dq, dk
     dq_out, dk_out, dv_out = torch.empty_like(qf), torch.empty_like(kf), torch.empty_like(vf)
     dbig_g = torch.empty(qf.shape[:2], device=qf.device, dtype=torch.float32) if gf is not None else None
     common = {"H": h, "K": dk_, "V": dv_, "C": CHUNK, "BK": bk, "BV": bv, "NJP": tab.njp, "HAS_G": gf is not None,
-              "LOWP": _node_lowp(qf.dtype), "PREC": prec, "num_stages": OPTIONS["node_stages"]}
+              "LOWP": _node_lowp(qf.dtype), "PREC": prec, "num_stages": current("loglinear_attn").node_stages}
     big_g = dbig_g if dbig_g is not None else dq
     split, split_warps = grads_split(dk_, dv_)
     if split:  # two kernels with half the live tiles each (more programs per SM)

@@ -1,4 +1,4 @@
-"""Log-linear Gated DeltaNet (SPEC §2 `loglinear_delta_rule`, §4): the delta rule under a Fenwick level mask.
+"""Log-linear Gated DeltaNet (`loglinear_delta_rule`, docs/kernels.md): the delta rule under a Fenwick level mask.
 
     o_t = scale * sum_{s <= t} lambda_t[l(t, s)] q_t^T P_{t<-s} beta_s k_s v_s^T,
     P_{t<-s} = prod_{r = s+1..t} exp(g_r) (I - beta_r k_r k_r^T),   l(t, s) = bit_length(t XOR s)
@@ -9,8 +9,7 @@ is kernels.delta_rule. The state is kernels.loglinear_attn.LogLinearState (per-l
 Backends: "triton" (triton_fwd / triton_bwd: the per-chunk WY/UT pieces and the levels 0..6 block as batched torch
 ops, the level scan, which carries every chunk level of a (sequence, head, V-block) in one program and moves them by
 the chunk's Householder product, as a Triton forward and backward; the default on CUDA (GPU_DEFAULT); on CPU tensors
-it runs under TRITON_INTERPRET=1; HILO_LOGLINEAR_DELTA=form=nodes runs the chunk levels as a tree of aligned chunk
-blocks in batched matmuls instead, level_nodes.py),
+it runs under TRITON_INTERPRET=1),
 "torch" (chunked: WY/UT per chunk, one dense masked block for levels 0..6 and one carried state per higher level, all
 moved by the chunk's Householder product; exact, differentiable; the default off CUDA) and
 "naive" (the binary-carry recurrence token by token: the oracle).

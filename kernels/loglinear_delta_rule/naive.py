@@ -1,4 +1,4 @@
-"""The two reference forms of SPEC §2 log-linear Gated DeltaNet, in fp32 (float64 for float64 inputs),
+"""The two reference forms of log-linear Gated DeltaNet (docs/kernels.md), in fp32 (float64 for float64 inputs),
 differentiable by autograd.
 
 Definition (per head; t, s positions in the document):

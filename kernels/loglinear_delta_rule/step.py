@@ -1,4 +1,4 @@
-"""One-token log-linear Gated DeltaNet step for decoding (SPEC §2 recurrent form), O(log T) per token.
+"""One-token log-linear Gated DeltaNet step for decoding (the recurrent form of docs/kernels.md), O(log T) per token.
 
 With t = state.tokens: binary carry (levels 0..m into m + 1, m the trailing zero bits of t >= 1), then every level
 goes through exp(g)(I - beta k k^T), beta k v^T is written to level 0 and o = scale * sum_l lambda[l] q^T S^(l).

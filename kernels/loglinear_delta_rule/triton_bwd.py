@@ -8,19 +8,18 @@ chunk c (after its reset; stored by the forward) and the forward step R' = exp(g
     dU = -Kd dR':   dKd += -(W R) dR'^T,   dW += dU R^T,   d exp(gl) += <R, dR'>,   dR = exp(gl) dR' + W^T dU
     dR += q_eff^T (w * do),   dq_eff += (w * do) R^T,   dw_tj = do_t . (q_eff_t R_j)            (the read)
     dR <- where(keep, dR, 0)
-With OPTIONS["bwd"] = "atomic" every piece's gradient sums over V-blocks and groups with fp32 atomics. The default,
-"split", keeps only the dR recurrence in the scan (dR' stored per chunk, as the forward stores R) and forms the
-pieces' gradients chunk-parallel, without atomics (`_delta_level_grads`, `_delta_level_grads_rest`). In mode 1 the
+The scan keeps only the dR recurrence (dR' stored per chunk, as the forward stores R) and the pieces' gradients are
+formed chunk-parallel, without atomics (`_delta_level_grads`, `_delta_level_grads_rest`). In mode 1 the
 gradient left at the first chunk is the initial levels' gradient.
 
 The "triton" backend (`loglinear_delta_rule_triton`): the per-chunk pieces (E, q_eff, W, Kd, zcols: the WY/UT form
-of chunk.delta_wy_pieces, (I + A)^{-1} from tril_inverse's kernel unless OPTIONS["inverse"] = "solve") and the
-levels 0..6 block (E * Lambda) V are batched torch ops over all chunks at once (compiled by inductor on CUDA,
-OPTIONS["glue"]), differentiated by autograd (a first version: only the level scan, the sequential part, is a custom Triton forward
-and backward); the prior levels of an initial state run through the same scan kernel in mode 1; the final levels
+of chunk.delta_wy_pieces, (I + A)^{-1} from tril_inverse's kernel) and the levels 0..6 block (E * Lambda) V are
+batched torch ops over all chunks at once (compiled by inductor on CUDA, see glue_mode), differentiated by autograd
+(only the level scan, the sequential part, is a custom Triton forward and backward); the prior levels of an initial state run through the same scan kernel in mode 1; the final levels
 0..6 come from the last chunk's zcols. Memory: the backward needs the state entering every chunk (nj K x V matrices
-per chunk and head, in the inputs' dtype, for dW and dKd); by default (OPTIONS["states"] = "recompute") it runs the
-forward scan again for them instead of keeping them from the forward.
+per chunk and head, in the inputs' dtype, for dW and dKd); it runs the forward scan again for them instead of keeping
+them from the forward (keeping them took 3.2 GB per layer at 340m's heads and 32K tokens a step: 77 GB over 24
+layers, past the H200's memory).
 """
 
 import contextlib
@@ -30,13 +29,17 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.common.launch import (
+    loglinear_delta_bwd_scan_cols,
+    loglinear_delta_bwd_stages,
+    loglinear_delta_pieces16,
+    loglinear_delta_scan_cols,
+)
 from kernels.loglinear_attn.state import CHUNK_LEVELS, level_of, prior_level, segments
 from kernels.loglinear_attn.triton_fwd import (
     CHUNK,
     CHUNK_LEVELS_C,
     LevelLayout,
-    _accumulate,
-    _sum_levels,
     _tile_levels,
     last_chunk_levels,
     level_layout,
@@ -45,14 +48,12 @@ from kernels.loglinear_attn.triton_fwd import (
 )
 
 from .chunk import wy_after_inverse, wy_before_inverse
-from .level_nodes import DeltaLevelNodesFunction
 from .tril_inverse import unit_lower_inverse
 from .triton_fwd import (
     _piece,
     _piece_t,
     _scan_masks,
     _scan_program,
-    _zcols_block,
     delta_level_scan_fwd,
     dot_precision,
     scaled_fp16,
@@ -60,127 +61,38 @@ from .triton_fwd import (
     scan_launches,
 )
 
-# How the chunk levels run: "scan" (the Triton level scan above and in triton_fwd) or "nodes" (level_nodes: a tree of
-# aligned chunk blocks in batched matmuls, the same values). HILO_LOGLINEAR_DELTA="form=nodes" picks it; the scan
-# stays the default until the tree is timed on the H200. The nodes form reads an initial state's levels through the
-# same tree (the queries moved to the sequence's first chunk), so it launches no Triton kernel.
-# The chunks' (I + A)^{-1} (tril_inverse.unit_lower_inverse; backward by two products with the inverse either way):
-# "triton" (its Triton kernel, the default) or "solve" (torch.linalg.solve_triangular, a batched cuBLAS trsm).
-# The level scan's backward: "split" (the default: the sequential kernel only carries dR and stores it per chunk, as
-# the forward stores R; _delta_level_grads then forms the gradients chunk-parallel, without atomics, at the cost of
-# one more [H, rows, levels, K, V] fp32 buffer) or "atomic" (one sequential kernel that also forms every piece's
-# gradient, summed over V-blocks with fp32 atomics: the first build).
-# The states entering every chunk (rs: [H, rows, levels, K, V] in the inputs' dtype, O(T log T) memory), which the
-# backward reads: "recompute" (the default: the forward does not store them and the backward runs the forward scan
-# again, without its reads, just before it needs them, so a model holds one layer's at a time) or "save" (the forward
-# stores them and every layer keeps its own until its backward: one scan less, but at 340m (H = 3, K = 256,
-# V = 512) and 32K tokens per step that is 3.2 GB per layer, 77 GB over 24 layers, which ran out of the H200's
-# memory in session 8).
-# H200, bf16, 16K x 2, H = 16, K = V = 128 (benchmarks/RESULTS.md, session 8, states=save): fwd+bwd 58.4 ms with solve + atomic,
-# 57.7 with triton + atomic, 53.1 with solve + split, 52.1 with triton + split; all four pass kernels.py's bf16
-# check, and triton + split (like solve + atomic before it) every loglinear_delta_rule bf16 GPU test.
-FORMS = ("scan", "nodes")
-INVERSES = ("triton", "solve")
-BWDS = ("atomic", "split")
-STATES = ("recompute", "save")
-# The split backward's gradient kernel at 64 < K <= 128: 64-wide K-blocks ("64") or one block ("full", the default
-# where the GPU lends a program the 164 KB of shared memory it takes at K = V = 128 in bf16, as sm_90 does; 64-wide
-# blocks elsewhere). H200, 16K x 2, H = 16, K = V = 128, states=recompute: fwd+bwd 58.5 ms with "64", 53.5 with
-# "full", both within kernels.py's bf16 check (benchmarks/RESULTS.md, session 9).
-GRADS_BLOCKS = ("64", "full")
+# The split backward's gradient kernel at 64 < K <= 128 takes one K-block where the GPU lends a program the 164 KB
+# of shared memory it needs at K = V = 128 in bf16 (as sm_90 does), 64-wide blocks elsewhere: H200, 16K x 2, H = 16,
+# K = V = 128, fwd+bwd 53.5 ms against 58.5 with 64-wide blocks.
 _FULL_GRADS_SMEM = 168 * 1024
 UNROLL_V = 256  # the widest value head whose V-block loops the split backward's gradient kernels unroll (v_span)
-# Those loops at V <= UNROLL_V: "unroll" (the form timed on the H200) or "loop" (a plain loop at every V: fewer
-# registers and spills in the AOT audit, e.g. K = 256 464 -> 104 B; not yet timed).
-GRADS_V = ("unroll", "loop")
 # The per-chunk pieces around the level scan (the tokens to chunk-major rows, the WY/UT pieces and the levels 0..6
 # block (E * Lambda) V; about 20 ms of the 53 ms fwd+bwd at 16K x 2, H = 16, K = V = 128, in ~100 batched torch ops
-# and autograd's backward of them, session 8): "eager" (as written), "compiled" (the two parts either side of the
-# Triton inverse through torch.compile(dynamic=True), so inductor fuses their elementwise work and gathers, forward and
-# backward; GLUE_BACKEND) or "auto" (the default: compiled for CUDA tensors, eager elsewhere, where the interpreter
-# runs and a C++ build per shape family would dominate the tests). glue_tf32: "1" (the default) lets 16-bit inputs'
-# fp32 glue products in the forward use TF32, as the scan's dots do (fp32 inputs stay exact); "0" keeps them fp32.
-# H200, bf16, 16K x 2, H = 16, K = V = 128, fwd+bwd (benchmarks/RESULTS.md, session 10; all within kernels.py's bf16
-# check): eager 53.05 ms, compiled 46.41, compiled + TF32 45.58. The first call compiles (80 s there, once per
-# process and dtype; other lengths reuse it).
+# and autograd's backward of them) go through torch.compile(dynamic=True) on CUDA tensors, so inductor fuses their
+# elementwise work and gathers, forward and backward (GLUE_BACKEND); 16-bit inputs' fp32 glue products in the forward
+# use TF32, as the scan's dots do. H200, bf16, 16K x 2, H = 16, K = V = 128, fwd+bwd: eager 53.05 ms, compiled
+# 46.41, compiled + TF32 45.58. The first call compiles (80 s there, once per process and dtype; other lengths
+# reuse it). Off CUDA (the interpreter, where a C++ build per shape family would dominate) the glue runs eagerly.
+# HILO_LOGLINEAR_DELTA_GLUE (read at each call: auto, the default; eager; compiled) overrides that choice, for a
+# machine where torch.compile cannot build (docs/kernel_settings.md).
 GLUES = ("auto", "eager", "compiled")
-# The forward level scan's chunk rows per product: "64" (the chunk's [C, K] pieces whole, the build timed on the H200)
-# or "32" (two row halves, the same sums: at K = 256 the fp32 piece tiles are 64 KB each, and the forward scan with
-# reads spills 472 B per thread on sm_90 with whole tiles; benchmarks/RESULTS.md, session 10). H200, K = V = 128:
-# 47.9 ms against 45.3 (session 11), so "64" stays.
-SCAN_ROWS = ("64", "32")
-# The level scans' stacked-column budget: "auto" (the default: 256, i.e. 64 stacked columns of V, at K > 128; else
-# HILO_LOGLINEAR's scan_cols) or a budget of its own. H200, bf16, log-linear GDN 340m's heads (H = 3, K = 256, V = 512,
-# 8K x 4) fwd+bwd: 82.2 ms at 256 against 99.2 at 128 (half the programs re-reading each chunk's pieces; s19_a.sh).
-SCAN_COLS = ("auto", "32", "64", "128", "256")
-# The backward level scans' stacked-column budget: "same" (the forward's, scan_cols above) or a budget of their own,
-# so forward and backward tiles can differ: at K = 256, V = 512 (sm_90, Triton 3.6) a budget of 256 takes the forward
-# scan with reads from 472 to 128 B of spills but the backward scans from 0-48 to 512-552 B (yet "same" timed faster
-# there, above). At K = 128 a backward budget of 256 is over shared memory (an OutOfResources error).
-BWD_SCAN_COLS = ("same", "32", "64", "128", "256")
-# The pieces q_eff, W, Kd and zcols as the level scans read them (every scan program reloads a chunk's [C, K] pieces,
-# so at K = 256 with 32 stacked columns of V = 512 each piece is read 128 times per (sequence, head) and chunk): "fp32"
-# (as the glue makes them), "fp16" (16-bit inputs only: fp16 values with a power-of-two scale per row, per column
-# for zcols [K, C], half the bytes; the scans' tf32 products see the same 11 significant bits of each, rounded to
-# nearest instead of truncated) or "auto" (the default: fp16 at K > 128). The gradient kernels, which load each piece
-# once, read the fp32 pieces. H200, bf16 fwd+bwd (s19_a.sh): at K = 256, V = 512 (8K x 4, H = 3) 80.0 ms against 99.2;
-# at K = V = 128 (8K, H = 16) 48.7 against 44.1, slower, so auto keeps fp32 there.
-PIECES = ("auto", "fp32", "fp16")
-# Software-pipelining stages of the backward level scans' chunk loop: "1", "2", "3" (the next chunk's pieces load
-# during this chunk's products) or "auto" (the default: 2 where the pieces are fp16 at K > 128, else 1). sm_90,
-# Triton 3.6, bf16, K = 256, V = 512: with pieces=fp16 and 2 stages the backward scans stage 153-157 KB (fits; the
-# forward scans would need 246-287 KB, over the 227 KB limit, so they keep 1); fp32 pieces would double that. H200
-# at those heads (s19_a.sh): 76.5 ms against 80.0 with fp16 pieces; all three auto choices together: 340m log-linear
-# GDN compiled at 8K x 4, 17,600 tokens/s against 12,841 (s19_b.sh).
-BWD_SCAN_STAGES = ("auto", "1", "2", "3")
-OPTIONS = {"form": "scan", "inverse": "triton", "bwd": "split", "states": "recompute", "grads_block": "full",
-           "grads_v": "unroll", "glue": "auto", "glue_tf32": "1", "scan_rows": "64", "scan_cols": "auto",
-           "bwd_scan_cols": "same", "pieces": "auto", "bwd_scan_stages": "auto"}
-_CHOICES = {"form": FORMS, "inverse": INVERSES, "bwd": BWDS, "states": STATES, "grads_block": GRADS_BLOCKS,
-            "grads_v": GRADS_V, "glue": GLUES, "glue_tf32": ("0", "1"), "scan_rows": SCAN_ROWS,
-            "scan_cols": SCAN_COLS, "bwd_scan_cols": BWD_SCAN_COLS, "pieces": PIECES,
-            "bwd_scan_stages": BWD_SCAN_STAGES}
-GLUE_BACKEND = "inductor"  # torch.compile backend of glue="compiled" (tests on CPU use "aot_eager": no C++ build)
+GLUE_BACKEND = "inductor"  # torch.compile backend of the compiled glue (tests on CPU use "aot_eager": no C++ build)
+# The level scans' column budgets, fp16 pieces and backward stages: kernels.common.launch's LogLinearDeltaRule table
+# and its head-size rules (loglinear_delta_scan_cols, loglinear_delta_pieces16, loglinear_delta_bwd_stages). H200,
+# bf16, log-linear GDN 340m's heads (H = 3, K = 256, V = 512, 8K x 4) fwd+bwd: a budget of 256 columns 82.2 ms against
+# 99.2 at 128; fp16 pieces 80.0 against 99.2 (at K = V = 128 48.7 against 44.1, slower, so fp32 there); 2 backward
+# stages 76.5 against 80.0; together, 340m log-linear GDN compiled at 8K x 4: 17,600 tokens/s against 12,841.
 
 
-def _read_options() -> None:
-    spec = os.environ.get("HILO_LOGLINEAR_DELTA", "").strip()
-    for item in filter(None, (part.strip() for part in spec.split(","))):
-        key, _, val = (x.strip() for x in item.partition("="))
-        if val not in _CHOICES.get(key, ()):
-            choices = ", ".join(f"{k}={'|'.join(v)}" for k, v in _CHOICES.items())
-            raise ValueError(f"HILO_LOGLINEAR_DELTA: expected one of {choices}, got {item!r}")
-        OPTIONS[key] = val
-
-
-_read_options()
-
-
-def _wide(dk: int) -> bool:
-    """K > 128: the heads (log-linear GDN's K = 256) where the auto choices below were timed to pay."""
-    return dk > 128
-
-
-def scan_cols(dk: int) -> int | None:
-    """The forward level scans' stacked-column budget (None: HILO_LOGLINEAR's scan_cols)."""
-    choice = OPTIONS["scan_cols"]
+def glue_mode(is_cuda: bool) -> str:
+    """How the glue runs: HILO_LOGLINEAR_DELTA_GLUE (auto, eager or compiled; read at each call), auto being
+    compiled for CUDA tensors and eager elsewhere."""
+    choice = os.environ.get("HILO_LOGLINEAR_DELTA_GLUE", "auto").strip() or "auto"
+    if choice not in GLUES:
+        raise ValueError(f"HILO_LOGLINEAR_DELTA_GLUE={choice!r}: expected one of {GLUES}")
     if choice == "auto":
-        return 256 if _wide(dk) else None
-    return int(choice)
-
-
-def fp16_pieces(dk: int, in_dtype: torch.dtype) -> bool:
-    """Whether the level scans read scaled fp16 pieces (never for fp32 inputs: their products are exact)."""
-    choice = OPTIONS["pieces"]
-    return in_dtype != torch.float32 and (choice == "fp16" or (choice == "auto" and _wide(dk)))
-
-
-def bwd_scan_stages(dk: int, in_dtype: torch.dtype) -> int:
-    """Software-pipelining stages of the backward level scans."""
-    choice = OPTIONS["bwd_scan_stages"]
-    if choice == "auto":
-        return 2 if _wide(dk) and fp16_pieces(dk, in_dtype) else 1
-    return int(choice)
+        return "compiled" if is_cuda else "eager"
+    return choice
 
 
 @triton.jit(do_not_specialize=["NL", "NW", "ROWS", "NS", "J0"])
@@ -189,18 +101,14 @@ def _delta_level_scan_bwd(q_eff, w_wy, kd, q_scale, w_scale, kd_scale, z_scale, 
                           ROWS, NS, J0,
                           K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                           S: tl.constexpr, H: tl.constexpr, MODE: tl.constexpr,
-                          HAS_DRFIN: tl.constexpr, STORE_DR0: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr,
-                          SCALED: tl.constexpr):
-    """SPLIT: only the dR recurrence; dR' of every chunk is stored in drs (the layout of rs) and _delta_level_grads
-    forms every piece's gradient from rs and drs afterwards, chunk-parallel and without atomics. SCALED: q_eff, w_wy
-    and kd are scaled_fp16 values with their row scales, zcols scaled_fp16_columns values with its column scales."""
+                          HAS_DRFIN: tl.constexpr, STORE_DR0: tl.constexpr, PREC: tl.constexpr, SCALED: tl.constexpr):
+    """Only the dR recurrence: dR' of every chunk is stored in drs (the layout of rs) and _delta_level_grads forms
+    every piece's gradient from rs and drs afterwards, chunk-parallel and without atomics. SCALED: q_eff, w_wy and
+    kd are scaled_fp16 values with their row scales, zcols scaled_fp16_columns values with its column scales."""
     (_i_v, i_nh, _i_n, i_h, j0, row0, nchunks, c0, o_k, m_k, o_c, col_j, col_v, m_col,
      o_v) = _scan_program(seq_chunks, J0, K, V, C, BK, BV, S, H)
-    o_j = j0 + tl.arange(0, S)
     st_off = (col_j[None, :] * K + o_k[:, None]) * V + col_v[None, :]
     m_st = m_k[:, None] & (m_col & (col_j < NS))[None, :]
-    st_off_t = (col_j[:, None] * K + o_k[None, :]) * V + col_v[:, None]  # the same, as [S * BV, K]
-    m_st_t = m_k[None, :] & (m_col & (col_j < NS))[:, None]
     d_state = tl.zeros([BK, S * BV], dtype=tl.float32)
     if HAS_DRFIN:
         d_state += tl.load(drfin + i_nh.to(tl.int64) * NS * K * V + st_off, mask=m_st, other=0.0)
@@ -212,54 +120,14 @@ def _delta_level_scan_bwd(q_eff, w_wy, kd, q_scale, w_scale, kd_scale, z_scale, 
         i = nchunks - 1 - it
         c = c0 + i
         hr = i_h * ROWS + row0 + i
-        keep, read, w = _scan_masks(lam, wts, hr, c, o_c, col_j, j0, NL, NW, C, S, BV, MODE, C)
+        keep, _read, w = _scan_masks(lam, wts, hr, c, o_c, col_j, j0, NL, NW, C, S, BV, MODE, C)
         do_cols = _tile_levels(tl.load(dout + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=(o_v < V)[None, :],
                                        other=0.0), C, S, BV)
         do_w = do_cols * w
         kdb = _piece(kd, kd_scale, hr, o_c, o_k, m_k, K, C, SCALED)
         # dR': dU = -Kd dR' (the transition R' = exp(gl) R - Kd^T U)
         d_u = -tl.dot(kdb, d_state, input_precision=PREC)
-        if SPLIT:
-            tl.store(drs + hr * NS * K * V + st_off, d_state.to(drs.dtype.element_ty), mask=m_st)
-        else:
-            state = tl.load(rs + hr * NS * K * V + st_off, mask=m_st, other=0.0).to(tl.float32)
-            if MODE == 0:
-                # the write added zcols v to every level not read at c: its gradient is the sum of their dR'
-                d_local = _sum_levels(tl.where(read[None, :], 0.0, d_state), BK, S, BV)
-                zc = _zcols_block(zcols, z_scale, hr, o_k, m_k, o_c, K, C, SCALED)
-                vb = tl.load(v + (hr * C + o_c[:, None]) * V + o_v[None, :], mask=(o_v < V)[None, :], other=0.0)
-                _accumulate(dzcols + (hr * K + o_k[:, None]) * C + o_c[None, :],
-                            tl.dot(d_local, tl.trans(vb), input_precision=PREC), m_k[:, None])
-                _accumulate(dv + (hr * C + o_c[:, None]) * V + o_v[None, :],
-                            tl.dot(tl.trans(zc), d_local, input_precision=PREC), (o_v < V)[None, :])
-            # Shared memory (sm_90: 227 KB; Triton 3.6): every dot operand is staged in shared memory where its
-            # value is defined, so a tile used both as is and transposed keeps two copies alive. At K = 128 and 128
-            # stacked columns R and dR' are 64 KB each, and staging both twice for the whole iteration asked for
-            # 288 KB (the H200's OutOfResources). So R^T is loaded again, transposed, just before its two dots, and
-            # the [C, K] pieces W and q_eff likewise (their loads as [K, C] for the dR update): 200 KB at K = 128,
-            # 208 KB at K = 256 (2 levels).
-            # R: U = W R, and the read weights' gradient dw_tj = do_t . (q_eff_t R_j)
-            wb = _piece(w_wy, w_scale, hr, o_c, o_k, m_k, K, C, SCALED)
-            u = tl.dot(wb, state, input_precision=PREC)
-            qe = _piece(q_eff, q_scale, hr, o_c, o_k, m_k, K, C, SCALED)
-            d_w = tl.sum(tl.reshape(tl.dot(qe, state, input_precision=PREC) * do_cols, [C, S, BV]), 2)
-            if MODE == 0:
-                lev = CHUNK_LEVELS_C + 1 + o_j
-                bits = ((c >> o_j) & 1) == 1
-                _accumulate(dlam + (hr * C + o_c[:, None]) * NL + lev[None, :], d_w,
-                            mask=((lev < NL) & bits)[None, :])
-            else:
-                _accumulate(dwts + (hr * C + o_c[:, None]) * NW + o_j[None, :], d_w, (o_j < NW)[None, :])
-            # dKd = -U dR'^T
-            _accumulate(dkd + (hr * C + o_c[:, None]) * K + o_k[None, :],
-                        -tl.dot(u, tl.trans(d_state), input_precision=PREC), m_k[None, :])
-            # R^T (loaded again, transposed): dW = dU R^T, dq_eff = (w do) R^T
-            state_t = tl.load(rs + hr * NS * K * V + st_off_t, mask=m_st_t, other=0.0).to(tl.float32)
-            _accumulate(dw_wy + (hr * C + o_c[:, None]) * K + o_k[None, :],
-                        tl.dot(d_u, state_t, input_precision=PREC), m_k[None, :])
-            _accumulate(dq_eff + (hr * C + o_c[:, None]) * K + o_k[None, :],
-                        tl.dot(do_w, state_t, input_precision=PREC), m_k[None, :])
-            tl.atomic_add(ddecay + hr, tl.sum(tl.sum(state * d_state, 1), 0), sem="relaxed")
+        tl.store(drs + hr * NS * K * V + st_off, d_state.to(drs.dtype.element_ty), mask=m_st)
         # dR = exp(gl) dR' + W^T dU + q_eff^T (w do)
         wt = _piece_t(w_wy, w_scale, hr, o_c, o_k, m_k, K, C, SCALED)
         d_state = d_state * tl.load(decay + hr) + tl.dot(wt, d_u, input_precision=PREC)
@@ -409,11 +277,11 @@ def _delta_level_grads_rest(q_eff, zcols, v, lam, wts, rs, drs, dout, row_chunk,
 
 
 def _scan_pieces(q_eff, w_wy, kd, zcols, in_dtype):
-    """((q_eff, w_wy, kd, zcols) as the level scans read them, their scales or None): where fp16_pieces (pieces=fp16,
-    or auto at K > 128, with 16-bit inputs), scaled_fp16 copies (a scale per row; zcols one per column,
+    """((q_eff, w_wy, kd, zcols) as the level scans read them, their scales or None): where loglinear_delta_pieces16
+    says so (16-bit inputs at K > 128 by default), scaled_fp16 copies (a scale per row; zcols one per column,
     scaled_fp16_columns): half the bytes of the pieces that every scan program reloads per chunk, and the products
     keep tf32's precision; otherwise the fp32 pieces themselves (fp32 inputs always: their products are exact)."""
-    if not fp16_pieces(q_eff.shape[-1], in_dtype):
+    if not loglinear_delta_pieces16(q_eff.shape[-1], in_dtype):
         return (q_eff, w_wy, kd, zcols), None
     converted = [*(scaled_fp16(x) for x in (q_eff, w_wy, kd)), scaled_fp16_columns(zcols)]
     return tuple(x for x, _ in converted), tuple(sc for _, sc in converted)
@@ -428,25 +296,23 @@ class DeltaLevelScanFunction(torch.autograd.Function):
         q_eff, w_wy, kd, decay, zcols, v, lam = (x.contiguous() for x in (q_eff, w_wy, kd, decay, zcols, v, lam))
         wts = None if wts is None else wts.contiguous()
         r0 = None if r0 is None else r0.contiguous()
-        save = OPTIONS["states"] == "save"
         (qp, wp, kp, zp), scales = _scan_pieces(q_eff, w_wy, kd, zcols, in_dtype)
-        out, rfin, rs = delta_level_scan_fwd(qp, wp, kp, decay, zp, v, lam, wts, r0, lay, mode, in_dtype,
-                                             states=save, halves=OPTIONS["scan_rows"] == "32", scales=scales,
-                                             cols=scan_cols(q_eff.shape[-1]))
+        out, rfin, _ = delta_level_scan_fwd(qp, wp, kp, decay, zp, v, lam, wts, r0, lay, mode, in_dtype,
+                                            states=False, scales=scales,
+                                            cols=loglinear_delta_scan_cols(q_eff.shape[-1]))
         del qp, wp, kp, zp, scales  # the backward converts again: the fp32 pieces are saved anyway
-        ctx.save_for_backward(q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs if save else r0)
-        ctx.lay, ctx.mode, ctx.in_dtype, ctx.has_r0, ctx.saved_states = lay, mode, in_dtype, r0 is not None, save
+        ctx.save_for_backward(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0)
+        ctx.lay, ctx.mode, ctx.in_dtype, ctx.has_r0 = lay, mode, in_dtype, r0 is not None
         return out, rfin
 
     @staticmethod
     def backward(ctx, dout, drfin):
-        q_eff, w_wy, kd, decay, zcols, v, lam, wts, rs = ctx.saved_tensors
+        q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0 = ctx.saved_tensors
         lay, mode = ctx.lay, ctx.mode
         (qp, wp, kp, zp), scales = _scan_pieces(q_eff, w_wy, kd, zcols, ctx.in_dtype)
-        if not ctx.saved_states:  # the forward kept r0 only: the scan runs again for the states entering each chunk
-            rs = delta_level_scan_fwd(qp, wp, kp, decay, zp, v, lam, wts, rs, lay, mode, ctx.in_dtype,
-                                      reads=False, halves=OPTIONS["scan_rows"] == "32", scales=scales,
-                                      cols=scan_cols(q_eff.shape[-1]))[2]
+        # the forward kept r0 only: the scan runs again for the states entering each chunk
+        rs = delta_level_scan_fwd(qp, wp, kp, decay, zp, v, lam, wts, r0, lay, mode, ctx.in_dtype, reads=False,
+                                  scales=scales, cols=loglinear_delta_scan_cols(q_eff.shape[-1]))[2]
         h, rows, _, dk = q_eff.shape
         dv_ = v.shape[-1]
         nl = lam.shape[-1]
@@ -459,29 +325,26 @@ class DeltaLevelScanFunction(torch.autograd.Function):
         dr0 = torch.zeros(lay.n, h, ns, dk, dv_, device=v.device, dtype=torch.float32) if ctx.has_r0 else None
         # sm_90, Triton 3.6 (benchmarks/triton_resources.py): within shared memory at every head size up to 256
         # (196,608 B at K = 256), without register spills up to K = V = 128
-        split = OPTIONS["bwd"] == "split"
         # dR' is kept in fp32 even for bf16 inputs: Triton 3.6 on the H200 faulted (illegal address) storing it
-        # converted to bf16 from the 8-warp scan at K = 128, V = 16 and K = 256, V = 128 (s8_x2e.sh; fp32 or 4 warps
-        # did not), and fp32 spares the gradients a rounding
-        drs = torch.zeros(rs.shape, device=rs.device, dtype=torch.float32) if split else rs
+        # converted to bf16 from the 8-warp scan at K = 128, V = 16 and K = 256, V = 128 (fp32 or 4 warps did not),
+        # and fp32 spares the gradients a rounding
+        drs = torch.zeros(rs.shape, device=rs.device, dtype=torch.float32)
         dout = dout.contiguous()
         prec = dot_precision(ctx.in_dtype)
-        bwd_cols = scan_cols(dk) if OPTIONS["bwd_scan_cols"] == "same" else int(OPTIONS["bwd_scan_cols"])
-        for j0, s, groups, bv in scan_launches(lay, mode, ns, dk, dv_, bwd_cols):
+        for j0, s, groups, bv in scan_launches(lay, mode, ns, dk, dv_, loglinear_delta_bwd_scan_cols(dk)):
             _delta_level_scan_bwd[(triton.cdiv(dv_, bv), lay.n * h, groups)](
                 qp, wp, kp, *(scales or (q_eff,) * 4), decay, zp, v, lam, wts if wts is not None else lam, rs, dout,
                 drfin.contiguous() if drfin is not None else rs, dq_eff, dw_wy, dkd, ddecay, dzcols, dv, dlam,
                 dwts if dwts is not None else dlam, dr0 if dr0 is not None else dlam, drs, lay.seq_chunks, nl, nw,
                 rows, ns, j0, K=dk, V=dv_, C=CHUNK, BK=pow2(dk), BV=bv, S=s, H=h, MODE=mode,
-                HAS_DRFIN=drfin is not None, STORE_DR0=dr0 is not None, SPLIT=split, PREC=prec,
+                HAS_DRFIN=drfin is not None, STORE_DR0=dr0 is not None, PREC=prec,
                 SCALED=scales is not None, num_warps=scan_warps(pow2(dk), s * bv),
-                num_stages=bwd_scan_stages(dk, ctx.in_dtype))
-        if split and rows:
-            # K <= 64, or K <= 128 with grads_block=full: one K-block (G accumulated alone, each state tile loaded
-            # once); otherwise 64-wide K-blocks (sm_90, K = V = 128, bf16: 98 KB of shared memory, two programs an
-            # SM, against 164 KB and one for the single block, which was 5 ms faster at 16K x 2, H = 16)
-            full = dk <= (128 if OPTIONS["grads_block"] == "full" and _smem_optin(v.device) >= _FULL_GRADS_SMEM
-                          else 64)
+                num_stages=loglinear_delta_bwd_stages(dk, ctx.in_dtype))
+        if rows:
+            # K <= 64, or K <= 128 where the GPU lends the shared memory: one K-block (G accumulated alone, each state
+            # tile loaded once); otherwise 64-wide K-blocks (sm_90, K = V = 128, bf16: 98 KB of shared memory, two
+            # programs an SM, against 164 KB and one for the single block, which was 5 ms faster at 16K x 2, H = 16)
+            full = dk <= (128 if _smem_optin(v.device) >= _FULL_GRADS_SMEM else 64)
             bkb, bv_g = (pow2(dk) if full else 64), min(pow2(dv_), 32)
             vspan = v_span(dv_, bv_g)
             wts_ = wts if wts is not None else lam
@@ -503,7 +366,7 @@ def v_span(dv: int, bv: int) -> int:
     of V (one trip, unrolled whole: the form timed on the H200), wider value heads one BV-block (a plain loop).
     sm_90, Triton 3.6, bf16, K = 256 (benchmarks/triton_resources.py): at V = 512, _delta_level_grads unrolled whole
     spills 864 B per thread (V = 256: 464 B), in unrolled spans of 256 columns 1,000 B, as a plain loop 104 B."""
-    return triton.cdiv(dv, bv) * bv if dv <= UNROLL_V and OPTIONS["grads_v"] == "unroll" else bv
+    return triton.cdiv(dv, bv) * bv if dv <= UNROLL_V else bv
 
 
 def _smem_optin(device: torch.device) -> int:
@@ -556,16 +419,16 @@ def _named_failure(compiled):
             return compiled(*args)
         except torch._dynamo.exc.TorchDynamoException as err:  # BackendCompilerFailed is one
             raise RuntimeError("loglinear_delta_rule: torch.compile of its per-chunk glue failed (above); "
-                               "HILO_LOGLINEAR_DELTA=glue=eager runs the glue without it") from err
+                               "HILO_LOGLINEAR_DELTA_GLUE=eager runs the glue without it") from err
     return call
 
 
 @contextlib.contextmanager
 def _glue_precision(in_dtype: torch.dtype):
-    """OPTIONS glue_tf32 = "1": TF32 products in the glue's forward for 16-bit inputs; otherwise as torch is set (a
-    compiled glue is specialised on the setting: dynamo guards on it). Its backward runs later, under autograd,
-    with torch's own setting (fp32 products by default), as in the session-10 timing."""
-    if OPTIONS["glue_tf32"] != "1" or in_dtype == torch.float32:
+    """TF32 products in the glue's forward for 16-bit inputs; fp32 inputs as torch is set (a compiled glue is
+    specialised on the setting: dynamo guards on it). Its backward runs later, under autograd, with torch's own
+    setting (fp32 products by default), as when it was timed."""
+    if in_dtype == torch.float32:
         yield
         return
     flag = torch.backends.cuda.matmul.allow_tf32
@@ -616,13 +479,7 @@ def loglinear_delta_rule_triton(q, k, v, beta, g, level_scales, scale, initial_s
         o = v.new_zeros(b, t, h, dv)
         return o, (None if not output_final_state else _empty_finals(initial_state, starts, h, nl, dk, dv, q))
     flat = (lambda x: x.reshape(b * t, h, -1))
-    if OPTIONS["states"] not in STATES:
-        raise ValueError(f"loglinear_delta_rule OPTIONS['states'] = {OPTIONS['states']!r}; expected one of {STATES}")
-    if OPTIONS["inverse"] not in INVERSES:
-        raise ValueError(f"loglinear_delta_rule OPTIONS['inverse'] = {OPTIONS['inverse']!r}; expected one of {INVERSES}")
-    if OPTIONS["glue"] not in GLUES:
-        raise ValueError(f"loglinear_delta_rule OPTIONS['glue'] = {OPTIONS['glue']!r}; expected one of {GLUES}")
-    glue = OPTIONS["glue"] if OPTIONS["glue"] != "auto" else ("compiled" if q.is_cuda else "eager")
+    glue = glue_mode(q.is_cuda)
     before, after = _glue_functions(glue)
     g_tok = flat(g) if g is not None else q.new_zeros(b * t, h, 1, dtype=torch.float32)
     lam_tok = flat(level_scales).float()
@@ -632,29 +489,18 @@ def loglinear_delta_rule_triton(q, k, v, beta, g, level_scales, scale, initial_s
     with _glue_precision(q.dtype):
         qc, kc, vc, gamma, bc, lc, a, qk = before(flat(q), flat(k), flat(v), g_tok, flat(beta), lam_tok,
                                                   lay.chunk_pos, lay.rows, scale)
-        inv = unit_lower_inverse(a, "triton" if OPTIONS["inverse"] == "triton" else "torch")
+        inv = unit_lower_inverse(a, "triton")
         o, q_eff, w_wy, kd, zcols, decay = after(inv, qc, kc, vc, gamma, bc, lc, qk, lev_in, nl_int - nl)
-    if OPTIONS["form"] not in FORMS:
-        raise ValueError(f"loglinear_delta_rule OPTIONS['form'] = {OPTIONS['form']!r}; expected one of {FORMS}")
     has_prior = initial_state is not None and any(p > 0 for p in starts)
     wts = _to_chunks(_prior_weights(lam_tok, segs, starts, t), lay) if has_prior else None
     rfin = pfin = None
-    if OPTIONS["form"] == "nodes" and (lay.nj or has_prior):
-        # the chunk levels and the prior's levels in one block tree
-        prior = initial_state.levels if has_prior else None
-        inter, rfin, pfin = DeltaLevelNodesFunction.apply(q_eff, w_wy, kd, decay, zcols, vc, lc, wts, prior, lay,
-                                                          q.dtype)
+    if lay.nj:
+        inter, rfin = DeltaLevelScanFunction.apply(q_eff, w_wy, kd, decay, zcols, vc, lc, None, None, lay, 0, q.dtype)
         o = o + inter
-        pfin = pfin if has_prior else None
-    elif OPTIONS["form"] == "scan":
-        if lay.nj:
-            inter, rfin = DeltaLevelScanFunction.apply(q_eff, w_wy, kd, decay, zcols, vc, lc, None, None, lay, 0,
-                                                       q.dtype)
-            o = o + inter
-        if has_prior:
-            inter, pfin = DeltaLevelScanFunction.apply(q_eff, w_wy, kd, decay, zcols, vc, lc, wts,
-                                                       initial_state.levels.float(), lay, 1, q.dtype)
-            o = o + inter
+    if has_prior:
+        inter, pfin = DeltaLevelScanFunction.apply(q_eff, w_wy, kd, decay, zcols, vc, lc, wts,
+                                                   initial_state.levels.float(), lay, 1, q.dtype)
+        o = o + inter
     o = o.permute(1, 2, 0, 3).reshape(lay.rows * CHUNK, h, dv)[lay.chunk_pos].reshape(b, t, h, dv)
     if not output_final_state:
         return o.to(v.dtype), None

@@ -160,64 +160,15 @@ def scaled_fp16_columns(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return vals.transpose(-1, -2).contiguous(), scales
 
 
-@triton.jit
-def _scan_fwd_halves(q_eff, w_wy, kd, q_scale, w_scale, kd_scale, z_scale, decay, zcols, v, lam, wts, r0, out, rfin,
-                     rs, NL, NW, ROWS, NS, j0, row0, nchunks, c0, i_nh, i_h, o_k, m_k, col_j, col_v, m_col, o_v,
-                     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                     S: tl.constexpr, MODE: tl.constexpr, HAS_R0: tl.constexpr, STORE_FINAL: tl.constexpr,
-                     STORE_STATES: tl.constexpr, READS: tl.constexpr, PREC: tl.constexpr, SCALED: tl.constexpr):
-    """_delta_level_scan_fwd's loop with the chunk's rows in two halves: the same sums, with [C / 2, K] piece tiles
-    live at a time instead of [C, K] (at K = 256 fp32, 32 KB a tile instead of 64)."""
-    CH: tl.constexpr = C // 2
-    o_a = tl.arange(0, CH)
-    o_b = CH + o_a
-    st_off, m_st, state = _scan_start(r0, i_nh, o_k, m_k, col_j, col_v, m_col, NS, K, V, BK, BV, S, HAS_R0)
-    m_v = (o_v < V)[None, :]
-    for i in range(nchunks):
-        c = c0 + i
-        hr = i_h * ROWS + row0 + i
-        read, w_a, state = _enter_chunk(lam, wts, rs, state, hr, c, o_a, col_j, j0, NL, NW, NS, st_off, m_st, K, V, C,
-                                        S, BV, MODE, CH, STORE_STATES)
-        if READS:
-            reads = tl.dot(_piece(q_eff, q_scale, hr, o_a, o_k, m_k, K, C, SCALED), state, input_precision=PREC) * w_a
-            _accumulate(out + (hr * C + o_a[:, None]) * V + o_v[None, :], tl.sum(tl.reshape(reads, [CH, S, BV]), 1),
-                        mask=m_v)
-            _, _, w_b = _scan_masks(lam, wts, hr, c, o_b, col_j, j0, NL, NW, C, S, BV, MODE, CH)
-            reads = tl.dot(_piece(q_eff, q_scale, hr, o_b, o_k, m_k, K, C, SCALED), state, input_precision=PREC) * w_b
-            _accumulate(out + (hr * C + o_b[:, None]) * V + o_v[None, :], tl.sum(tl.reshape(reads, [CH, S, BV]), 1),
-                        mask=m_v)
-        # M R = exp(gl) R - Kd^T (W R), the products over the chunk's tokens split at C / 2 (u from the old R)
-        u_a = tl.dot(_piece(w_wy, w_scale, hr, o_a, o_k, m_k, K, C, SCALED), state, input_precision=PREC)
-        u_b = tl.dot(_piece(w_wy, w_scale, hr, o_b, o_k, m_k, K, C, SCALED), state, input_precision=PREC)
-        state = state * tl.load(decay + hr) - tl.dot(tl.trans(_piece(kd, kd_scale, hr, o_a, o_k, m_k, K, C, SCALED)), u_a,
-                                                     input_precision=PREC)
-        state -= tl.dot(tl.trans(_piece(kd, kd_scale, hr, o_b, o_k, m_k, K, C, SCALED)), u_b, input_precision=PREC)
-        if MODE == 0:
-            zc = _zcols_block(zcols, z_scale, hr, o_k, m_k, o_a, K, C, SCALED)
-            vb = tl.load(v + (hr * C + o_a[:, None]) * V + o_v[None, :], mask=m_v, other=0.0)
-            local = tl.dot(zc, vb, input_precision=PREC)
-            zc = _zcols_block(zcols, z_scale, hr, o_k, m_k, o_b, K, C, SCALED)
-            vb = tl.load(v + (hr * C + o_b[:, None]) * V + o_v[None, :], mask=m_v, other=0.0)
-            local += tl.dot(zc, vb, input_precision=PREC)
-            state += tl.where(read[None, :], 0.0, _tile_levels(local, BK, S, BV))
-    if STORE_FINAL:
-        _scan_final(rfin, state, i_nh, st_off, m_st, c0, nchunks, col_j, NS, K, V, MODE)
-
-
 @triton.jit(do_not_specialize=["NL", "NW", "ROWS", "NS", "J0"])
 def _delta_level_scan_fwd(q_eff, w_wy, kd, q_scale, w_scale, kd_scale, z_scale, decay, zcols, v, lam, wts, r0, out,
                           rfin, rs, seq_chunks, NL, NW, ROWS, NS, J0,
                           K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                           S: tl.constexpr, H: tl.constexpr, MODE: tl.constexpr,
                           HAS_R0: tl.constexpr, STORE_FINAL: tl.constexpr, STORE_STATES: tl.constexpr,
-                          READS: tl.constexpr, PREC: tl.constexpr, HALVES: tl.constexpr, SCALED: tl.constexpr):
+                          READS: tl.constexpr, PREC: tl.constexpr, SCALED: tl.constexpr):
     (_i_v, i_nh, _i_n, i_h, j0, row0, nchunks, c0, o_k, m_k, o_c, col_j, col_v, m_col,
      o_v) = _scan_program(seq_chunks, J0, K, V, C, BK, BV, S, H)
-    if HALVES:  # OPTIONS["scan_rows"] = 32: the chunk's [C, K] pieces in two [C / 2, K] row blocks (fewer registers)
-        _scan_fwd_halves(q_eff, w_wy, kd, q_scale, w_scale, kd_scale, z_scale, decay, zcols, v, lam, wts, r0, out,
-                         rfin, rs, NL, NW, ROWS, NS, j0, row0, nchunks, c0, i_nh, i_h, o_k, m_k, col_j, col_v, m_col,
-                         o_v, K, V, C, BK, BV, S, MODE, HAS_R0, STORE_FINAL, STORE_STATES, READS, PREC, SCALED)
-        return
     st_off, m_st, state = _scan_start(r0, i_nh, o_k, m_k, col_j, col_v, m_col, NS, K, V, BK, BV, S, HAS_R0)
     for i in range(nchunks):
         c = c0 + i
@@ -230,8 +181,7 @@ def _delta_level_scan_fwd(q_eff, w_wy, kd, q_scale, w_scale, kd_scale, z_scale, 
             _accumulate(out + (hr * C + o_c[:, None]) * V + o_v[None, :], tl.sum(tl.reshape(reads, [C, S, BV]), 1),
                         mask=(o_v < V)[None, :])
         # the transition M R = exp(gl) R - Kd^T (W R): two dots over the chunk's tokens, never a K x K matrix. W is
-        # used as loaded and Kd loaded after: with both [C, K] pieces live at once (the form before session 18) the
-        # K = 256 bf16 scan with reads spilled 472 B a thread and staged 160 KB on sm_90, now 8 B and 96 KB
+        # used as loaded and Kd loaded after: with both [C, K] pieces live at once the K = 256 bf16 scan with reads spilled 472 B a thread and staged 160 KB on sm_90, now 8 B and 96 KB
         u = tl.dot(_piece(w_wy, w_scale, hr, o_c, o_k, m_k, K, C, SCALED), state, input_precision=PREC)
         kdb = _piece(kd, kd_scale, hr, o_c, o_k, m_k, K, C, SCALED)
         state = state * tl.load(decay + hr) - tl.dot(tl.trans(kdb), u, input_precision=PREC)
@@ -253,24 +203,22 @@ def scan_launches(lay: LevelLayout, mode: int, count: int, dk: int, dv: int,
                   cols: int | None = None) -> list[tuple[int, int, int, int]]:
     """(first state j0, stacked states S, programs along the group axis, BV) of each launch of a scan over `count`
     states (mode 0: the nj chunk levels; mode 1: the L prior levels), grouped as LevelLayout.level_groups; cols:
-    the stacked-column budget (HILO_LOGLINEAR's scan_cols unless given)."""
+    the stacked-column budget (LevelLayout.scan_block_v's default unless given)."""
     shrink = tile_shrink(pow2(dk), 2)
     # at least 32 stacked columns where V allows: on the H200 (Triton 3.6) the backward scan at K = 256 with one
-    # stacked state of BV = 16 ([256, 16] tiles, 8 warps; HILO_LOGLINEAR=scan_cols=64,scan_levels=4) faulted with an
-    # illegal address, while S = 1 x BV = 32 and S = 2 x BV = 16 ran (s11_crash.py, session 11)
+    # stacked state of BV = 16 ([256, 16] tiles, 8 warps; scan_cols=64, scan_levels=4) faulted with an illegal
+    # address, while S = 1 x BV = 32 and S = 2 x BV = 16 ran
     return [(j0, s, groups, max(lay.scan_block_v(dv, s, shrink, cols), min(32 // s, pow2(dv))))
             for j0, s, groups in lay.level_groups(count, shrink)]
 
 
 def delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, lay: LevelLayout, mode: int, in_dtype,
-                         states: bool = True, reads: bool = True, halves: bool = False, scales=None,
-                         cols: int | None = None):
+                         states: bool = True, reads: bool = True, scales=None, cols: int | None = None):
     """out [H, rows, C, V] (the scan's reads) and rfin [N, H, NS, K, V] (final states), fp32, and with states=True
     rs [H, rows, NS, K, V] (states entering each chunk, in the inputs' dtype; else None). reads=False runs the scan
-    for rs alone (the backward's recompute: out and rfin are then None). halves: the chunk's pieces in two row
-    blocks (_scan_fwd_halves; the same sums). scales: (q_eff's, w_wy's, kd's row scales, zcols' column scales) when
+    for rs alone (the backward's recompute: out and rfin are then None). scales: (q_eff's, w_wy's, kd's row scales, zcols' column scales) when
     those four pieces come as scaled_fp16 (scaled_fp16_columns) values, else None. cols: the stacked-column budget
-    (scan_launches; None: HILO_LOGLINEAR's scan_cols)."""
+    (scan_launches)."""
     h, rows, _, dk = q_eff.shape
     dv = v.shape[-1]
     nl = lam.shape[-1]
@@ -290,5 +238,5 @@ def delta_level_scan_fwd(q_eff, w_wy, kd, decay, zcols, v, lam, wts, r0, lay: Le
             rs if states else dummy, lay.seq_chunks, nl, nw, rows, ns, j0,
             K=dk, V=dv, C=CHUNK, BK=pow2(dk), BV=bv, S=s, H=h, MODE=mode, HAS_R0=r0 is not None,
             STORE_FINAL=reads, STORE_STATES=states, READS=reads, PREC=dot_precision(in_dtype),
-            HALVES=halves, SCALED=scales is not None, num_warps=scan_warps(pow2(dk), s * bv), num_stages=1)
+            SCALED=scales is not None, num_warps=scan_warps(pow2(dk), s * bv), num_stages=1)
     return out, rfin, rs

@@ -4,9 +4,8 @@ depthwise backward is slow at long T). Elementwise-bound: each program computes 
 input tiles; products and sums in fp32.
 
   forward        y = act(bias + sum_j w[:, K-1-j] x_{t-j})
-  backward 1     (SiLU only, the split form) dpre = dy * silu'(pre), pre recomputed from x (nothing but x is kept)
-  backward 2     (the fused form recomputes dpre itself at each shift instead of reading it)
-                 dx_t = sum_j w[:, K-1-j] dpre_{t+j} (where token t+j's tap j reaches t: same document), and per tile
+  backward 1     (SiLU only) dpre = dy * silu'(pre), pre recomputed from x (nothing but x is kept)
+  backward 2     dx_t = sum_j w[:, K-1-j] dpre_{t+j} (where token t+j's tap j reaches t: same document), and per tile
                  the partial sums of dw[:, K-1-j] = sum_t dpre_t x_{t-j} and dbias = sum_t dpre_t, added up in torch
                  (no atomics: the same sums every run)
 The initial state's gradient (K-1 columns) is a few torch ops on dpre's first K-1 tokens.
@@ -15,8 +14,6 @@ The pair is a torch.library custom op ("hilo::short_conv"), differentiable throu
 torch.compile keeps a block with a short conv as one graph (the op is one node) instead of breaking around it.
 """
 
-import os
-import re
 from typing import Optional
 
 import torch
@@ -24,51 +21,30 @@ import triton
 import triton.language as tl
 
 from kernels.common.compile import dense_outputs
+from kernels.common.launch import current
 
 from .naive import positions_in_documents
 
-# Tiles [BT tokens, BC channels] and warps per program. H200, bf16, C = 2304, 16K x 2, fwd+bwd (benchmarks/RESULTS.md,
-# session 9, each within the bf16 check): 32x64w4 1.234 ms, 64x64w4 0.908, 128x64w8 1.095, 64x128w8 1.488. So
-# 64x64w4 without an initial state (the training path: 85-112 registers, no spills on sm_90, Triton 3.6), and 32x64w4
-# with one (64x64 spills 144-552 B there, 32x64 none). HILO_SHORT_CONV_TILES="BTxBCwW" sets one for both (read at
-# import). Addresses are one 64-bit scalar per program (the tile's first token) plus int32 offsets within the tile.
-DEFAULT_TILES = {False: (64, 64, 4), True: (32, 64, 4)}  # (BT, BC, warps) without / with an initial state
+# Tiles [BT tokens, BC channels] and warps per program: kernels.common.launch's ShortConv table. H200, bf16,
+# C = 2304, 16K x 2, fwd+bwd (each within the bf16 check): 32x64w4 1.234 ms, 64x64w4 0.908, 128x64w8 1.095, 64x128w8
+# 1.488. So 64x64w4 without an initial state (the training path: 85-112 registers, no spills on sm_90, Triton 3.6),
+# and 32x64w4 with one (64x64 spills 144-552 B there, 32x64 none). Addresses are one 64-bit scalar per program (the
+# tile's first token) plus int32 offsets within the tile.
+# The backward with SiLU: while torch.compile traces the call the kernels compute the linear conv and SiLU runs as
+# torch ops after it (inductor fuses SiLU and its derivative into the elementwise kernels around the op, so the
+# backward gets dpre in x's dtype from them and needs no dpre pass; the conv's output is rounded to x's dtype before
+# the SiLU, one rounding more); in eager (where SiLU as torch ops would be two more passes) a dpre kernel writes
+# dpre = dy * silu'(pre) in fp32 and the backward reads it. Compiled 340m training on the H200, paired runs: the
+# graph form over the dpre kernel +1.4% / +2.4% for Gated DeltaNet at 8K, +1.2% / +2.2% for Mamba-2 at 16K. The
+# silu_in_graph launch setting forces either form.
 
 
-def parse_tiles(spec: str) -> dict:
-    """HILO_SHORT_CONV_TILES's value -> {has_state: (BT, BC, warps)}: the defaults when empty, else one shape for
-    both. Raises ValueError naming the expected form."""
-    spec = spec.strip()
-    if not spec:
-        return dict(DEFAULT_TILES)
-    m = re.fullmatch(r"(\d+)x(\d+)w(\d+)", spec)
-    if not m or any(int(n) & (int(n) - 1) or int(n) < lo for n, lo in zip(m.groups(), (16, 16, 1), strict=True)):
-        raise ValueError(f"HILO_SHORT_CONV_TILES={spec!r}: expected BTxBCwW with powers of two, BT and BC >= 16 "
-                         f"(e.g. 64x64w4), or unset for the defaults")
-    return dict.fromkeys((False, True), tuple(int(n) for n in m.groups()))
-
-
-def parse_bwd(value: str) -> str:
-    """HILO_SHORT_CONV_BWD's value -> one of BWD_FORMS ("auto" when empty)."""
-    value = value.strip() or "auto"
-    if value not in BWD_FORMS:
-        raise ValueError(f"HILO_SHORT_CONV_BWD={value!r}: expected 'auto' (the default), 'split', 'fused' or 'graph'")
-    return value
-
-
-# The backward with SiLU: "split" (the dpre kernel writes dpre = dy * silu'(pre) in fp32, then the backward reads
-# it), "fused" (one kernel: dpre recomputed where each shift needs it, K^2 tap loads from cache instead of the fp32
-# round trip, at 182 registers instead of 78-80 for the pair at 32x64w4) or "graph" (the kernels compute the linear
-# conv and SiLU runs as torch ops after it: under torch.compile inductor fuses SiLU and its derivative into the
-# elementwise kernels around the op, so the backward gets dpre in x's dtype from them and needs no dpre pass; the
-# conv's output is rounded to x's dtype before the SiLU, one rounding more than the other forms). "auto", the default:
-# "graph" while torch.compile traces the call, "split" in eager (where SiLU as torch ops would be two more passes).
-# Compiled 340m training on the H200, two sessions' paired runs: graph over split +1.4% / +2.4% for Gated DeltaNet
-# at 8K, +1.2% / +2.2% for Mamba-2 at 16K (benchmarks/RESULTS.md, sessions 14 and 15). Read at import
-# (HILO_SHORT_CONV_BWD).
-BWD_FORMS = ("auto", "split", "fused", "graph")
-TILES = parse_tiles(os.environ.get("HILO_SHORT_CONV_TILES", ""))
-BWD = parse_bwd(os.environ.get("HILO_SHORT_CONV_BWD", ""))
+def tiles(has_state: bool) -> tuple[int, int, int]:
+    """(BT, BC, warps) of the kernels' launches, without or with an initial state (kernels.common.launch)."""
+    launch = current("short_conv")
+    if has_state:
+        return launch.state_block_t, launch.state_block_c, launch.state_warps
+    return launch.block_t, launch.block_c, launch.warps
 
 
 @triton.jit
@@ -151,7 +127,7 @@ def _dpre_rows(x_tile, SXT: tl.constexpr, w, bias, state, pos, dy_tile, i_b, t0,
 def _short_conv_dpre(x, sxb, SXT: tl.constexpr, w, bias, state, pos, dy, dpre, T, C: tl.constexpr, K: tl.constexpr,
                      BT: tl.constexpr, BC: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,
                      VARLEN: tl.constexpr):
-    """The split backward's first pass: dpre (fp32) of every token."""
+    """The backward's first pass with SiLU: dpre (fp32) of every token."""
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t0, base, xbase = _tile_start(i_t, i_b, T, sxb, SXT, BT, C)
     rel = tl.arange(0, BT)
@@ -165,9 +141,8 @@ def _short_conv_dpre(x, sxb, SXT: tl.constexpr, w, bias, state, pos, dy, dpre, T
 @triton.jit(do_not_specialize=["T", "NT"])
 def _short_conv_bwd(x, sxb, SXT: tl.constexpr, w, bias, state, pos, dpre, dx, dw_part, db_part, T, NT, C: tl.constexpr,
                     K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    HAS_STATE: tl.constexpr, VARLEN: tl.constexpr, SILU: tl.constexpr):
-    """dx and this tile's parts of dw and dbias. dpre holds dy when SILU (the fused form: dpre is recomputed at each
-    shift from x and dy), else dpre itself (the split form, or no activation)."""
+                    HAS_STATE: tl.constexpr, VARLEN: tl.constexpr):
+    """dx and this tile's parts of dw and dbias from dpre (the dpre kernel's, or dy without an activation)."""
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t0, base, xbase = _tile_start(i_t, i_b, T, sxb, SXT, BT, C)
     rel = tl.arange(0, BT)
@@ -177,11 +152,11 @@ def _short_conv_bwd(x, sxb, SXT: tl.constexpr, w, bias, state, pos, dpre, dx, dw
     x_tile = x + xbase
     # dx_t: every later token t + lag whose tap lag reads x_t (inside the same document)
     d_own = _dpre_rows(x_tile, SXT, w, bias, state, pos, dpre + base, i_b, t0, rel, o_c, m_c, T, C, K, BT, BC,
-                       HAS_BIAS, HAS_STATE, VARLEN, SILU)
+                       HAS_BIAS, HAS_STATE, VARLEN, False)
     acc = tl.load(w + o_c * K + (K - 1), mask=m_c, other=0.0).to(tl.float32)[None, :] * d_own
     for lag in tl.static_range(1, K):
         d = _dpre_rows(x_tile, SXT, w, bias, state, pos, dpre + base, i_b, t0, rel + lag, o_c, m_c, T, C, K, BT, BC,
-                       HAS_BIAS, HAS_STATE, VARLEN, SILU)
+                       HAS_BIAS, HAS_STATE, VARLEN, False)
         if VARLEN:
             tt = t0 + rel + lag
             ok = tt < T
@@ -222,7 +197,7 @@ def _short_conv_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     state = None if state is None else state.contiguous()
     y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     flags = _flags(weight, bias, state, pos)
-    bt, bc, warps = TILES[flags["HAS_STATE"]]
+    bt, bc, warps = tiles(flags["HAS_STATE"])
     if t:
         _short_conv_fwd[(triton.cdiv(t, bt), triton.cdiv(c, bc), b)](
             x, x.stride(0), x.stride(1), weight, bias if bias is not None else weight,
@@ -249,18 +224,17 @@ def _short_conv_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Ten
     bias = None if bias is None else bias.contiguous()
     state = None if state is None else state.contiguous()
     flags = _flags(weight, bias, state, pos)
-    bt, bc, warps = TILES[flags["HAS_STATE"]]
+    bt, bc, warps = tiles(flags["HAS_STATE"])
     grid = (triton.cdiv(t, bt), triton.cdiv(c, bc), b)
     state_arg, pos_arg = (state if state is not None else x), (pos if pos is not None else x)
     dy = dy.contiguous()
-    split = silu and t and BWD in ("split", "auto")  # "auto" reaches here with silu only in eager
-    if split:
+    if silu and t:
         dpre = torch.empty(b, t, c, device=x.device, dtype=torch.float32)
         _short_conv_dpre[grid](x, x.stride(0), x.stride(1), weight, bias if bias is not None else weight, state_arg,
                                pos_arg, dy, dpre, t, C=c, BT=bt, BC=bc, HAS_BIAS=bias is not None, **flags,
                                num_warps=warps)
     else:
-        dpre = dy  # the fused form recomputes dpre from x and dy where it needs it
+        dpre = dy  # no activation (or no tokens): dpre is dy
     nt = triton.cdiv(t, bt)
     dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     dw_part = torch.zeros(b * nt, k, c, device=x.device, dtype=torch.float32)
@@ -268,7 +242,7 @@ def _short_conv_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Ten
     if t:
         _short_conv_bwd[grid](x, x.stride(0), x.stride(1), weight, bias if bias is not None else weight, state_arg,
                               pos_arg, dpre, dx, dw_part, db_part, t, nt, C=c, BT=bt, BC=bc, HAS_BIAS=bias is not None,
-                              SILU=bool(silu and not split), **flags, num_warps=warps)
+                              **flags, num_warps=warps)
     dweight = dw_part.sum(0).t().contiguous().to(weight.dtype)
     dbias = db_part.sum(0).to(bias.dtype if bias is not None else torch.float32)
     if state is None:
@@ -276,30 +250,12 @@ def _short_conv_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Ten
     # state column i is input position i - (K-1): tap lag of token i - (K-1) + lag reads it
     dstate = torch.zeros(b, c, k - 1, device=x.device, dtype=torch.float32)
     w = weight.float()
-    if silu and not split:
-        dpre = _first_dpre(dy, x, w, bias, state)
     for i in range(k - 1):
         for lag in range(k):
             tok = i - (k - 1) + lag
             if 0 <= tok < t:
                 dstate[:, :, i] += w[:, k - 1 - lag] * dpre[:, tok].float()
     return dx, dweight, dbias, dstate.to(state.dtype)
-
-
-def _first_dpre(dy, x, w, bias, state):
-    """dpre = dy * silu'(pre) of the first min(K-1, T) tokens (fp32), the only ones whose taps reach the state."""
-    k = w.shape[1]
-    n = min(k - 1, x.shape[1])
-    pre = torch.zeros(x.shape[0], n, x.shape[2], device=x.device, dtype=torch.float32)
-    for tok in range(n):
-        for lag in range(k):
-            src = tok - lag
-            inp = x[:, src] if src >= 0 else state[:, :, k - 1 + src]
-            pre[:, tok] += w[:, k - 1 - lag] * inp.float()
-    if bias is not None:
-        pre += bias.float()
-    s = torch.sigmoid(pre)
-    return dy[:, :n].float() * s * (1 + pre * (1 - s))
 
 
 @_short_conv_backward_op.register_fake
@@ -331,7 +287,8 @@ def short_conv_triton(x, weight, bias, initial_state, cu_seqlens, silu):
     if cu_seqlens is not None:
         pos = positions_in_documents(x.shape[1], cu_seqlens, x.device).to(torch.int32)
     state = None if initial_state is None else initial_state.contiguous()
-    in_graph = silu and (BWD == "graph" or (BWD == "auto" and torch.compiler.is_compiling()))
+    forced = current("short_conv").silu_in_graph
+    in_graph = silu and (torch.compiler.is_compiling() if forced is None else forced)
     y = _short_conv_op(x, weight.contiguous(), None if bias is None else bias.contiguous(), state, pos,
                        silu and not in_graph)
     return torch.nn.functional.silu(y) if in_graph else y

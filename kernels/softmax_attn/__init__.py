@@ -1,4 +1,4 @@
-"""Causal softmax attention with GQA and packed documents (SPEC §2, `softmax_attn`).
+"""Causal softmax attention with GQA and packed documents (`softmax_attn`, docs/kernels.md).
 
 Backends: "flash" (the flash_attn package, when importable; CUDA, fp16/bf16), "sdpa" (torch
 scaled_dot_product_attention), "naive" (explicit masked softmax in fp32: the test oracle).

@@ -84,8 +84,8 @@ class HLAMixer(nn.Module):
                         [1e-3, 1e-1].
       backend           the operator's backend: None (kernels.hla.default_backend: on CUDA the composition for
                         hla3 and for bf16 hla2, the fused kernels otherwise; torch elsewhere), "triton" (the
-                        composition of linear_attn kernels: bf16 passes for bf16 hla2 / hla3, fp32 ones otherwise;
-                        HILO_HLA=compose16 changes that), "fused" (one-pass Triton hla2/ahla), "torch", "naive".
+                        composition of linear_attn kernels: bf16 passes for bf16 hla2 / hla3, fp32 ones
+                        otherwise), "fused" (one-pass Triton hla2/ahla), "torch", "naive".
 
     forward(hidden [B, T, C], position_ids [B, T], cu_seqlens [N+1] or None, cache HiloCache or None) -> [B, T, C].
     The cache slot holds the operator's recurrent state field by field (kernels.hla.state: "S", "F" for hla2;

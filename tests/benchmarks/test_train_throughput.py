@@ -77,8 +77,8 @@ def test_oom_is_a_row_and_the_rest_still_run(monkeypatch, tmp_path):
     monkeypatch.setattr(tt, "RESULTS", tmp_path / "RESULTS.md")
     for key in [k for k in os.environ if k.startswith("HILO_")]:
         monkeypatch.delenv(key)
-    monkeypatch.setenv("HILO_SHORT_CONV_BWD", "graph")  # a kernel build option: the recorded command names it
-    monkeypatch.setenv("HILO_HLA", "")  # set but empty: changes nothing, so left out
+    monkeypatch.setenv("HILO_SHORT_CONV", "torch")  # a kernel option: the recorded command names it
+    monkeypatch.setenv("HILO_LOGLINEAR_DELTA_GLUE", "")  # set but empty: changes nothing, so left out
     results = tt.main(["--model", "transformer", "--sizes", "tiny", "--seq-len", "32", "64", "--batch-size", "3",
                        "--steps", "2", "--append"])
     assert calls == [("transformer", 32, 3), ("transformer", 64, 3)]
@@ -88,7 +88,7 @@ def test_oom_is_a_row_and_the_rest_still_run(monkeypatch, tmp_path):
     assert rows[0][7:12] == ["500.0", "10.0%", "20.0%", "40.0%", "10.0%"]  # ms/step, then shares of 0.5 s
     written = (tmp_path / "RESULTS.md").read_text()
     assert "### Training throughput" in written and "--seq-len 32 64 --batch-size 3" in written
-    assert "`HILO_SHORT_CONV_BWD=graph python benchmarks/train_throughput.py --model" in written
+    assert "`HILO_SHORT_CONV=torch python benchmarks/train_throughput.py --model" in written
     assert "| transformer | tiny | 64 | 3 | OOM |" in written
 
 

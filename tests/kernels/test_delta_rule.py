@@ -231,114 +231,61 @@ def test_triton_output_only():
         assert err_ratio(a, ref) <= TOL
 
 
-# ---------------------------------------------------------------- build switches (kernels/delta_rule/triton_fwd.OPTIONS)
+# ---------------------------------------------------------------- launch settings (kernels/common/launch.py)
 
 @needs_triton
-@pytest.mark.parametrize("fused_bwd,intra", [(False, 0), (True, 0), (False, 1), (True, 1)])
-def test_triton_switches_match_naive(monkeypatch, fused_bwd, intra):
-    """Both backward layouts (two kernels / fused), both places of dU_intra and of the forward's output give the
-    oracle's outputs and gradients."""
-    from kernels.delta_rule import triton_fwd
-
-    monkeypatch.setitem(triton_fwd.OPTIONS, "fused_bwd", fused_bwd)
-    monkeypatch.setitem(triton_fwd.OPTIONS, "intra_in_state_bwd", intra)
-    monkeypatch.setitem(triton_fwd.OPTIONS, "output_in_state", 1 - intra)
-    monkeypatch.setitem(triton_fwd.OPTIONS, "state_scale_v", fused_bwd)
+def test_triton_initial_state_wide_heads_match_naive():
+    """K = 60, V = 100 (padded tiles, several V-blocks) with an initial state and strong decays: the Triton path's
+    outputs and gradients against the oracle's."""
     inputs = make(2, 75, 2, 60, 100, seed=12, decay="strong")
     h0 = torch.randn(2, 2, 60, 100)
     inputs, h0 = _device_inputs(inputs, h0)
-    assert_close(run("triton", inputs, h0), run("naive", inputs, h0), what=f"fused={fused_bwd} intra={intra}")
+    assert_close(run("triton", inputs, h0), run("naive", inputs, h0), what="K=60 V=100")
 
 
-def test_state_pass_stages(monkeypatch):
+def test_state_pass_stages():
     """The state passes' pipelining depth: 3 up to K = 128 in 16-bit (2 for fp32 tiles at K = 128); at K = 256
     wide_stages (2 by default) for 16-bit V-blocks <= 32 only (wider ones would overflow sm_90's shared memory in
-    the backward pass: 238 KB at BV = 64 in bf16, 267 KB at BV = 16 in fp32), 1 with HILO_DELTA_RULE=wide_stages=1."""
+    the backward pass: 238 KB at BV = 64 in bf16, 267 KB at BV = 16 in fp32), 1 when overridden to 1."""
+    from kernels.common import launch_settings
     from kernels.delta_rule import triton_fwd
 
-    monkeypatch.setattr(triton_fwd, "OPTIONS", dict(triton_fwd.OPTIONS))
     stages = triton_fwd.state_stages
     assert (stages(64), stages(128), stages(128, 4), stages(256, 4, 16)) == (3, 3, 2, 1)
     assert (stages(256, 2, 16), stages(256, 2, 32), stages(256, 2, 64)) == (2, 2, 1)
-    monkeypatch.setenv("HILO_DELTA_RULE", "wide_stages=1")
-    triton_fwd._apply_env_options()
-    assert (stages(128), stages(256, 2, 16), stages(256, 2, 32), stages(256, 4, 16)) == (3, 1, 1, 1)
+    with launch_settings(delta_rule={"wide_stages": 1}):
+        assert (stages(128), stages(256, 2, 16), stages(256, 2, 32), stages(256, 4, 16)) == (3, 1, 1, 1)
+    assert stages(256, 2, 16) == 2
 
 
-def test_grads_launch_options(monkeypatch):
-    """The fused backward kernel's launch: NUM_WARPS / NUM_STAGES and no register cap by default; HILO_DELTA_RULE's
+def test_grads_launch_settings():
+    """The fused backward kernel's launch: 4 warps, 3 stages and no register cap by default; the launch settings'
     grads_warps / grads_stages / grads_maxnreg override them."""
-    from kernels.delta_rule import triton_bwd, triton_fwd
+    from kernels.common import launch_settings
+    from kernels.delta_rule import triton_bwd
 
-    monkeypatch.setattr(triton_fwd, "OPTIONS", dict(triton_fwd.OPTIONS))
-    monkeypatch.setattr(triton_bwd, "OPTIONS", triton_fwd.OPTIONS)
-    default = {"num_warps": triton_fwd.NUM_WARPS["grads"], "num_stages": triton_fwd.NUM_STAGES["grads"]}
-    assert triton_bwd.grads_launch() == default
-    monkeypatch.setenv("HILO_DELTA_RULE", "grads_maxnreg=128,grads_stages=2")
-    triton_fwd._apply_env_options()
-    assert triton_bwd.grads_launch() == {**default, "num_stages": 2, "maxnreg": 128}
+    assert triton_bwd.grads_launch() == {"num_warps": 4, "num_stages": 3}
+    with launch_settings(delta_rule={"grads_maxnreg": 128, "grads_stages": 2}):
+        assert triton_bwd.grads_launch() == {"num_warps": 4, "num_stages": 2, "maxnreg": 128}
+    assert triton_bwd.grads_launch() == {"num_warps": 4, "num_stages": 3}
 
 
-def test_state_pass_warps_options(monkeypatch):
-    """The sequential state passes' warps: NUM_WARPS by default, HILO_DELTA_RULE's state_warps / state_bwd_warps
-    where set (grads_warps likewise); a warp count that is not a power of two up to 16 is an error naming the choices."""
-    from kernels.delta_rule import triton_fwd
-
-    monkeypatch.setattr(triton_fwd, "OPTIONS", dict(triton_fwd.OPTIONS))
-    assert [triton_fwd.launch_warps(k) for k in ("state", "state_bwd", "grads")] == \
-        [triton_fwd.NUM_WARPS[k] for k in ("state", "state_bwd", "grads")]
-    monkeypatch.setenv("HILO_DELTA_RULE", "state_warps=8,state_bwd_warps=4,grads_warps=2")
-    triton_fwd._apply_env_options()
-    assert [triton_fwd.launch_warps(k) for k in ("state", "state_bwd", "grads", "output")] == \
-        [8, 4, 2, triton_fwd.NUM_WARPS["output"]]
-    for bad in ("state_warps=3", "state_bwd_warps=x", "grads_warps=32"):
-        monkeypatch.setenv("HILO_DELTA_RULE", bad)
-        with pytest.raises(ValueError, match="1, 2, 4, 8 or 16 warps"):
-            triton_fwd._apply_env_options()
-
-
-def test_state_pass_v_block_floor(monkeypatch):
+def test_state_pass_v_block_floor():
     """The state passes' smallest V-block: 16 up to K = 128 and 32 past it by default (GDN's K = 256 heads measured
-    22% faster fwd+bwd with 32 on the H200); HILO_DELTA_RULE=state_bv_min overrides it at every K (16 at the least)."""
-    from kernels.delta_rule import triton_fwd
+    22% faster fwd+bwd with 32 on the H200); state_bv_min overrides it at every K (16 at the least)."""
+    from kernels.common import launch_settings
+    from kernels.common.launch import delta_rule_state_bv_floor as floor
 
-    monkeypatch.setattr(triton_fwd, "OPTIONS", dict(triton_fwd.OPTIONS))
-    floor = triton_fwd.state_bv_floor
     assert (floor(64), floor(128), floor(129), floor(256)) == (16, 16, 32, 32)
-    for val, want in (("32", 32), ("16", 16), ("8", 16)):
-        monkeypatch.setenv("HILO_DELTA_RULE", f"state_bv_min={val}")
-        triton_fwd._apply_env_options()
-        assert (floor(128), floor(256)) == (want, want)
-
-
-def test_two_kernel_lowp_backward_pads_k(monkeypatch):
-    """CUDA pads heads narrower than (32, 64); the two-kernel 16-bit backward (fused_bwd=0, lowp_bwd on) pads K to 64,
-    where the H200 ran it exactly (it faulted at K = 32). fp32 inputs and the default fused backward keep (32, 64)."""
-    from kernels.delta_rule import padded_head_dims, triton_fwd
-
-    monkeypatch.setattr(triton_fwd, "OPTIONS", dict(triton_fwd.OPTIONS))
-    assert padded_head_dims(torch.bfloat16) == padded_head_dims(torch.float32) == (32, 64)
-    triton_fwd.OPTIONS["fused_bwd"] = False
-    assert padded_head_dims(torch.float16) == padded_head_dims(torch.bfloat16) == (64, 64)
-    assert padded_head_dims(torch.float32) == (32, 64)
-    triton_fwd.OPTIONS["lowp_bwd"] = False
-    assert padded_head_dims(torch.bfloat16) == (32, 64)
+    for val, want in ((32, 32), (16, 16), (8, 16)):
+        with launch_settings(delta_rule={"state_bv_min": val}):
+            assert (floor(128), floor(256)) == (want, want)
 
 
 @needs_triton
-@pytest.mark.parametrize("opts", [
-    {"lowp_bwd": False, "prepare_mode": 0, "fused_bwd": False, "intra_in_state_bwd": 0, "output_in_state": 0,
-     "state_scale_v": False},
-    {"lowp_bwd": True, "prepare_mode": 2, "fused_bwd": True, "intra_in_state_bwd": 1, "output_in_state": 1},
-    {"lowp_bwd": True, "prepare_mode": 1, "fused_bwd": False, "intra_in_state_bwd": 0, "output_in_state": 0},
-])
-def test_triton_fp16_paths(monkeypatch, opts):
-    """The 16-bit code paths (16-bit dot operands and intermediates, hi/lo prepare products) on fp16 inputs (the
-    interpreter cannot run bf16) against the fp32 oracle on the same values: fp16 rounding-level error ratios."""
-    from kernels.delta_rule import triton_fwd
-
-    for key, val in opts.items():
-        monkeypatch.setitem(triton_fwd.OPTIONS, key, val)
+def test_triton_fp16_path():
+    """The 16-bit code path (16-bit dot operands and dU, hi/lo prepare products) on fp16 inputs (the interpreter
+    cannot run bf16) against the fp32 oracle on the same values: fp16 rounding-level error ratios."""
     inputs = make(1, 150, 2, 32, 32, seed=13)
     inputs = [x if x is None else x.half().float() for x in inputs]  # values exactly representable in fp16
     h0 = torch.randn(3, 2, 32, 32)
@@ -348,7 +295,7 @@ def test_triton_fp16_paths(monkeypatch, opts):
     ref = run("naive", inputs, h0, cu=cu)
     half = [x if x is None or i == 4 else x.half() for i, x in enumerate(inputs)]  # g stays fp32
     got = run("triton", half, h0, cu=cu)
-    assert_close(got, ref, tol=2e-3, what=f"fp16 {opts}")
+    assert_close(got, ref, tol=2e-3, what="fp16")
 
 
 def test_padded_small_heads_equal_unpadded():

@@ -298,29 +298,16 @@ def test_triton_custom_op_compiles_into_one_graph():
 
 
 @triton_only
-def test_split_scores_reduces_16bit_rounding(monkeypatch):
-    """HILO_LINEAR_ATTN=split_scores=1 (the default): the output kernel multiplies its intra-chunk scores into v as
-    two 16-bit halves, so the forward's error against float64 on the same (fp16-exact) values drops: in fp16 under
-    the interpreter (which cannot multiply bf16) 3.1e-4 -> 2.5e-4 here; the option is read from the environment."""
-    from kernels.linear_attn import triton_fwd
-
-    assert triton_fwd.OPTIONS["split_scores"] is True or "HILO_LINEAR_ATTN" in os.environ
+def test_split_scores_keep_16bit_rounding_low():
+    """16-bit inputs: the output kernel multiplies its intra-chunk scores into v as two 16-bit halves, so the
+    forward's error against float64 on the same (fp16-exact) values is that of the split scores: in fp16 under the
+    interpreter (which cannot multiply bf16) 2.5e-4 here, where one rounded copy of the scores gave 3.1e-4."""
     gen = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(1, 200, 2, 32, generator=gen).half().double() for _ in range(3))
     g = -0.05 * torch.rand(1, 200, 2, generator=gen)
     ref, _ = linear_attn(q, k, v, g.double(), backend="naive")
-    errors = {}
-    for flag in (False, True):
-        monkeypatch.setitem(triton_fwd.OPTIONS, "split_scores", flag)
-        o, _ = linear_attn(*(x.half().to(DEV) for x in (q, k, v)), g.to(DEV), backend="triton")
-        errors[flag] = error_ratio(o.double().cpu(), ref)
-    assert errors[True] < 0.85 * errors[False] and errors[False] < 1e-3, errors
-    monkeypatch.setenv("HILO_LINEAR_ATTN", "split_scores=off")
-    triton_fwd._read_options()
-    assert triton_fwd.OPTIONS["split_scores"] is False
-    monkeypatch.setenv("HILO_LINEAR_ATTN", "split=1")
-    with pytest.raises(ValueError, match="unknown option 'split'"):
-        triton_fwd._read_options()
+    o, _ = linear_attn(*(x.half().to(DEV) for x in (q, k, v)), g.to(DEV), backend="triton")
+    assert error_ratio(o.double().cpu(), ref) < 2.8e-4
 
 
 def test_state_blocks_narrow_on_small_grids():
@@ -335,81 +322,82 @@ def test_state_blocks_narrow_on_small_grids():
     assert state_blocks(16, 24, 1) == (16, 32)
 
 
-def test_segment_count_rule(monkeypatch):
-    """state_segments: 0 (the default) none on a grid of one program a multiprocessor or more or a walk under 512
+def test_segment_count_rule():
+    """state_segments: None (the default) none on a grid of one program a multiprocessor or more or a walk under 512
     chunks, else as many as fit the programs in one wave of 6 blocks a multiprocessor, none under 16 chunks; 1 none;
     n, n, every segment non-empty."""
+    from kernels.common import launch_settings
     from kernels.linear_attn import triton_fwd
 
     count = triton_fwd.segment_count
-    assert triton_fwd.OPTIONS["state_segments"] == 0
     assert count(256, 256, 132) == 1 and count(512, 132, 132) == 1  # 16K x 2, H = 16; a full grid
     assert count(512, 64, 132) == 12 and count(512, 128, 132) == 6  # 32K x 1 at H = 4 and 8
     assert count(511, 64, 132) == 1 and count(256, 128, 132) == 1  # 16K x 1 at H = 8: a walk too short to pay
     assert count(512, 64, 264) == 24 and count(1024, 16, 132) == 49  # 49: cdiv(1024, 49) = 21 chunks a segment
     assert count(1024, 128, 132) == 6
-    monkeypatch.setitem(triton_fwd.OPTIONS, "state_segments", 1)
-    assert count(1024, 16, 132) == 1
-    monkeypatch.setitem(triton_fwd.OPTIONS, "state_segments", 4)
-    assert count(5, 8) == 3 and count(1, 8) == 1  # 5 chunks: 2 + 2 + 1
+    with launch_settings(linear_attn={"state_segments": 1}):
+        assert count(1024, 16, 132) == 1
+    with launch_settings(linear_attn={"state_segments": 4}):
+        assert count(5, 8) == 3 and count(1, 8) == 1  # 5 chunks: 2 + 2 + 1
+    assert count(1024, 16, 132) == 49
 
 
 @triton_only
 @pytest.mark.parametrize("segments", [2, 3])
 @pytest.mark.parametrize("decay,n_state", [("strong", 2), ("weak", None), (None, 2)])
-def test_segmented_state_walks_keep_the_values(monkeypatch, segments, decay, n_state):
-    """HILO_LINEAR_ATTN=state_segments=n: the sequential state kernels (forward and backward) walk each sequence's
+def test_segmented_state_walks_keep_the_values(segments, decay, n_state):
+    """state_segments=n: the sequential state kernels (forward and backward) walk each sequence's
     chunks as n segments side by side, each carried into the next through its own contribution: the same output,
     final state and gradients (dq, dk, dv, dg, dh0) as one walk, with and without decay and initial state, 5 chunks
     of a 300-token sequence (the last one partial)."""
+    from kernels.common import launch_settings
     from kernels.linear_attn import triton_fwd
 
     q, k, v, g, h0 = make(2, 300, 2, 24, 40, decay, n_state=n_state, device=DEV)
     want = run(q, k, v, g, h0, "triton")
-    monkeypatch.setitem(triton_fwd.OPTIONS, "state_segments", segments)
-    lay = triton_fwd.Layout(2, 300, 2, None, "cpu")
-    assert triton_fwd.segments(24, 40, lay, 32, 32, DEV)[1] == segments
-    got = run(q, k, v, g, h0, "triton")
+    with launch_settings(linear_attn={"state_segments": segments}):
+        lay = triton_fwd.Layout(2, 300, 2, None, "cpu")
+        assert triton_fwd.segments(24, 40, lay, 32, 32, DEV)[1] == segments
+        got = run(q, k, v, g, h0, "triton")
     assert_close(got, want, what=f"{segments} segments", tol=1e-5)
 
 
 @triton_only
 @pytest.mark.parametrize("decay", ["strong", "weak", None])
-def test_segmented_state_walks_on_packed_documents(monkeypatch, decay):
+def test_segmented_state_walks_on_packed_documents(decay):
     """Packed documents (cu_seqlens) in segments sized by the longest a document could be (620 tokens: 10 chunks,
     4 segments of 3): the 400-token document walks 3, the shorter ones 1, their other segments' programs idle; the
     same values as one walk each, with per-document initial states."""
+    from kernels.common import launch_settings
     from kernels.linear_attn import triton_fwd
 
     q, k, v, g, h0 = make(1, 620, 2, 24, 40, decay, n_state=4, device=DEV)
     cu = torch.tensor([0, 1, 70, 470, 620], device=DEV)
     want = run(q, k, v, g, h0, "triton", cu=cu)
-    monkeypatch.setitem(triton_fwd.OPTIONS, "state_segments", 4)
-    assert triton_fwd.segments(24, 40, triton_fwd.Layout(1, 620, 2, cu, DEV), 32, 32, DEV) == (3, 4)
-    assert_close(run(q, k, v, g, h0, "triton", cu=cu), want, what="packed, 4 segments", tol=1e-5)
+    with launch_settings(linear_attn={"state_segments": 4}):
+        assert triton_fwd.segments(24, 40, triton_fwd.Layout(1, 620, 2, cu, DEV), 32, 32, DEV) == (3, 4)
+        got = run(q, k, v, g, h0, "triton", cu=cu)
+    assert_close(got, want, what="packed, 4 segments", tol=1e-5)
 
 
 @triton_only
-@pytest.mark.parametrize("tiles", ["state_bk=16,state_bv=16", "state_bv=16,state_warps=2,state_stages=3",
-                                   "state_bk=32,state_bv=64,out_warps=8,out_stages=3,bwd_warps=4,bwd_stages=2"])
-def test_state_tile_options_keep_the_values(monkeypatch, tiles):
-    """HILO_LINEAR_ATTN's state_bk / state_bv retile the sequential state kernels (forward and backward) without
+@pytest.mark.parametrize("tiles", [{"state_bk": 16, "state_bv": 16}, {"state_bv": 16, "state_warps": 2, "state_stages": 3},
+                                   {"state_bk": 32, "state_bv": 64, "out_warps": 8, "out_stages": 3, "bwd_warps": 4,
+                                        "bwd_stages": 2}])
+def test_state_tile_settings_keep_the_values(tiles):
+    """The launch settings' state_bk / state_bv retile the sequential state kernels (forward and backward) without
     changing a value: every output and gradient as with the default tiles, on packed documents with an initial
-    state (the launch options ride along: the interpreter ignores warps and stages, the GPU tests do not); a tile
-    outside 16 / 32 / 64 is refused."""
+    state (the launch settings ride along: the interpreter ignores warps and stages, the GPU tests do not)."""
+    from kernels.common import launch_settings
     from kernels.linear_attn import triton_fwd
 
     q, k, v, g, h0 = make(1, 150, 2, 48, 40, "weak", n_state=3, device=DEV)
     cu = torch.tensor([0, 1, 70, 150], device=DEV)
     want = run(q, k, v, g, h0, "triton", cu=cu)
     default_tiles = triton_fwd.state_blocks(48, 40, 2)
-    monkeypatch.setenv("HILO_LINEAR_ATTN", tiles)
-    monkeypatch.setattr(triton_fwd, "OPTIONS", dict(triton_fwd.OPTIONS))
-    triton_fwd._read_options()
-    assert triton_fwd.state_blocks(48, 40, 2) != default_tiles
-    got = run(q, k, v, g, h0, "triton", cu=cu)
-    assert_close(got, want, what=tiles, tol=1e-5)
-    monkeypatch.setenv("HILO_LINEAR_ATTN", "state_bv=8")
-    with pytest.raises(ValueError, match="state_bv"):
-        triton_fwd._read_options()
+    with launch_settings(linear_attn=tiles):
+        assert triton_fwd.state_blocks(48, 40, 2) != default_tiles
+        got = run(q, k, v, g, h0, "triton", cu=cu)
+    assert triton_fwd.state_blocks(48, 40, 2) == default_tiles
+    assert_close(got, want, what=str(tiles), tol=1e-5)
 

@@ -239,13 +239,9 @@ def test_triton_unit_level_scales_is_linear_attn():
 
 
 @triton_only
-@pytest.mark.parametrize("lowp", [False, True])
-def test_triton_half_inputs(lowp, monkeypatch):
+def test_triton_half_inputs():
     """fp16 q, k, v (bf16 needs a GPU: the interpreter's bf16 tl.dot is wrong) against the fp32 chunked path on the
-    same values, at SPEC's bf16 tolerances; with lowp the level scans round their dot operands to fp16."""
-    from kernels.loglinear_attn.triton_fwd import OPTIONS
-
-    monkeypatch.setitem(OPTIONS, "lowp", lowp)
+    same values, at the bf16 tolerances of docs/kernels.md."""
     x = make(1, 200, seed=21)
     outs = {}
     for backend, dtype in (("torch", torch.float32), ("triton", torch.float16)):
@@ -266,50 +262,37 @@ def test_triton_half_inputs(lowp, monkeypatch):
 
 
 @triton_only
-def test_triton_level_groups(monkeypatch):
-    """Two chunk levels per scan program (so T = 300 after a 100-token prior splits its three chunk levels into
-    groups of 2 + 1, and the delta rule's prior levels into groups of 2): the groups add up to the definition."""
-    from kernels.loglinear_attn.triton_fwd import OPTIONS
+@pytest.mark.parametrize("split", [False, True])
+def test_triton_many_chunk_levels(split):
+    """The node tree, its gradient kernels as one or as two, on documents of 13 and 9 chunks, the second continuing
+    a 200-token prior (its chunks start at absolute index 3, so node ranges are clipped at the document's first
+    chunk), with a strong gate on one and a weak one on the other head of the same rows."""
+    from kernels.common import launch_settings
 
-    monkeypatch.setitem(OPTIONS, "scan_levels", 2)
-    x = make(2, 300, seed=17, nl=num_levels(400))
-    init = prior_state([0, 100], nl=x["lam"].shape[-1], seed=18)
-    ref = run("quadratic", x, init=init, dtype=torch.float64)
-    assert_close(run("triton", x, init=init), ref, "triton level groups of 2")
-
-
-@triton_only
-@pytest.mark.parametrize("form,save,split", [("nodes", False, False), ("nodes", True, True), ("scan", False, False)])
-def test_triton_forms_many_chunk_levels(form, save, split, monkeypatch):
-    """Both chunk-level forms (the node tree and the level scan) on documents of 13 and 9 chunks, the second
-    continuing a 200-token prior (its chunks start at absolute index 3, so node ranges are clipped at the document's
-    first chunk), with a strong gate on one and a weak one on the other head of the same rows."""
-    from kernels.loglinear_attn.triton_fwd import OPTIONS
-
-    monkeypatch.setitem(OPTIONS, "form", form)
-    monkeypatch.setitem(OPTIONS, "node_save", save)
-    monkeypatch.setitem(OPTIONS, "node_grads_split", split)
     x = make(1, 1390, seed=31, decay="weak", nl=num_levels(200 + 560))
     x["g"][..., 0] *= 60.0
     cu = torch.tensor([0, 830, 1390])
     init = prior_state([0, 200], nl=x["lam"].shape[-1], seed=32)
     ref = run("quadratic", x, cu=cu, init=init, dtype=torch.float64)
-    assert_close(run("triton", x, cu=cu, init=init), ref, f"triton form={form} node_save={save} split={split}")
+    with launch_settings(loglinear_attn={"node_grads_split": split}):
+        got = run("triton", x, cu=cu, init=init)
+    assert_close(got, ref, f"triton split={split}")
 
 
-def test_node_grads_split_follows_head_size(monkeypatch):
-    """Unset, the node form's gradient kernels split at 4 warps for heads up to K = 128, V = 64 (timed at log-linear
-    Mamba-2's heads) and stay one kernel at 8 warps above; a setting given by name wins."""
-    from kernels.loglinear_attn.triton_fwd import OPTIONS
+def test_node_grads_split_follows_head_size():
+    """By default the node form's gradient kernels split at 4 warps for heads up to K = 128, V = 64 (timed at
+    log-linear Mamba-2's heads) and stay one kernel at 8 warps above; a launch setting given by name wins."""
+    from kernels.common import launch_settings
     from kernels.loglinear_attn.triton_nodes import grads_split
 
-    assert [grads_split(dk, dv) for dk, dv in ((16, 8), (128, 64), (100, 60), (128, 128), (256, 32))] == [
-        (True, 4), (True, 4), (True, 4), (False, 8), (False, 8)]
-    monkeypatch.setitem(OPTIONS, "node_grads_split", False)
-    assert grads_split(128, 64) == (False, 4)
-    monkeypatch.setitem(OPTIONS, "node_grads_split", True)
-    monkeypatch.setitem(OPTIONS, "node_grads_warps", 8)
-    assert grads_split(128, 64) == (True, 8) and grads_split(128, 128) == (True, 8)
+    cases = ((16, 8), (128, 64), (100, 60), (128, 128), (256, 32))
+    want = [(True, 4), (True, 4), (True, 4), (False, 8), (False, 8)]
+    assert [grads_split(dk, dv) for dk, dv in cases] == want
+    with launch_settings(loglinear_attn={"node_grads_split": False}):
+        assert grads_split(128, 64) == (False, 4)
+    with launch_settings(loglinear_attn={"node_grads_split": True, "node_grads_warps": 8}):
+        assert grads_split(128, 64) == (True, 8) and grads_split(128, 128) == (True, 8)
+    assert [grads_split(dk, dv) for dk, dv in cases] == want
 
 
 @triton_only
@@ -336,15 +319,6 @@ def test_node_grads_default_launch(monkeypatch):
     ref = run("quadratic", x, dtype=torch.float64)
     assert_close(run("triton", x), ref, "node form, default gradient kernels")
     assert set(seen) == {("_grads_read", 4), ("_grads_write", 4)}
-
-
-def test_form_option_is_checked(monkeypatch):
-    from kernels.loglinear_attn.triton_bwd import _form
-    from kernels.loglinear_attn.triton_fwd import OPTIONS
-
-    monkeypatch.setitem(OPTIONS, "form", "tree")
-    with pytest.raises(ValueError, match="form"):
-        _form()
 
 
 def test_input_errors():

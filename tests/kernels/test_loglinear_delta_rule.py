@@ -201,7 +201,7 @@ def test_triton_varlen_short_documents_and_initial_state():
 
 
 def test_compiled_glue_failure_names_the_eager_option(monkeypatch):
-    """A glue that torch.compile cannot build fails with an error naming HILO_LOGLINEAR_DELTA=glue=eager."""
+    """A glue that torch.compile cannot build fails with an error naming HILO_LOGLINEAR_DELTA_GLUE=eager."""
     from kernels.loglinear_delta_rule import triton_bwd
 
     def broken_backend(gm, example_inputs):
@@ -212,25 +212,9 @@ def test_compiled_glue_failure_names_the_eager_option(monkeypatch):
     torch._dynamo.reset()
     before, _ = triton_bwd._glue_functions("compiled")
     x = torch.randn(5, 2, 4)
-    with pytest.raises(RuntimeError, match="HILO_LOGLINEAR_DELTA=glue=eager runs the glue without it") as err:
+    with pytest.raises(RuntimeError, match="HILO_LOGLINEAR_DELTA_GLUE=eager runs the glue without it") as err:
         before(x, x, x, x[..., :1], x[..., :1], x, torch.arange(5), 1, 0.5)  # 5 tokens in one chunk row
     assert isinstance(err.value.__cause__, torch._dynamo.exc.BackendCompilerFailed), err.value.__cause__
-
-
-@triton_only
-def test_triton_forward_scan_in_row_halves(monkeypatch):
-    """HILO_LOGLINEAR_DELTA=scan_rows=32: the forward level scan (with reads, and the backward's recompute) takes
-    each chunk's pieces in two row blocks: the definition's outputs, final levels and gradients, with packed
-    documents and an initial state (both scan modes)."""
-    from kernels.loglinear_delta_rule import triton_bwd
-
-    monkeypatch.setitem(triton_bwd.OPTIONS, "scan_rows", "32")
-    lengths = [15, 75, 1, 130]
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
-    x = make(1, int(cu[-1]), seed=25, decay="weak", nl=num_levels(200))  # transitions that carry the states
-    init = prior_state([5, 64, 0, 70], nl=x["lam"].shape[-1], seed=26)
-    ref = run("quadratic", x, cu=cu, init=init, dtype=torch.float64)
-    assert_close(run("triton", x, cu=cu, init=init), ref, "triton, scan rows in halves")
 
 
 @triton_only
@@ -261,10 +245,11 @@ def test_triton_unit_level_scales_is_delta_rule():
     assert error_ratio(st.levels.sum(2), sb) <= TOL
 
 
-def test_scaled_fp16_pieces(monkeypatch):
+def test_scaled_fp16_pieces():
     """scaled_fp16: rows 1e-30 .. 1e30 (far outside fp16's range) come back within fp16's rounding of their largest
     entry, their fp16 values peak in [2^14, 2^15), the scales are powers of two, zero rows stay zero and inf stays
-    inf; zcols is scaled by column the same way; the scans get such copies only with pieces=fp16 and 16-bit inputs."""
+    inf; zcols is scaled by column the same way; the scans get such copies only with pieces16 and 16-bit inputs."""
+    from kernels.common import launch_settings
     from kernels.loglinear_delta_rule import triton_bwd
     from kernels.loglinear_delta_rule.triton_fwd import scaled_fp16
 
@@ -285,22 +270,22 @@ def test_scaled_fp16_pieces(monkeypatch):
     pieces = [torch.randn(2, 3, 4, 8, generator=gen) for _ in range(3)]
     # zcols [H, rows, K, C]: a scale per column (token), its columns ranging over 60 orders of magnitude
     zcols = torch.randn(2, 3, 8, 4, generator=gen) * torch.logspace(-30, 30, 4)
-    monkeypatch.setitem(triton_bwd.OPTIONS, "pieces", "fp16")
-    got, scales = triton_bwd._scan_pieces(*pieces, zcols, torch.bfloat16)
+    with launch_settings(loglinear_delta_rule={"pieces16": True}):
+        got, scales = triton_bwd._scan_pieces(*pieces, zcols, torch.bfloat16)
     assert all(p.dtype == torch.float16 for p in got) and len(scales) == 4
     assert got[3].shape == zcols.shape and got[3].is_contiguous() and scales[3].shape == (2, 3, 4)
     zrec = got[3].float() * scales[3][..., None, :]
     assert torch.all((zrec - zcols).abs() <= zcols.abs().amax(-2, keepdim=True) * 2.0**-11)
     pieces = [*pieces, zcols]
-    assert triton_bwd._scan_pieces(*pieces, torch.float32)[1] is None  # fp32 inputs: exact fp32 products
-    monkeypatch.setitem(triton_bwd.OPTIONS, "pieces", "fp32")
-    assert triton_bwd._scan_pieces(*pieces, torch.bfloat16)[1] is None
+    with launch_settings(loglinear_delta_rule={"pieces16": True}):
+        assert triton_bwd._scan_pieces(*pieces, torch.float32)[1] is None  # fp32 inputs: exact fp32 products
+    assert triton_bwd._scan_pieces(*pieces, torch.bfloat16)[1] is None  # K = 8: fp32 pieces by default
 
 
 def assert_fp16_close(x, scale, what):
     """The Triton path on fp16 q, k, v, beta against the fp32 chunked path on the same fp16 values (the comparison is
     of the arithmetic, not of the inputs' rounding): output (kept fp16), final levels and every gradient within
-    SPEC's 16-bit tolerances."""
+    the 16-bit tolerances of docs/kernels.md."""
     outs = {}
     for backend, dtype in (("torch", torch.float32), ("triton", torch.float16)):
         dev = DEV if backend == "triton" else "cpu"
@@ -335,107 +320,105 @@ def record_scan_launches(monkeypatch, seen):
 
 
 @triton_only
-@pytest.mark.parametrize("pieces,stages,bwd", [("fp32", "1", "split"), ("fp16", "1", "split"), ("fp16", "2", "split"),
-                                               ("fp16", "1", "atomic")])
-def test_triton_half_inputs(monkeypatch, pieces, stages, bwd):
+@pytest.mark.parametrize("pieces16,stages", [(None, None), (True, 1), (True, 2)])
+def test_triton_half_inputs(pieces16, stages):
     """fp16 q, k, v, beta (bf16 needs a GPU: the interpreter's bf16 tl.dot is wrong) against the fp32 chunked path on
-    the same values, at SPEC's bf16 tolerances; the output keeps fp16. pieces=fp16: the level scans read q_eff, W,
-    Kd and zcols as scaled fp16 values (HILO_LOGLINEAR_DELTA=pieces=fp16); bwd_scan_stages=2 pipelines the backward scans'
-    chunk loops (a launch setting the interpreter runs as written); bwd=atomic: the backward scan itself reads zcols
-    (the split backward's gradient kernels read the fp32 pieces)."""
-    from kernels.loglinear_delta_rule import triton_bwd
+    the same values, at the bf16 tolerances of docs/kernels.md; the output keeps fp16. pieces16: the level scans read
+    q_eff, W, Kd and zcols as scaled fp16 values (the default at K > 128 only); bwd_scan_stages=2 pipelines the
+    backward scans' chunk loops (a launch setting the interpreter runs as written)."""
+    from kernels.common import launch_settings
 
-    monkeypatch.setitem(triton_bwd.OPTIONS, "pieces", pieces)
-    monkeypatch.setitem(triton_bwd.OPTIONS, "bwd_scan_stages", stages)
-    monkeypatch.setitem(triton_bwd.OPTIONS, "bwd", bwd)
     x = make(1, 200, seed=24)
     x["q"] = x["q"] * 0.5
-    assert_fp16_close(x, SCALE, "fp16")
+    with launch_settings(loglinear_delta_rule={"pieces16": pieces16, "bwd_scan_stages": stages}):
+        assert_fp16_close(x, SCALE, "fp16")
 
 
 @triton_only
-def test_triton_level_groups(monkeypatch):
+def test_triton_level_groups():
     """Two chunk levels per scan program (so T = 300 after a 100-token prior splits its three chunk levels into
     groups of 2 + 1, and the delta rule's prior levels into groups of 2): the groups add up to the definition."""
-    from kernels.loglinear_attn.triton_fwd import OPTIONS
+    from kernels.common import launch_settings
 
-    monkeypatch.setitem(OPTIONS, "scan_levels", 2)
     x = make(2, 300, seed=17, nl=num_levels(400))
     init = prior_state([0, 100], nl=x["lam"].shape[-1], seed=18)
     ref = run("quadratic", x, init=init, dtype=torch.float64)
-    assert_close(run("triton", x, init=init), ref, "triton level groups of 2")
+    with launch_settings(loglinear_delta_rule={"scan_levels": 2}):
+        got = run("triton", x, init=init)
+    assert_close(got, ref, "triton level groups of 2")
 
 
-def test_scan_launches_keep_32_columns(monkeypatch):
+def test_scan_launches_keep_32_columns():
     """A level-scan program's stacked tile keeps at least 32 columns where V allows (one stacked state of 16 columns
     at K = 256 faulted on the H200): at K = 256 with scan_cols=64,scan_levels=4 (one level a program) BV becomes 32;
     the defaults' launches are unchanged."""
-    from kernels.loglinear_attn.triton_fwd import OPTIONS, level_layout
+    from kernels.common import launch_settings
+    from kernels.loglinear_attn.triton_fwd import level_layout
     from kernels.loglinear_delta_rule.triton_fwd import scan_launches
 
     lay = level_layout(((0, 0, 64 * 257),), (0,), 64 * 257, torch.device("cpu"))  # nine chunk levels
     assert scan_launches(lay, 0, lay.nj, 256, 512) == [(0, 2, 4, 16), (8, 1, 1, 32)]
     assert scan_launches(lay, 0, lay.nj, 128, 128) == [(0, 8, 1, 16), (8, 1, 1, 32)]
-    monkeypatch.setitem(OPTIONS, "scan_cols", 64)
-    monkeypatch.setitem(OPTIONS, "scan_levels", 4)
-    assert scan_launches(lay, 0, lay.nj, 256, 512) == [(0, 1, 9, 32)]
-    assert scan_launches(lay, 0, lay.nj, 256, 16) == [(0, 1, 9, 16)]  # V = 16 has no wider block
+    with launch_settings(loglinear_delta_rule={"scan_cols": 64, "scan_levels": 4}):
+        assert scan_launches(lay, 0, lay.nj, 256, 512) == [(0, 1, 9, 32)]
+        assert scan_launches(lay, 0, lay.nj, 256, 16) == [(0, 1, 9, 16)]  # V = 16 has no wider block
     # a column budget of its own (the backward's bwd_scan_cols): 256 at K = 256 is 64 columns, one level of 32 here
-    monkeypatch.setitem(OPTIONS, "scan_levels", 8)
     assert scan_launches(lay, 0, lay.nj, 256, 512, 256) == [(0, 2, 4, 32), (8, 1, 1, 32)]
 
 
 @triton_only
 def test_backward_scan_columns_of_their_own(monkeypatch):
-    """HILO_LOGLINEAR_DELTA=bwd_scan_cols=N: the backward scans launch with their own stacked columns (recorded: two
-    stacked levels of BV = 16 against the forward's BV = 32 at V = 32) and the gradients still match the definition;
-    an unknown value is an error naming the choices."""
-    import re
+    """The bwd_scan_cols launch setting: the backward scans launch with their own stacked columns (recorded: two
+    stacked levels of BV = 16 against the forward's BV = 32 at V = 32) and the gradients still match the
+    definition."""
+    from kernels.common import launch_settings
 
-    from kernels.loglinear_attn.triton_fwd import OPTIONS as ATTN_OPTIONS
-    from kernels.loglinear_delta_rule import triton_bwd
-
-    monkeypatch.setitem(ATTN_OPTIONS, "scan_levels", 2)
-    monkeypatch.setitem(ATTN_OPTIONS, "scan_cols", 64)
-    monkeypatch.setitem(triton_bwd.OPTIONS, "bwd_scan_cols", "32")
     seen = {}
     record_scan_launches(monkeypatch, seen)
     x = make(2, 300, seed=19, nl=num_levels(400), dv=32)
     init = prior_state([0, 100], nl=x["lam"].shape[-1], seed=20, dv=32)
     ref = run("quadratic", x, init=init, dtype=torch.float64)
-    assert_close(run("triton", x, init=init), ref, "backward scans with 32 columns")
+    with launch_settings(loglinear_delta_rule={"scan_levels": 2, "scan_cols": 64, "bwd_scan_cols": 32}):
+        got = run("triton", x, init=init)
+    assert_close(got, ref, "backward scans with 32 columns")
     assert {(s, bv) for _, s, _, bv in seen["fwd"]} == {(2, 32), (1, 32)}
     assert {(s, bv) for _, s, _, bv in seen["bwd"]} == {(2, 16), (1, 32)}  # one level keeps 32 columns
-    monkeypatch.setenv("HILO_LOGLINEAR_DELTA", "bwd_scan_cols=48")
-    with pytest.raises(ValueError, match=re.escape("bwd_scan_cols=same|32|64|128|256")):
-        triton_bwd._read_options()
 
 
-def test_auto_scan_choices(monkeypatch):
-    """The defaults (scan_cols, pieces, bwd_scan_stages = auto) take the timed choices at K > 128 only: 256 stacked
-    columns, fp16 pieces for 16-bit inputs and two backward stages with them; at K <= 128, or for fp32 inputs, what
-    was there before. A value given by name wins at any K."""
-    from kernels.loglinear_delta_rule import triton_bwd as tb
+def test_auto_scan_choices():
+    """The head-size rules take the timed choices at K > 128 only: 256 stacked columns, fp16 pieces for 16-bit inputs
+    and two backward stages with them; at K <= 128, or for fp32 inputs, 128 columns, fp32 pieces and one stage. A
+    launch setting given by name wins at any K (fp32 inputs keep fp32 pieces whatever the setting)."""
+    from kernels.common import launch_settings
+    from kernels.common.launch import (
+        loglinear_delta_bwd_scan_cols,
+        loglinear_delta_bwd_stages,
+        loglinear_delta_pieces16,
+        loglinear_delta_scan_cols,
+    )
+
+    def rules(dk, dt):
+        return (loglinear_delta_scan_cols(dk), loglinear_delta_bwd_scan_cols(dk), loglinear_delta_pieces16(dk, dt),
+                loglinear_delta_bwd_stages(dk, dt))
 
     bf16, f32 = torch.bfloat16, torch.float32
-    got = {(dk, dt): (tb.scan_cols(dk), tb.fp16_pieces(dk, dt), tb.bwd_scan_stages(dk, dt))
-           for dk in (64, 128, 256) for dt in (bf16, f32)}
-    assert got == {(64, bf16): (None, False, 1), (128, bf16): (None, False, 1), (256, bf16): (256, True, 2),
-                   (64, f32): (None, False, 1), (128, f32): (None, False, 1), (256, f32): (256, False, 1)}
-    for key, val in (("scan_cols", "64"), ("pieces", "fp16"), ("bwd_scan_stages", "3")):
-        monkeypatch.setitem(tb.OPTIONS, key, val)
-    assert (tb.scan_cols(128), tb.fp16_pieces(128, bf16), tb.bwd_scan_stages(128, bf16)) == (64, True, 3)
-    assert not tb.fp16_pieces(128, f32)  # fp32 inputs keep exact fp32 products whatever the option
-    monkeypatch.setitem(tb.OPTIONS, "pieces", "fp32")
-    monkeypatch.setitem(tb.OPTIONS, "bwd_scan_stages", "auto")
-    assert (tb.fp16_pieces(256, bf16), tb.bwd_scan_stages(256, bf16)) == (False, 1)  # 2 stages need fp16 pieces
+    got = {(dk, dt): rules(dk, dt) for dk in (64, 128, 256) for dt in (bf16, f32)}
+    assert got == {(64, bf16): (128, 128, False, 1), (128, bf16): (128, 128, False, 1),
+                   (256, bf16): (256, 256, True, 2), (64, f32): (128, 128, False, 1),
+                   (128, f32): (128, 128, False, 1), (256, f32): (256, 256, False, 1)}
+    with launch_settings(loglinear_delta_rule={"scan_cols": 64, "pieces16": True, "bwd_scan_stages": 3}):
+        assert rules(128, bf16) == (64, 64, True, 3)
+        assert not loglinear_delta_pieces16(128, f32)
+    with launch_settings(loglinear_delta_rule={"pieces16": False, "bwd_scan_cols": 32}):
+        assert rules(256, bf16) == (256, 32, False, 1)  # 2 stages need fp16 pieces
+    assert rules(256, bf16) == (256, 256, True, 2)
 
 
 @triton_only
 def test_auto_choices_run_at_k256(monkeypatch):
     """At K = 256 with fp16 inputs the defaults run the scans on 256 stacked columns (recorded: two stacked levels
-    of BV = 32 at V = 32, against one under HILO_LOGLINEAR's 128) with scaled fp16 pieces, forward and backward, the
-    backward scans at two stages, within SPEC's 16-bit tolerances of the fp32 chunked path on the same values."""
+    of BV = 32 at V = 32, against one under the 128 of K <= 128) with scaled fp16 pieces, forward and backward, the
+    backward scans at two stages, within the 16-bit tolerances of the fp32 chunked path on the same values."""
     from kernels.loglinear_delta_rule import triton_bwd
 
     seen = {"scaled": [], "stages": []}
@@ -483,85 +466,6 @@ def test_input_errors():
         loglinear_delta_rule_step(*(x[n][:, 0] for n in NAMES), LogLinearState.empty(1, H, DK, DV + 1))
 
 
-# The chunk levels as a block tree (kernels/loglinear_delta_rule/level_nodes.py, HILO_LOGLINEAR_DELTA=form=nodes):
-# T = 837 ends in chunk 13 (four chunk levels, blocks of 1..8 chunks); the long document of the varlen case starts at
-# chunk 3 of its prior, so blocks are clipped at several levels. Without a prior no Triton kernel runs.
-@pytest.fixture
-def nodes_form(monkeypatch):
-    from kernels.loglinear_delta_rule import triton_bwd
-
-    monkeypatch.setitem(triton_bwd.OPTIONS, "form", "nodes")
-
-
-@pytest.mark.parametrize("t,decay,unit_k", [(64, "zero", True), (75, "strong", False), (300, "mid", True),
-                                            (64 * 13 + 5, "weak", True)])
-def test_level_nodes_match_definition(nodes_form, t, decay, unit_k):
-    x = make(2, t, seed=t, decay=decay, unit_k=unit_k)
-    ref = run("quadratic" if t < 500 else "torch", x, dtype=torch.float64)
-    assert_close(run("triton", x), ref, f"nodes T={t}")
-
-
-@pytest.mark.parametrize("with_prior", [False, True])
-def test_level_nodes_varlen_with_clipped_blocks(nodes_form, with_prior):
-    # the empty documents: one inside a prior's partial chunk (one chunk row), one at a chunk boundary (no rows:
-    # its prior passes through unchanged)
-    lengths = [1, 15, 0, 75, 0, 130, 900]
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
-    x = make(1, int(cu[-1]), seed=7, nl=num_levels(900 + 300))
-    prior = prior_state([0, 5, 3, 64, 128, 130, 200], nl=x["lam"].shape[-1], seed=8) if with_prior else None
-    ref = run("torch", x, cu=cu, init=prior, dtype=torch.float64)
-    assert_close(run("triton", x, cu=cu, init=prior), ref, f"nodes varlen prior={with_prior}")
-
-
-def test_level_nodes_rows_at_different_positions(nodes_form):
-    """Rows that continue states of 0, 37 and 129 tokens (priors ending mid-chunk): the prior levels are read through
-    the tree (queries moved to the first chunk) and moved to the end with it."""
-    x = make(3, 70, seed=3, nl=9)
-    init = prior_state([0, 37, 129], nl=9, seed=4)
-    ref = run("quadratic", x, init=init, dtype=torch.float64)
-    assert_close(run("triton", x, init=init), ref, "nodes rows with their own start")
-
-
-@triton_only
-@pytest.mark.parametrize("split", [45, 130])
-def test_level_nodes_continuation_from_final_state(nodes_form, split):
-    x = {n: val.float().to(DEV) for n, val in make(1, 300, seed=split + 1).items()}  # CUDA where there is one
-    _, full = loglinear_delta_rule(*(x[n] for n in NAMES), output_final_state=True, backend="triton")
-    first = {n: val[:, :split] for n, val in x.items()}
-    second = {n: val[:, split:] for n, val in x.items()}
-    _, mid = loglinear_delta_rule(*(first[n] for n in NAMES), output_final_state=True, backend="triton")
-    o2, end = loglinear_delta_rule(*(second[n] for n in NAMES), initial_state=mid, output_final_state=True,
-                                   backend="triton")
-    o_full, _ = loglinear_delta_rule(*(x[n] for n in NAMES), backend="triton")
-    assert error_ratio(o2, o_full[:, split:]) <= TOL
-    assert error_ratio(end.levels, full.levels) <= TOL
-
-
-def test_level_nodes_form_option_errors(monkeypatch):
-    from kernels.loglinear_delta_rule import triton_bwd
-
-    for bad in ("form=tree", "inverse=lu", "solver=triton", "bwd=fused", "states=drop", "grads_block=32",
-                "grads_v=2", "glue=jit", "glue_tf32=yes", "scan_rows=16", "scan_cols=48", "bwd_scan_cols=48",
-                "pieces=bf16", "bwd_scan_stages=4"):
-        monkeypatch.setenv("HILO_LOGLINEAR_DELTA", bad)
-        with pytest.raises(ValueError, match=r"expected one of form=scan\|nodes, inverse=triton\|solve, "
-                                             r"bwd=atomic\|split, states=recompute\|save, grads_block=64\|full, "
-                                             r"grads_v=unroll\|loop, glue=auto\|eager\|compiled, glue_tf32=0\|1, scan_rows=64\|32, "
-                                             r"scan_cols=auto\|32\|64\|128\|256, bwd_scan_cols=same\|32\|64\|128\|256, "
-                                             r"pieces=auto\|fp32\|fp16, bwd_scan_stages=auto\|1\|2\|3, got"):
-            triton_bwd._read_options()
-    # none of them the default
-    monkeypatch.setenv("HILO_LOGLINEAR_DELTA", "form=nodes, inverse=solve,bwd=atomic, states=save,grads_block=64,"
-                       "grads_v=loop,glue=compiled, glue_tf32=0,scan_rows=32,scan_cols=128,bwd_scan_cols=64,"
-                       "pieces=fp16,bwd_scan_stages=2")
-    monkeypatch.setattr(triton_bwd, "OPTIONS", dict(triton_bwd.OPTIONS))
-    triton_bwd._read_options()
-    assert triton_bwd.OPTIONS == {"form": "nodes", "inverse": "solve", "bwd": "atomic", "states": "save",
-                                  "grads_block": "64", "grads_v": "loop", "glue": "compiled", "glue_tf32": "0",
-                                  "scan_rows": "32", "scan_cols": "128", "bwd_scan_cols": "64", "pieces": "fp16",
-                                  "bwd_scan_stages": "2"}
-
-
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_unit_lower_inverse_values_and_gradients(backend):
     """(I + A)^{-1} of the WY form, Triton (interpreter on CPU) and torch, against float64 solves: the inverse and
@@ -602,26 +506,9 @@ def test_unit_lower_inverse_bad_inputs():
         unit_lower_inverse(torch.zeros(2, 64, 64), "cublas")
 
 
-def test_triton_backend_same_with_either_inverse(monkeypatch):
-    """HILO_LOGLINEAR_DELTA=inverse=solve (batched trsm) and inverse=triton (the default) give the same output and
-    gradients (they differ only in fp32 rounding)."""
-    from kernels.loglinear_delta_rule import triton_bwd
-
-    x = make(2, 150, seed=21)
-    results = {}
-    for inverse in ("solve", "triton"):
-        monkeypatch.setitem(triton_bwd.OPTIONS, "inverse", inverse)
-        leaves = [x[n].float().to(DEV).requires_grad_() for n in NAMES]
-        o, _ = loglinear_delta_rule(*leaves, backend="triton")
-        o.square().sum().backward()
-        results[inverse] = [o.detach().cpu()] + [z.grad.cpu() for z in leaves]
-    for got, ref in zip(results["triton"], results["solve"], strict=True):
-        assert error_ratio(got, ref) <= 1e-5
-
-
 @triton_only
 def test_compiled_glue_gives_the_eager_glue_values(monkeypatch):
-    """HILO_LOGLINEAR_DELTA=glue=compiled: the pieces either side of the inverse through torch.compile(dynamic=True,
+    """HILO_LOGLINEAR_DELTA_GLUE=compiled: the pieces either side of the inverse through torch.compile(dynamic=True,
     fullgraph=True) give the eager pieces' output, final levels and every gradient, over two calls of other lengths
     (no recompilation per length; dynamo does recompile once for a single chunk row, and where a view's base
     size happens to equal another size). On CPU the backend is aot_eager (the same capture and AOT autograd, no C++
@@ -637,53 +524,26 @@ def test_compiled_glue_gives_the_eager_glue_values(monkeypatch):
     # two lengths, one compilation; the varlen and initial-state handling around the glue is the eager glue's
     cases = [(make(1, 130, seed=21), None, None), (make(1, 70, seed=22, decay="strong"), None, None)]
     for i, (x, cu_, prior) in enumerate(cases):
-        monkeypatch.setitem(triton_bwd.OPTIONS, "glue", "eager")
+        monkeypatch.setenv("HILO_LOGLINEAR_DELTA_GLUE", "eager")
         ref = run("triton", x, cu=cu_, init=prior)
-        monkeypatch.setitem(triton_bwd.OPTIONS, "glue", "compiled")
+        monkeypatch.setenv("HILO_LOGLINEAR_DELTA_GLUE", "compiled")
         assert_close(run("triton", x, cu=cu_, init=prior), ref, f"compiled glue, case {i}")
     assert counter.frame_count == 2, counter.frame_count  # before and after the inverse, once for both lengths
     # the default, "auto": compiled for CUDA tensors, eager for CPU ones (the interpreter's tests)
     modes, pick = [], triton_bwd._glue_functions
     monkeypatch.setattr(triton_bwd, "_glue_functions", lambda mode: modes.append(mode) or pick(mode))
-    monkeypatch.setitem(triton_bwd.OPTIONS, "glue", "auto")
+    monkeypatch.delenv("HILO_LOGLINEAR_DELTA_GLUE")
     run("triton", make(1, 5, seed=23))
     assert modes == ["compiled" if DEV == "cuda" else "eager"], modes
+    monkeypatch.setenv("HILO_LOGLINEAR_DELTA_GLUE", "jit")
+    with pytest.raises(ValueError, match="HILO_LOGLINEAR_DELTA_GLUE='jit': expected one of"):
+        run("triton", make(1, 5, seed=23))
 
 
-@pytest.mark.parametrize("case", ["batch", "varlen_prior"])
-def test_atomic_level_scan_backward_and_solve_inverse(monkeypatch, case):
-    """HILO_LOGLINEAR_DELTA=inverse=solve,bwd=atomic,states=save (the first build, kept as options: a batched trsm
-    for the chunks' inverse, one sequential backward kernel summing every gradient with fp32 atomics, the chunk
-    states kept from the forward rather than recomputed) against the quadratic
-    definition in float64, like the defaults (triton, split) elsewhere in this file: T = 300 (chunk level 3) in a
-    batch, and packed documents with priors (the prior levels' scan, mode 1, and its initial-level gradients)."""
-    from kernels.loglinear_delta_rule import triton_bwd
-
-    monkeypatch.setitem(triton_bwd.OPTIONS, "bwd", "atomic")
-    monkeypatch.setitem(triton_bwd.OPTIONS, "inverse", "solve")
-    monkeypatch.setitem(triton_bwd.OPTIONS, "states", "save")  # the forward keeps the chunk states (no recompute)
-    if case == "batch":
-        x, cu, init = make(2, 300, seed=31, decay="weak"), None, None
-    else:
-        lengths = [1, 140, 0, 75, 200]
-        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
-        x = make(1, int(cu[-1]), seed=32, decay="weak", nl=num_levels(200 + 130))
-        init = prior_state([0, 5, 3, 64, 130], nl=x["lam"].shape[-1], seed=33)
-    ref = run("quadratic", x, cu=cu, init=init, dtype=torch.float64)
-    assert_close(run("triton", x, cu=cu, init=init), ref, f"atomic backward {case}")
-
-
-@pytest.mark.parametrize("dk,grads_block,grads_v", [(100, "full", "unroll"), (100, "64", "unroll"),
-                                                    (150, "full", "unroll"), (100, "full", "loop"),
-                                                    (150, "full", "loop")])
-def test_split_level_scan_backward_wide_heads(monkeypatch, dk, grads_block, grads_v):
-    """V = 40 (two V-blocks) and K = 100 in one K-block (grads_block=full: G accumulated alone) or two 64-wide ones,
-    or K = 150 (three 64-wide K-blocks whatever the option: G and G^T slices), the V-blocks unrolled or in a plain
-    loop (grads_v): the split backward's gradient kernel gives the atomic backward's gradients."""
-    from kernels.loglinear_delta_rule import triton_bwd
-
-    monkeypatch.setitem(triton_bwd.OPTIONS, "grads_block", grads_block)
-    monkeypatch.setitem(triton_bwd.OPTIONS, "grads_v", grads_v)
+@pytest.mark.parametrize("dk", [100, 150])
+def test_split_level_scan_backward_wide_heads(dk):
+    """V = 40 (two V-blocks) and K = 100 in one K-block (G accumulated alone) or K = 150 (three 64-wide K-blocks: G
+    and G^T slices): the backward's gradient kernels give the chunked path's gradients."""
 
     gen = torch.Generator().manual_seed(41)
     b, t, h, dv = 1, 200, 1, 40
@@ -692,45 +552,12 @@ def test_split_level_scan_backward_wide_heads(monkeypatch, dk, grads_block, grad
          -torch.rand(b, t, h, generator=gen) * 0.02, torch.rand(b, t, h, num_levels(t), generator=gen) + 0.25]
     do = torch.randn(b, t, h, dv, generator=gen)
     results = {}
-    for bwd in ("atomic", "split"):
-        monkeypatch.setitem(triton_bwd.OPTIONS, "bwd", bwd)
-        leaves = [z.to(DEV).requires_grad_() for z in x]
-        o, _ = loglinear_delta_rule(*leaves, backend="triton")
-        results[bwd] = torch.autograd.grad((o * do.to(DEV)).sum(), leaves)
-    for name, got, ref in zip(NAMES, results["split"], results["atomic"], strict=True):
+    for backend, dev in (("triton", DEV), ("torch", "cpu")):
+        leaves = [z.to(dev).requires_grad_() for z in x]
+        o, _ = loglinear_delta_rule(*leaves, backend=backend)
+        results[backend] = torch.autograd.grad((o * do.to(dev)).sum(), leaves)
+    for name, got, ref in zip(NAMES, results["triton"], results["torch"], strict=True):
         assert error_ratio(got.cpu(), ref.cpu()) <= 1e-5, name
-
-
-@triton_only
-def test_recomputed_chunk_states_are_saved_ones(monkeypatch):
-    """HILO_LOGLINEAR_DELTA=states=recompute (the default) and states=save give the same output and gradients (the
-    backward's rerun of the forward scan reproduces the states it would have kept; packed documents with a prior, so
-    both scan modes rerun), and recompute keeps at least the states' bytes fewer for the backward: [H, rows, levels,
-    K, V] per scan."""
-    from kernels.loglinear_delta_rule import triton_bwd
-
-    lengths = [140, 75]
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
-    x = make(1, int(cu[-1]), seed=51, decay="weak", nl=num_levels(75 + 130))
-    init = prior_state([0, 130], nl=x["lam"].shape[-1], seed=52)
-    results, saved = {}, {}
-    for states in ("save", "recompute"):
-        monkeypatch.setitem(triton_bwd.OPTIONS, "states", states)
-        sizes = []
-
-        def pack(t, sizes=sizes):
-            sizes.append(t.numel() * t.element_size())
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            results[states] = run("triton", x, cu=cu, init=init)
-        saved[states] = sum(sizes)
-    got, ref = results["recompute"], results["save"]
-    for a, b in zip([got[0], got[1], *got[2]], [ref[0], ref[1], *ref[2]], strict=True):
-        assert torch.allclose(a, b, rtol=1e-6, atol=1e-7)
-    rows = sum(-(-n // 64) for n in lengths)  # chunk rows of the packed documents
-    chunk_levels = num_levels(140) - 8  # levels above the in-chunk ones that a 140-token document reaches
-    assert saved["save"] - saved["recompute"] >= H * rows * chunk_levels * DK * DV * 4
 
 
 # Value heads wider than 256 (the delta rules take up to 512: Gated DeltaNet's K = 256, V = 512 in one call): every

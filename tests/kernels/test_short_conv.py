@@ -91,14 +91,23 @@ def test_backends_match_naive(backend, case):
             assert error_ratio(a, r) <= TOL, f"{backend} {case} {name}: {error_ratio(a, r)}"
 
 
-@pytest.mark.parametrize("form", ["fused", "split", "graph"])
-@pytest.mark.parametrize("case", [c for c in CASES if c[-1]])
-def test_triton_backward_forms_match_naive(monkeypatch, form, case):
-    """The SiLU backward in one kernel (dpre recomputed at each shift), in two (dpre written, then read), and as
-    torch ops after a linear conv (graph)."""
-    from kernels.short_conv import triton as conv_triton
+# The SiLU's two forms (kernels/short_conv/triton.py): in the kernels (a dpre kernel, then the backward reads it)
+# or as torch ops after a linear conv (graph); "auto" leaves the choice to the default rule (graph while compiling).
+SILU_IN_GRAPH = {"split": False, "graph": True, "auto": None}
 
-    monkeypatch.setattr(conv_triton, "BWD", form)
+
+@pytest.fixture
+def form(request):
+    from kernels.common import launch_settings
+
+    with launch_settings(short_conv={"silu_in_graph": SILU_IN_GRAPH[request.param]}):
+        yield request.param
+
+
+@pytest.mark.parametrize("form", ["split", "graph"], indirect=True)
+@pytest.mark.parametrize("case", [c for c in CASES if c[-1]])
+def test_triton_backward_forms_match_naive(form, case):
+    """The SiLU backward in the kernels (dpre written, then read) and as torch ops after a linear conv (graph)."""
     b, t, c, k, bias, state, docs, silu = case
     x, w, bb, st = make(b, t, c, k, bias, state, seed=t + 1)
     cu = None if docs is None else torch.tensor([*docs, t])
@@ -153,13 +162,10 @@ def test_triton_bf16_inputs_keep_their_dtype():
     assert error_ratio(y, ref) <= 8e-3  # one bf16 rounding of the output
 
 
-@pytest.mark.parametrize("form", ["split", "graph", "auto"])
-def test_triton_op_compiles_into_one_graph(monkeypatch, form):
+@pytest.mark.parametrize("form", ["split", "graph", "auto"], indirect=True)
+def test_triton_op_compiles_into_one_graph(form):
     """One graph with eager's values and gradients, the SiLU in the kernels or (graph; auto under compile) as torch
     ops around the op."""
-    from kernels.short_conv import triton as conv_triton
-
-    monkeypatch.setattr(conv_triton, "BWD", form)
     x, w, bb, _ = make(2, 40, 24, 4, True, False, seed=4)
 
     def f(x, w, bb):
@@ -172,11 +178,10 @@ def test_triton_op_compiles_into_one_graph(monkeypatch, form):
 
 @pytest.mark.parametrize("compiling", [False, True])
 def test_auto_backward_form_follows_compilation(monkeypatch, compiling):
-    """HILO_SHORT_CONV_BWD=auto (the default): while torch.compile traces, SiLU leaves the op for torch ops (graph),
-    so inductor fuses it; in eager the op keeps it (split). Same values either way."""
+    """By default, while torch.compile traces, SiLU leaves the op for torch ops (graph), so inductor fuses it; in
+    eager the op keeps it (split). Same values either way."""
     from kernels.short_conv import triton as conv_triton
 
-    monkeypatch.setattr(conv_triton, "BWD", "auto")
     calls = []
     op = conv_triton._short_conv_op
 
@@ -229,41 +234,13 @@ def test_cuda_default_backend_from_the_environment():
     assert ok.returncode == 0 and ok.stdout.strip() == "torch", ok.stderr
 
 
-def test_triton_tiles_and_backward_form_from_the_environment():
-    """HILO_SHORT_CONV_TILES and HILO_SHORT_CONV_BWD: bad values are errors naming the expected form; a tile spec
-    replaces both defaults (64x64w4 without an initial state, 32x64w4 with one); the module reads both at import."""
-    import os
-    import subprocess
-    import sys
-
-    from kernels.short_conv import triton as conv_triton
-
-    for spec in ("48x64w4", "64x64", "8x64w4"):
-        with pytest.raises(ValueError, match=f"HILO_SHORT_CONV_TILES='{spec}': expected BTxBCwW"):
-            conv_triton.parse_tiles(spec)
-    with pytest.raises(ValueError, match="HILO_SHORT_CONV_BWD='atomic': expected 'auto' \\(the default\\), 'split', "
-                                         "'fused' or 'graph'"):
-        conv_triton.parse_bwd("atomic")
-    assert conv_triton.parse_tiles("") == {False: (64, 64, 4), True: (32, 64, 4)}
-    assert conv_triton.parse_tiles(" 128x32w8 ") == {False: (128, 32, 8), True: (128, 32, 8)}
-    assert conv_triton.parse_bwd("") == "auto" and conv_triton.parse_bwd("fused") == "fused"
-    probe = ("import importlib; m = importlib.import_module('kernels.short_conv.triton'); "
-             "print(m.TILES[False], m.TILES[True], m.BWD)")
-    env = dict(os.environ, HILO_SHORT_CONV_TILES="128x32w8", HILO_SHORT_CONV_BWD="fused")
-    ok = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=False)
-    assert ok.returncode == 0 and ok.stdout.strip() == "(128, 32, 8) (128, 32, 8) fused", ok.stderr[-500:]
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 Triton checks need a CUDA GPU")
-@pytest.mark.parametrize("form", ["split", "graph"])
+@pytest.mark.parametrize("form", ["split", "graph"], indirect=True)
 @pytest.mark.parametrize("docs", [None, [0, 1, 16, 300]])
-def test_gpu_bf16_matches_fp32_oracle(monkeypatch, docs, form):
+def test_gpu_bf16_matches_fp32_oracle(docs, form):
     """On the GPU: bf16 inputs through the Triton kernels against the fp32 oracle (output 5e-3, gradients 1e-2),
     the SiLU in the kernels (split) or after them as torch ops (graph: one bf16 rounding more)."""
-    from kernels.short_conv import triton as conv_triton
-
-    monkeypatch.setattr(conv_triton, "BWD", form)
     t = 777
     x, w, bb, st = make(1 if docs else 2, t, 2304, 4, True, docs is None, seed=6)
     cu = None if docs is None else torch.tensor([*docs, t], device="cuda")

@@ -328,10 +328,10 @@ def test_loglinear_gdn_compiled_glue_inside_compiled_blocks(monkeypatch):
     monkeypatch.setattr(triton_bwd, "GLUE_BACKEND", glue)
     monkeypatch.setattr(triton_bwd, "_COMPILED_GLUE", {})
     ids = torch.randint(0, 128, (2, 130), generator=torch.Generator().manual_seed(7)).to(dev)
-    monkeypatch.setitem(triton_bwd.OPTIONS, "glue", "eager")
+    monkeypatch.setenv("HILO_LOGLINEAR_DELTA_GLUE", "eager")
     ref_loss, ref_grads = _loss_and_grads(eager, ids)
     ref_grads = {n: g.clone() for n, g in ref_grads.items()}
-    monkeypatch.setitem(triton_bwd.OPTIONS, "glue", "compiled")
+    monkeypatch.setenv("HILO_LOGLINEAR_DELTA_GLUE", "compiled")
     compile_blocks(compiled, backend="aot_eager")
     loss, grads = _loss_and_grads(compiled, ids)
     assert glue.frame_count == 2, glue.frame_count  # the glue's two parts, compiled from inside the blocks
