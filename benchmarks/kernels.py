@@ -1,12 +1,12 @@
 """Kernel benchmark: bf16 correctness on the GPU against the fp32 oracle, then forward and forward+backward
-times beside SDPA (flash and cuDNN backends) at SPEC §9's shapes (B*T = 32,768 tokens, 16 heads, head dim 128).
+times beside SDPA (flash and cuDNN backends) at the reference shapes (B*T = 32,768 tokens, 16 heads, head dim 128;
+docs/performance.md has the current numbers).
 
     python benchmarks/kernels.py                         # every op in CASES
     python benchmarks/kernels.py --ops linear_attn --seqlens 1024 4096 32768
-    python benchmarks/kernels.py --append                # also writes the table to benchmarks/RESULTS.md
 
-Each op is one entry of CASES (an OpCase): how to make its inputs, how to call it, and which gradients it
-has with their SPEC §2 tolerances. Correctness compares the op's GPU backend (OpCase.backend, "triton" unless
+Each op is one entry of CASES (an OpCase, kernels/common/checks.py): how to make its inputs, how to call it, and
+which gradients it has with their tolerances. Correctness compares the op's GPU backend (OpCase.backend, "triton" unless
 named) on bf16 inputs with the "naive" backend (the token recurrence) on the same values in fp32, for the
 output, the final state and every gradient, on a small odd-length batch and on a packed varlen batch. An op may
 name baselines (other backends of the same op, e.g. hla2's two-pass composition beside its fused kernel): they
@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -30,6 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from kernels.common import checks
 from kernels.common.checks import CASES, check, make_leaves, variants
+
 
 def _sdpa_fn(backend_name, b, t, h, d, device):
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -102,7 +101,7 @@ def profile(ops, seqlen, tokens, heads, dim, device):
 
         def fwd_bwd(step=fwd_bwd_once, leaves=leaves):
             # fresh gradients each call, as do_bench's grad_to_none: accumulating them would add an elementwise
-            # kernel per input to every call (three of ~92 us each at 16K x 2 in session 16's profiles)
+            # kernel per input to every call (three of ~92 us each at 16K x 2 on the H200)
             for x in leaves:
                 x.grad = None
             step()
@@ -139,7 +138,6 @@ def main(argv=None):
     p.add_argument("--skip-check", action="store_true")
     p.add_argument("--skip-bench", action="store_true")
     p.add_argument("--profile", type=int, default=0, metavar="T", help="also profile one fwd+bwd at this T")
-    p.add_argument("--append", action="store_true", help="append the tables to benchmarks/RESULTS.md")
     p.add_argument("--also-backends", nargs="+", default=[], metavar="BACKEND",
                    help="check and time these backends of every op too (e.g. torch), as rows OP_BACKEND")
     args = p.parse_args(argv)
@@ -149,42 +147,21 @@ def main(argv=None):
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/kernels.py needs a CUDA GPU")
     device = "cuda"
-    lines = []
     failed = False
     if not args.skip_check:
-        lines += ["| op | case | quantity | error ratio | tolerance | ok |", "|---|---|---|---|---|---|"]
-        print("\n".join(lines), flush=True)
+        print("| op | case | quantity | error ratio | tolerance | ok |\n|---|---|---|---|---|---|", flush=True)
         for op in args.ops:  # rows are printed as each op finishes, so a later crash or timeout keeps them
             for label, qty, err, tol in check(op, CASES[op], device):
                 ok = err <= tol
                 failed |= not ok
-                lines.append(f"| {op} | {label} | {qty} | {err:.2e} | {tol:.0e} | {'yes' if ok else 'NO'} |")
-                print(lines[-1], flush=True)
+                print(f"| {op} | {label} | {qty} | {err:.2e} | {tol:.0e} | {'yes' if ok else 'NO'} |", flush=True)
     checks.VALUE_DIM = args.dim_v
     if not args.skip_bench:
-        table = ["| T | B | kernel | fwd ms | fwd+bwd ms |", "|---|---|---|---|---|"]
-        print("\n" + "\n".join(table), flush=True)  # bench prints each row as it is measured
-        rows = bench(args.ops, args.seqlens, args.tokens, args.heads, args.dim, device)
-        table += [f"| {t} | {b} | {label} | {f:.3f} | {fb:.3f} |" for t, b, label, f, fb in rows]
-        lines += [""] + table
+        print("\n| T | B | kernel | fwd ms | fwd+bwd ms |\n|---|---|---|---|---|", flush=True)
+        bench(args.ops, args.seqlens, args.tokens, args.heads, args.dim, device)  # prints each row as it is measured
     if args.profile:
         profile(args.ops, args.profile, args.tokens, args.heads, args.dim, device)
-    if args.append:
-        append_results("Kernels", "kernels.py", f"bf16, {args.tokens} tokens per call, H={args.heads}, D={args.dim}"
-                       f"{'' if args.dim_v is None else f', V={args.dim_v} (SDPA: V=D)'}; medians of do_bench.", lines)
     return 1 if failed else 0
-
-
-def append_results(title: str, script: str, detail: str, lines: list[str]) -> None:
-    """Append a section to benchmarks/RESULTS.md: "## title, date, GPU (torch, triton)", the command that ran
-    (benchmarks/script and this process's arguments), detail, then the table lines."""
-    import triton
-
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    head = (f"\n## {title}, {stamp}, {torch.cuda.get_device_name()} (torch {torch.__version__}, triton "
-            f"{triton.__version__})\n\n`python benchmarks/{script} {shlex.join(sys.argv[1:])}`\n\n{detail}\n\n")
-    with open(REPO / "benchmarks" / "RESULTS.md", "a") as fh:
-        fh.write(head + "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -29,8 +29,8 @@ def test_bf16_triton_matches_fp32_oracle(op):
 def test_bf16_loglinear_long_sequence(op):
     """T = 20000 reaches chunk level 9 (16 stacked levels in the level scans, a padded tile) and a prior state at
     position 100: bf16 Triton vs the fp32 chunked path, every gradient."""
-    from kernels.common.checks import CASES, OUT_TOL, run_with_grads
     from kernels.common import error_ratio
+    from kernels.common.checks import CASES, OUT_TOL, run_with_grads
 
     case = CASES[op]
     inputs = case.make(1, 20000, 2, 64, "cuda", seed=3, n_state=1)
