@@ -3,7 +3,6 @@
     python benchmarks/activation_memory.py                                   # every family, 340m, T = 512, CPU
     python benchmarks/activation_memory.py --families mamba2 gated_deltanet --size tiny --seq-len 256
     python benchmarks/activation_memory.py --dtype float32                   # fp32 forward, no autocast
-    python benchmarks/activation_memory.py --append                          # also writes to benchmarks/RESULTS.md
     python benchmarks/activation_memory.py --families mamba2 model.mixer_kwargs.state_size=64   # Hydra overrides
 
 For each family (conf/model/<family>.yaml at preset --size, random weights, benchmarks.decode.build) one training
@@ -34,9 +33,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
-import platform
 import re
 import sys
 from collections import defaultdict
@@ -48,7 +45,6 @@ if str(REPO) not in sys.path:
 
 from benchmarks.decode import FAMILIES, build
 
-RESULTS = REPO / "benchmarks" / "RESULTS.md"
 KERNELS_DIR = str(REPO / "kernels") + "/"
 MODELS_DIR = str(REPO / "models") + "/"
 KERNEL_OP = "kernel op"
@@ -275,8 +271,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="list the kernel op's saved tensors one by one (default: one entry per module)")
     ap.add_argument("--vocab-size", type=int, default=None, help="default: the tokenizer config's (8192)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
-    ap.add_argument("--append", action="store_true", help="append the table to --results")
-    ap.add_argument("--results", type=Path, default=RESULTS, help="the file --append writes to")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every model (model.key=value)")
     argv = list(sys.argv[1:] if argv is None else argv)
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
@@ -303,12 +297,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(text)
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=1))
-    if args.append:
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        cmd = "python " + " ".join(["benchmarks/activation_memory.py", *argv])
-        with open(args.results, "a") as f:
-            f.write(f"\n### Activation memory, {stamp}, {platform.processor() or 'CPU'}, torch {torch.__version__}"
-                    f"\n\n`{cmd}`\n\n{text}")
     return rows
 
 

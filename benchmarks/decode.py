@@ -2,7 +2,6 @@
 
     python benchmarks/decode.py                                    # 340m on CUDA (bf16), every family, 1K..32K
     python benchmarks/decode.py --size tiny --contexts 256 1024 --families mamba2 transformer   # quick run
-    python benchmarks/decode.py --append                           # also writes the table to RESULTS.md
     python benchmarks/decode.py --families gated_deltanet model.mixer_kwargs.head_dim=128      # Hydra overrides
 
 For each family (conf/model/<family>.yaml at preset --size, random weights, model.max_position_embeddings set to
@@ -15,23 +14,21 @@ overhead counts, as it does for a user; with --rounds N, default 2, the decode s
 times, round after round over all contexts, and the row keeps the lowest median and shows the largest / smallest,
 because batch-1 decoding is host-bound and one slow spell can otherwise land on one context), its ratio to the
 shortest context's, the decoding state the cache holds
-afterwards (HiloCache.state_bytes(): the sum of its tensors) next to models.cache.expected_state_bytes (SPEC's
-arithmetic for L + decoded tokens), and the storage the cache actually keeps alive (HiloCache.held_bytes(): larger
+afterwards (HiloCache.state_bytes(): the sum of its tensors) next to models.cache.expected_state_bytes (the
+state's arithmetic for L + decoded tokens), and the storage the cache actually keeps alive (HiloCache.held_bytes(): larger
 when a state is a view into a bigger tensor), and on CUDA the peak allocated memory of the timed prefill and decode
 (weights included). Once per family, at the shortest context, model.generate(...,
 do_sample=False) must reproduce the manual loop's tokens; with --time-generate, generate()'s own per-token time
 (its Python and host-sync overhead included) is reported next to the loop's.
 
-Targets (issue 7, H200 bf16): per-token latency at 32K within 1.1x of 1K for the linear families (mamba2,
+Targets (H200, bf16; docs/performance.md): per-token latency at 32K within 1.1x of 1K for the linear families (mamba2,
 gated_deltanet, hla_*), within 1.5x for log-linear; the Transformer's grows with its KV cache. On CUDA the model
 runs in bf16; on CPU in fp32 (tests, smoke runs), where the default contexts are shorter.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 import statistics
 import sys
 import time
@@ -43,12 +40,11 @@ if str(REPO) not in sys.path:
 
 FAMILIES = ("transformer", "mamba2", "gated_deltanet", "loglinear_mamba2", "loglinear_gated_deltanet",
             "hla_transformer", "ahla_transformer", "hla3_transformer", "hla_mamba2", "hla_gated_deltanet")
-# Bound on (per-token latency at the longest context) / (at the shortest), issue 7; None: grows with the context.
+# Bound on (per-token latency at the longest context) / (at the shortest); None: grows with the context.
 LATENCY_TARGETS = {"transformer": None, "loglinear_mamba2": 1.5, "loglinear_gated_deltanet": 1.5}
 DEFAULT_LATENCY_TARGET = 1.1
 GPU_CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768)
 CPU_CONTEXTS = (256, 512, 1024, 2048)
-RESULTS = REPO / "benchmarks" / "RESULTS.md"
 
 
 def parse_with_overrides(ap: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
@@ -275,8 +271,8 @@ def _mib(n: int) -> str:
 def _bounded_verdict(first: dict, last: dict, bound: float) -> str:
     """The latency verdict of a family with a bound: the ratio of the fastest rounds at the longest and shortest
     contexts against it, and "unsettled" where the rounds' own spread reaches across the bound (the ratio would fall
-    on the other side of it with the slowest round at one end), as batch-1 decoding is host-bound: session 18 read
-    hla3_transformer at x1.17 from 1K rounds x1.16 apart, then x0.98 in three rounds."""
+    on the other side of it with the slowest round at one end), as batch-1 decoding is host-bound: on the H200 hla3_transformer
+    read x1.17 from 1K rounds x1.16 apart, then x0.98 in three rounds."""
     ratio = last["latency_ratio"]
     low = ratio / first["round_spread"]  # the slowest shortest-context round
     high = ratio * last["round_spread"]  # the slowest longest-context round
@@ -343,7 +339,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
                     help="model dtype (default: bfloat16 on CUDA, float32 on CPU)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
-    ap.add_argument("--append", action="store_true", help="append the table to benchmarks/RESULTS.md")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every model (model.key=value), anywhere "
                                                  "on the command line")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -372,13 +367,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(text)
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=1))
-    if args.append:
-        name = torch.cuda.get_device_name(device) if on_gpu else (platform.processor() or "CPU")
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        cmd = "python " + " ".join(["benchmarks/decode.py", *argv])
-        with open(RESULTS, "a") as f:
-            f.write(f"\n### Decoding, {stamp}, {name}, {str(dtype).removeprefix('torch.')}, batch {args.batch}, "
-                    f"torch {torch.__version__}\n\n`{cmd}`\n\n{text}\n")
     return rows
 
 

@@ -1,10 +1,9 @@
 """HLA numerics in low precision: output magnitude against position and the error of bf16 against fp32, with and
-without decay, for hla2 (decay conventions "d1" and "d2"), ahla and hla3 (SPEC §3; issue 5).
+without decay, for hla2 (decay conventions "d1" and "d2"), ahla and hla3 (docs/kernels.md).
 
     python benchmarks/hla_numerics.py                        # CUDA: T = 32768, H = 4, D = 128, default backends
     python benchmarks/hla_numerics.py --backends fused triton --ops hla2 ahla
     python benchmarks/hla_numerics.py --device cpu           # T = 512, backend "torch": seconds
-    python benchmarks/hla_numerics.py --append               # also writes the table to benchmarks/RESULTS.md
 
 Inputs as the HLA layer (models.mixers.hla) feeds the operator: B = 1; q, k, v standard normal; with normalize,
 the feature map elu + 1 on q and k; q and k L2-normalised per head (scale 1); v as drawn. Decay: none (g = None),
@@ -18,9 +17,9 @@ memory). Every configuration runs the op on the same values four times:
   fp64  on backend "torch" (the exact chunked composition) in float64: checks the fp32 reference itself.
 Reported (magnitudes from the fp32 run): RMS of o over the first, middle and last `band` tokens; the growth
 exponent p of RMS(o) ~ t^p between the middle and last bands; max |o|; the RMS of every final-state field;
-error ratios (kernels.common.error_ratio, SPEC §2: RMS(out - ref) / RMS(ref)) of low vs fp32 for o over the
+error ratios (kernels.common.error_ratio: RMS(out - ref) / RMS(ref)) of low vs fp32 for o over the
 whole sequence and in its worst band, of low vs fp32-of-rounded-inputs, of the final state (worst field) and of
-fp32 vs fp64; whether o is within SPEC §2's bf16 tolerance (5e-3); any inf / nan in any run. --grad adds the
+fp32 vs fp64; whether o is within the bf16 check's tolerance (5e-3); any inf / nan in any run. --grad adds the
 error ratios of dq, dk, dv (and dg with decay) of low vs fp32 for the loss sum(o * w), w a fixed normal tensor.
 
 Backends: CUDA defaults to the operators' own defaults ("fused" for hla2 and ahla, "triton", the composition of
@@ -32,12 +31,10 @@ models (the layer's l2_normalize).
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import json
 import math
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -46,12 +43,11 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-RESULTS = REPO / "benchmarks" / "RESULTS.md"
 # label -> (kernels op, decay convention); hla2 "d2" equals "d1" without decay, so it has decayed rows only
 OPS = {"hla2": ("hla2", "d1"), "hla2_d2": ("hla2", "d2"), "ahla": ("ahla", "d1"), "hla3": ("hla3", "d1")}
 FUSED_OPS = ("hla2", "ahla")
 BACKENDS = ("fused", "triton", "torch", "naive")
-OUT_TOL = 5e-3  # SPEC §2: outputs and final states, bf16 on GPU vs the fp32 oracle
+OUT_TOL = 5e-3  # outputs and final states, bf16 on GPU vs the fp32 oracle (kernels/common/checks.py)
 GPU_DEFAULTS = {"seq_len": 32768, "heads": 4, "dim": 128}
 CPU_DEFAULTS = {"seq_len": 512, "heads": 4, "dim": 128}
 DEFAULT_DECAYS = ("none", "0.999", "0.99", "0.9")
@@ -254,10 +250,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
-    ap.add_argument("--append", action="store_true", help="append the table to --results")
-    ap.add_argument("--results", type=Path, default=None, help="the file --append writes (default: benchmarks/"
-                                                               "RESULTS.md)")
-    argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
 
     import torch
@@ -297,29 +289,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     print(lines[-1], flush=True)
                     print(f"{label} decay {decay_label(alpha)} normalize {normalize} {backend}: "
                           f"{row['seconds']:.2f} s", file=sys.stderr, flush=True)
-    text = "\n".join(lines)
+    print(f"\n{args.dtype} vs fp32 on the same backend, B=1 T={t} H={h} D={d}, q and k L2-normalised (elu + 1 first "
+          f"with normalize), v normal, seed {args.seed}. Decay: the geometric-mean per-token decay exp(mean g) (none: "
+          f"g = None). Magnitudes from the fp32 run; RMS bands of {rows[0]['band'] if rows else args.band} tokens; "
+          "growth: p in RMS(o) ~ t^p between the middle and last bands. err: error ratios (docs/kernels.md) against "
+          "fp32 on the fp32 inputs; 'same inputs': against fp32 on the rounded inputs (the kernel's own error); fp32 "
+          "vs fp64: the fp32 run against backend torch in float64.")
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=1))
-    if args.append:
-        try:
-            import triton
-
-            triton_version = triton.__version__
-        except ImportError:
-            triton_version = "n/a"
-        name = torch.cuda.get_device_name(device) if on_gpu else (platform.processor() or "CPU")
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        cmd = "python " + " ".join(["benchmarks/hla_numerics.py", *argv])
-        legend = (f"{args.dtype} vs fp32 on the same backend, B=1 T={t} H={h} D={d}, q and k L2-normalised (elu + 1 "
-                  f"first with normalize), v normal, seed {args.seed}. Decay: the geometric-mean per-token decay "
-                  "exp(mean g) (none: g = None). Magnitudes from the fp32 run; RMS bands of "
-                  f"{rows[0]['band'] if rows else args.band} tokens; growth: p in RMS(o) ~ t^p between the middle "
-                  "and last bands. err: error ratios (SPEC §2) against fp32 on the fp32 inputs; 'same inputs': "
-                  "against fp32 on the rounded inputs (the kernel's own error); fp32 vs fp64: the fp32 run against "
-                  "backend torch in float64.")
-        with open(args.results or RESULTS, "a") as f:
-            f.write(f"\n## HLA numerics, {stamp}, {name} (torch {torch.__version__}, triton {triton_version})\n\n"
-                    f"`{cmd}`\n\n{legend}\n\n{text}\n")
     return rows
 
 

@@ -9,7 +9,7 @@ best_mqar_acc, or, for a run without a summary (still running, killed), the larg
 metrics.jsonl; runs with neither are skipped and counted. For each (model, width, lr) the accuracies are averaged
 over seeds (std: sample standard deviation, 0 for one seed); the lr with the highest mean is reported.
 
-Reference (SPEC §8, the log-linear attention paper, T = 256, 4-64 pairs; accuracy % at widths 16 / 32 / 64), to
+Reference (the log-linear attention paper, T = 256, 4-64 pairs; accuracy % at widths 16 / 32 / 64), to
 reproduce in trend:
 
     Mamba-2                      46.9 / 75.1 / 89.6
@@ -93,7 +93,7 @@ def build_table(runs: list[dict]) -> list[dict]:
 
 
 def to_markdown(rows: list[dict]) -> str:
-    """Models x widths: accuracy % as mean ± std (best lr), plus the paper's numbers where SPEC §8 gives them."""
+    """Models x widths: accuracy % as mean ± std (best lr), plus the paper's numbers where the reference above gives them."""
     widths = sorted({r["width"] for r in rows})
     cell = {(r["model"], r["width"]): r for r in rows}
     models = list(dict.fromkeys(r["model"] for r in rows))

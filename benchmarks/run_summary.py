@@ -1,6 +1,6 @@
 """One line per training run from its metrics.jsonl: the logged losses, and the mean tokens/s and the peak memory
 over the logged windows after the first (which holds compilation and warm-up). For comparing runs of one setting,
-such as one GPU, DDP and FSDP at the same global batch (issue 8's runs).
+such as one GPU, DDP and FSDP at the same global batch.
 
     python benchmarks/run_summary.py RUN_DIR [NAME]
 """

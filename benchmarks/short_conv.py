@@ -3,7 +3,7 @@ the GPU, then forward and forward+backward times of the Triton kernels and of AT
 shells ran before) at the shells' widths, B*T = 32,768 tokens, K = 4, SiLU.
 
     python benchmarks/short_conv.py                      # C = 2304 (Mamba-2 340m's conv), 2048 (GDN's q / k / v)
-    python benchmarks/short_conv.py --channels 4096 --seqlens 2048 16384 --append
+    python benchmarks/short_conv.py --channels 4096 --seqlens 2048 16384
 
 Times are medians of triton.testing.do_bench in ms.
 """
@@ -81,7 +81,6 @@ def main(argv=None):
     p.add_argument("--channels", nargs="+", type=int, default=[2304, 2048])
     p.add_argument("--seqlens", nargs="+", type=int, default=[2048, 8192, 16384])
     p.add_argument("--tokens", type=int, default=32768)
-    p.add_argument("--append", action="store_true", help="append the tables to benchmarks/RESULTS.md")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/short_conv.py needs a CUDA GPU (the Triton kernels are checked on CPU by "
@@ -97,9 +96,6 @@ def main(argv=None):
     lines += [f"| {t} | {b} | {c} | {be} | {f:.3f} | {fb:.3f} |" for t, b, c, be, f, fb in times]
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.append:
-        with open(REPO / "benchmarks" / "RESULTS.md", "a") as fh:
-            fh.write("\n" + text)
     if not all(row[-1] for row in checks):
         raise SystemExit("short_conv: a bf16 check failed (see the table)")
     return checks, times

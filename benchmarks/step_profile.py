@@ -8,7 +8,7 @@ Each family (conf/model/<family>.yaml at preset --size, random weights, seed 0) 
 does on a GPU: fp32 master weights, bf16 autocast, fused AdamW, the model's own loss. Two untimed steps compile
 the kernels, then --steps steps run under torch.profiler. Printed per family: the kernels sorted by total device
 time (ms per step, share of the step), the step time between synchronisations and the peak allocated memory. This
-is the profile that explains a train_throughput.py row (benchmarks/RESULTS.md).
+is the profile that explains a train_throughput.py row (docs/performance.md).
 """
 import argparse
 import sys

@@ -1,14 +1,13 @@
 """Training throughput of real train.py steps: tokens/s, MFU, peak memory and the step-time breakdown.
 
-    python benchmarks/train_throughput.py        # issue 7's set: every family, 340m, T = 2048 8192 16384
+    python benchmarks/train_throughput.py        # every family, 340m, T = 2048 8192 16384
     python benchmarks/train_throughput.py --models transformer mamba2 --seq-lens 16384 32768 --sizes 760m
     python benchmarks/train_throughput.py --model transformer --sizes tiny 340m --seq-len 2048 --batch-size 8 --steps 40
     python benchmarks/train_throughput.py --models mamba2 --fused-norms   # Triton norms (model.fused_norms)
     python benchmarks/train_throughput.py --models transformer --fused-projections   # model.fused_projections
     python benchmarks/train_throughput.py --models mamba2 --compile       # torch.compile'd blocks (trainer.compile)
-    python benchmarks/train_throughput.py ... --append                    # also appends the table to RESULTS.md
 
-`make bench` (no ARGS) runs this script with its defaults, which are issue 7's measurement at 340m: every family
+`make bench` (no ARGS) runs this script with its defaults, the measurement of docs/performance.md at 340m: every family
 (FAMILIES) at sequence lengths 2048, 8192 and 16384 with a fixed 32,768 tokens per optimizer step (batch size
 32768 // seq_len rows); --sizes defaults to 340m on CUDA and tiny on CPU. --batch-size N instead fixes the rows per
 step at every length. --model and --seq-len are aliases of --models and --seq-lens.
@@ -29,10 +28,8 @@ trainer.compile=true, training.compile).
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
-import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -45,7 +42,6 @@ from benchmarks.decode import FAMILIES, parse_with_overrides, unknown_sizes
 
 SEQ_LENS = (2048, 8192, 16384)
 TOKENS_PER_STEP = 32768
-RESULTS = REPO / "benchmarks" / "RESULTS.md"
 PHASES = ("data_wait", "forward", "backward", "optimizer")
 
 
@@ -132,7 +128,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       help=f"tokens per optimizer step: batch size = this // seq_len (default {TOKENS_PER_STEP})")
     rows.add_argument("--batch-size", type=int, default=None, help="rows per step at every seq_len instead")
     ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--append", action="store_true", help="append the table to benchmarks/RESULTS.md")
     ap.add_argument("--fused-norms", action="store_true",
                     help="run the norms as Triton kernels (the Hydra override ++model.fused_norms=true)")
     ap.add_argument("--fused-projections", action="store_true",
@@ -162,15 +157,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def hilo_environment() -> str:
-    """The kernels' HILO_* options set in the environment (docs/kernel_settings.md), as the command's prefix
-    ("HILO_X=a HILO_Y=b "): they change what runs, so the recorded command must carry them."""
-    import os
-    import shlex
-
-    return "".join(f"{k}={shlex.quote(v)} " for k, v in sorted(os.environ.items()) if k.startswith("HILO_") and v)
-
-
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
 
@@ -186,16 +172,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 batch_size = args.batch_size or args.tokens_per_step // seq_len
                 results.append(measure(model, size, seq_len, batch_size, args.steps, overrides, args.compile))
                 print(json.dumps(results[-1]), flush=True)
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "CPU"
-    text = table(results)
-    print(text)
+    print(table(results))
     print(json.dumps(results))
-    if args.append:
-        stamp = datetime.date.today().isoformat()
-        words = [sys.argv[0], *sys.argv[1:]] if argv is None else ["benchmarks/train_throughput.py", *argv]
-        cmd = hilo_environment() + "python " + " ".join(words)
-        with open(RESULTS, "a") as f:
-            f.write(f"\n### Training throughput, {stamp}, {device}, torch {torch.__version__}\n\n`{cmd}`\n\n{text}\n")
     return results
 
 

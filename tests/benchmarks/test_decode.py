@@ -1,9 +1,10 @@
 """benchmarks/decode.py and models.cache.expected_state_bytes on CPU, tiny models, short contexts.
 
-The cache of every family must hold exactly what SPEC's arithmetic says (names, shapes, dtypes and bytes); the
+The cache of every family must hold exactly what the state's arithmetic says (names, shapes, dtypes and bytes); the
 recurrent states must not grow with the context (log-linear: by one level per power of two), the Transformer's KV
 cache must grow by one token's keys and values per token; the manual decode loop must be what generate() does.
 """
+import json
 import math
 
 import pytest
@@ -100,7 +101,7 @@ def test_state_bytes_counts_every_tensor_and_held_bytes_counts_storages():
 
 
 def test_expected_bytes_by_hand_for_tiny():
-    """SPEC's arithmetic written out for the tiny preset (hidden 128, 4 layers, 4 heads of 32), independent of
+    """The state's arithmetic written out for the tiny preset (hidden 128, 4 layers, 4 heads of 32), independent of
     expected_state_shapes' code: a wrong formula fails here even if a mixer stored the same wrong thing."""
     cfg = lambda fam: build(fam, "tiny", 128, [], 256, torch.device("meta"), torch.float32)[1]
     # Transformer: 2 (K, V) * T * Hkv 4 * D 32 * 4 bytes per layer.
@@ -233,18 +234,16 @@ def test_generate_timing_is_reported_only_when_asked(rows):
     assert f"| {timed[0]['generate_ms_per_token']:.3f} |" in table(timed)
 
 
-def test_append_writes_results(monkeypatch, tmp_path):
+def test_overrides_reach_the_model_and_json_holds_the_rows(tmp_path, capsys):
     from benchmarks import decode
 
-    results = tmp_path / "RESULTS.md"
-    results.write_text("# earlier results\n")
-    monkeypatch.setattr(decode, "RESULTS", results)
+    path = tmp_path / "rows.json"
     out = decode.main(["--size", "tiny", "--contexts", "8", "--steps", "1", "--warmup", "0", "--verify-tokens", "0",
-                       "--device", "cpu", "--append", "--families", "mamba2", "model.mixer_kwargs.state_size=16"])
+                       "--device", "cpu", "--json", str(path), "--families", "mamba2",
+                       "model.mixer_kwargs.state_size=16"])
     assert out[0]["state_bytes"] == 4 * (4 * 16 * 64 * 4 + (256 + 2 * 16) * 3 * 4)  # the override reached the model
-    text = results.read_text()
-    assert text.startswith("# earlier results\n") and "### Decoding," in text and "float32, batch 1" in text
-    assert "`python benchmarks/decode.py " in text and "--families mamba2 model.mixer_kwargs.state_size=16`" in text and "| mamba2 | tiny | 8 |" in text
+    assert json.loads(path.read_text())[0]["state_bytes"] == out[0]["state_bytes"]
+    assert "| mamba2 | tiny | 8 |" in capsys.readouterr().out
 
 
 def test_prefill_keeps_no_more_than_the_state_alive():
@@ -262,8 +261,8 @@ def test_prefill_keeps_no_more_than_the_state_alive():
 
 
 def test_unknown_size_is_named_before_hydra(capsys):
-    """A preset without conf/model/size/<name>.yaml: build() (shared by step_profile, activation_memory and
-    decode_ops) raises naming it and the choices, and decode.py's command line refuses it the same way."""
+    """A preset without conf/model/size/<name>.yaml: build() (shared by step_profile and activation_memory) raises
+    naming it and the choices, and decode.py's command line refuses it the same way."""
     with pytest.raises(ValueError, match=r"unknown size\(s\) \['huge'\].*340m"):
         build("mamba2", "huge", 64, [], None, torch.device("cpu"), torch.float32)
     with pytest.raises(SystemExit):
@@ -272,9 +271,8 @@ def test_unknown_size_is_named_before_hydra(capsys):
 
 
 def test_families_are_every_model_config():
-    """FAMILIES (the families decode.py, train_throughput.py's default, step_profile, activation_memory and
-    decode_ops cover) is every conf/model/<name>.yaml: ahla_transformer and hla3_transformer were missing from it
-    until session 18, so no benchmark ran them by default."""
+    """FAMILIES (the families decode.py, train_throughput.py's default, step_profile and activation_memory cover)
+    is every conf/model/<name>.yaml, so a new config is benchmarked by default."""
     from pathlib import Path
 
     conf = Path(__file__).resolve().parents[2] / "conf" / "model"

@@ -1,10 +1,11 @@
-"""benchmarks/kernels.py's HLA cases on CPU (the script itself needs a GPU): each builds the op's inputs with an
-initial state of all its fields side by side and returns (o, the final state's fields side by side), equal to
-calling the operator directly; hla3 (three state fields) included."""
+"""The bf16 check's HLA cases (kernels/common/checks.py, which benchmarks/kernels.py times) on CPU: each builds the
+op's inputs with an initial state of all its fields side by side and returns (o, the final state's fields side by
+side), equal to calling the operator directly; hla3 (three state fields) included. And kernels.py's profile."""
 import pytest
 import torch
 
 from benchmarks import kernels as kb
+from kernels.common.checks import CASES
 from kernels.hla.state import STATE_TYPES
 
 
@@ -12,14 +13,14 @@ from kernels.hla.state import STATE_TYPES
 def test_hla_cases_pack_every_state_field(op, fields):
     import kernels
 
-    x = kb.CASES[op].make(1, 20, 2, 8, "cpu", seed=3, n_state=1)
+    x = CASES[op].make(1, 20, 2, 8, "cpu", seed=3, n_state=1)
     assert x["initial_state"].shape == (1, 2, 8, fields * 8)
-    o, state = kb.CASES[op].call(x, None, "torch")
+    o, state = CASES[op].call(x, None, "torch")
     h0 = STATE_TYPES[op](*x["initial_state"].split(8, dim=-1))
     o_ref, st_ref = getattr(kernels, op)(x["q"], x["k"], x["v"], x["g"], initial_state=h0, output_final_state=True,
                                          backend="torch")
     assert torch.equal(o, o_ref) and torch.equal(state, torch.cat(list(st_ref), dim=-1))
-    assert kb.CASES["hla3"].backend == "triton"  # no fused kernel: the composition is what runs on CUDA
+    assert CASES["hla3"].backend == "triton"  # no fused kernel: the composition is what runs on CUDA
 
 
 def test_profile_gives_every_call_fresh_gradients(monkeypatch, capsys):

@@ -1,5 +1,6 @@
 """On a GPU: every Triton operator in bf16 against its fp32 oracle, outputs, final states and every gradient, at
-SPEC §2's tolerances (the same check benchmarks/kernels.py prints before it times). Skipped without CUDA."""
+the tolerances of kernels/common/checks.py (docs/kernels.md; the same check benchmarks/kernels.py prints before it
+times). Skipped without CUDA."""
 import pytest
 import torch
 
@@ -7,7 +8,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 Trit
 
 
 def _cases():
-    from benchmarks.kernels import CASES
+    from kernels.common.checks import CASES
 
     return sorted(CASES)
 
@@ -15,7 +16,7 @@ def _cases():
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", _cases())
 def test_bf16_triton_matches_fp32_oracle(op):
-    from benchmarks.kernels import CASES, check
+    from kernels.common.checks import CASES, check
 
     rows = check(op, CASES[op], "cuda")
     assert rows
@@ -28,13 +29,13 @@ def test_bf16_triton_matches_fp32_oracle(op):
 def test_bf16_loglinear_long_sequence(op):
     """T = 20000 reaches chunk level 9 (16 stacked levels in the level scans, a padded tile) and a prior state at
     position 100: bf16 Triton vs the fp32 chunked path, every gradient."""
-    from benchmarks.kernels import CASES, OUT_TOL, _run_with_grads
     from kernels.common import error_ratio
+    from kernels.common.checks import CASES, OUT_TOL, run_with_grads
 
     case = CASES[op]
     inputs = case.make(1, 20000, 2, 64, "cuda", seed=3, n_state=1)
-    o, s, g = _run_with_grads(case, inputs, None, "triton", torch.bfloat16)
-    ro, rs, rg = _run_with_grads(case, inputs, None, "torch", torch.float32)
+    o, s, g = run_with_grads(case, inputs, None, "triton", torch.bfloat16)
+    ro, rs, rg = run_with_grads(case, inputs, None, "torch", torch.float32)
     rows = [("o", error_ratio(o, ro), OUT_TOL), ("final_state", error_ratio(s, rs), OUT_TOL)]
     rows += [("d" + n, error_ratio(g[n], rg[n]), case.grad_tol[n]) for n in g]
     failures = [f"{name}: {err:.2e} > {tol:.0e}" for name, err, tol in rows if not err <= tol]
@@ -119,7 +120,7 @@ def test_bf16_hla_compose16_matches_fp32_oracle(op):
     docs/kernels.md, with and without packed documents."""
     import dataclasses
 
-    from benchmarks.kernels import CASES, check
+    from kernels.common.checks import CASES, check
 
     rows = check(op, dataclasses.replace(CASES[op], backend="triton", baselines={}), "cuda")
     assert rows

@@ -2,6 +2,8 @@
 save for the backward under bf16 autocast (bounds measured after the shell rewrites that cut them), and the
 hand-written backwards those rewrites added, each against an independent definition."""
 
+import json
+
 import pytest
 import torch
 from torch import nn
@@ -86,13 +88,13 @@ def test_measure_a_tiny_mamba2():
     assert s["weight_shaped"] > summarize(measure(model, ids(), "float32"))["weight_shaped"] > 0
 
 
-def test_main_appends_the_table(tmp_path):
-    results = tmp_path / "RESULTS.md"
-    rows = main(["--families", "mamba2", "--size", "tiny", "--seq-len", "32", "--top", "3", "--append",
-                 "--results", str(results)])
+def test_main_prints_the_table_and_writes_json(tmp_path, capsys):
+    path = tmp_path / "rows.json"
+    rows = main(["--families", "mamba2", "--size", "tiny", "--seq-len", "32", "--top", "3", "--json", str(path)])
     assert [r["family"] for r in rows] == ["mamba2"]
-    text = results.read_text()
-    assert "### Activation memory" in text and "| mamba2 | tiny |" in text and "kernel op" in text
+    assert [r["family"] for r in json.loads(path.read_text())] == ["mamba2"]
+    text = capsys.readouterr().out
+    assert "| mamba2 | tiny |" in text and "kernel op" in text
 
 
 # Saved bytes per token per layer outside the operators ("shell"), bf16 autocast, fp32 weights, the tiny configs
