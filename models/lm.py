@@ -73,8 +73,8 @@ class HiloModel(HiloPreTrainedModel):
     def compile_decoding(self, mode: str | None = None, enabled: bool = True, backend="inductor") -> None:
         """torch.compile the layers (and the final norm) of single-token decoding steps with a cache, the path
         generate() takes after the prompt; mode is torch.compile's ("reduce-overhead" adds CUDA graphs on a GPU).
-        Eager decoding is bound by the host cost of ~800-2,400 operators per token at 340m
-        (benchmarks/decode_ops.py); compiled, inductor fuses the elementwise ones. The prompt's forward, training
+        Eager decoding is bound by the host cost of ~800-2,400 operators per token at 340m;
+        compiled, inductor fuses the elementwise ones. The prompt's forward, training
         and anything with gradients stay eager. Log-linear states are grown on the host before each step
         and KV caches make room on the host first (HiloCache.prepare_step), so a step's code neither depends on the
         position nor checks storage. enabled=False turns it off again; backend is torch.compile's (tests use

@@ -294,7 +294,7 @@ def state_stages(bk: int, elem_bytes: int = 2, bv: int = 64) -> int:
     three copies of the per-chunk [C, K] tiles would overflow the 227 KB of shared memory, so 16-bit V-blocks
     bv <= 32 take the wide_stages setting (2) and everything else is not pipelined. fp32 tiles are twice as large: the
     backward state pass at K = 128 needs 263,176 bytes with 3 stages and 147,972 with 2 (Triton 3.6, sm_90,
-    benchmarks/triton_resources.py), so fp32 takes 2 there and 1 at K = 256."""
+    compiled ahead of time), so fp32 takes 2 there and 1 at K = 256."""
     if bk > 128:
         return current("delta_rule").wide_stages if bv <= 32 and elem_bytes == 2 else 1
     return 2 if elem_bytes > 2 and bk >= 128 else 3

@@ -25,7 +25,7 @@ earlier tokens (at most 63 terms). On the H200 (bf16, T = 777) dg's error ratio 
 same value taken in the sequential dstates pass, which cost that pass 128 -> 228 registers a thread
 (sm_90, AOT) and linear_attn 2.07 -> 2.18 ms at 16K; this form leaves the pass as it was (128): on the H200 its
 check passes with dg under o's 3.7e-3 and linear_attn takes 1.99 ms at 16K. A float64 emulation of the
-kernels' bf16 roundings (benchmarks/kernel_rounding.py --dg) reproduces both earlier forms (1.52e-2, 4.94e-3) and
+kernels' bf16 roundings reproduces both earlier forms (1.52e-2, 4.94e-3) and
 gives this one 3.85e-3.
 """
 

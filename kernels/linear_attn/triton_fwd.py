@@ -322,8 +322,7 @@ def chunk_fwd(q, k, v, g, scale, h0, lay: Layout, store_final: bool):
     o = torch.empty_like(v)
     bv = _pow2(dv, hi=64)
     # Triton 3.6 on Hopper miscompiles this kernel in bf16 when the V tile is narrower than the K tile and under
-    # 64 wide (wrong outputs at BK x BV = 64x16, 64x32, 128x16; an illegal access at 32x16; measured 2026-11-29,
-    # benchmarks/RESULTS.md). 128x64 and every BK <= BV tile were exact, so narrow V tiles walk K in BV steps.
+    # 64 wide (wrong outputs at BK x BV = 64x16, 64x32, 128x16; an illegal access at 32x16). 128x64 and every BK <= BV tile were exact, so narrow V tiles walk K in BV steps.
     bk = _pow2(dk) if bv >= 64 else min(_pow2(dk), bv)
     grid = (triton.cdiv(dv, bv), lay.rows, lay.heads)
     _chunk_out_fwd[grid](q, k, v, g if g is not None else q, hs, o, lay.table, scale, lay.seqlen, lay.nt,

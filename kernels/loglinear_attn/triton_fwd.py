@@ -138,7 +138,7 @@ class LevelLayout:
 def tile_shrink(bk: int, power: int) -> int:
     """How much narrower the stacked tile of a K-wide level scan must be than at K <= 128 for shared memory
     (227 KiB on sm_90): (bk / 128)^power, power 1 for loglinear_attn's scans, 2 for the delta rule's (checked by
-    compiling for sm_90 at K = 256 with Triton 3.6, the GPU image's version, by benchmarks/triton_resources.py:
+    compiling for sm_90 at K = 256 with Triton 3.6 ahead of time:
     130 KiB for loglinear_attn's backward scan in bf16, 208 KiB in fp32 and for the delta rule's backward scan)."""
     return (max(bk, 128) // 128) ** power
 

@@ -27,8 +27,8 @@ from .chunk import loglinear_delta_rule_chunk
 from .naive import loglinear_delta_rule_naive, loglinear_delta_rule_quadratic
 from .step import loglinear_delta_rule_step
 
-# CUDA tensors take the Triton backend: checked in bf16 on the H200 (Triton 3.6, 2026-11-29: every gradient, varlen,
-# small and uneven heads) and 2.6x / 24x faster than the chunked torch path at T = 4K / 16K (benchmarks/RESULTS.md).
+# CUDA tensors take the Triton backend: checked in bf16 on the H200 (Triton 3.6: every gradient, varlen, small and
+# uneven heads) and 2.6x / 24x faster than the chunked torch path at T = 4K / 16K (docs/performance.md).
 GPU_DEFAULT = "triton"
 
 __all__ = ["LogLinearState", "loglinear_delta_rule", "loglinear_delta_rule_quadratic", "loglinear_delta_rule_step"]

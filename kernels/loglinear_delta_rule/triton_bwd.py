@@ -323,7 +323,7 @@ class DeltaLevelScanFunction(torch.autograd.Function):
         dlam = torch.zeros_like(lam)
         dwts = None if wts is None else torch.zeros_like(wts)
         dr0 = torch.zeros(lay.n, h, ns, dk, dv_, device=v.device, dtype=torch.float32) if ctx.has_r0 else None
-        # sm_90, Triton 3.6 (benchmarks/triton_resources.py): within shared memory at every head size up to 256
+        # sm_90, Triton 3.6 (compiled ahead of time): within shared memory at every head size up to 256
         # (196,608 B at K = 256), without register spills up to K = V = 128
         # dR' is kept in fp32 even for bf16 inputs: Triton 3.6 on the H200 faulted (illegal address) storing it
         # converted to bf16 from the 8-warp scan at K = 128, V = 16 and K = 256, V = 128 (fp32 or 4 warps did not),
@@ -364,7 +364,7 @@ def v_span(dv: int, bv: int) -> int:
     """VSPAN of the split backward's gradient kernels, whose loops over the BV-blocks of V are
     `for v_lo in range(0, V, VSPAN)` around an unrolled `tl.static_range(0, VSPAN, BV)`: up to UNROLL_V columns all
     of V (one trip, unrolled whole: the form timed on the H200), wider value heads one BV-block (a plain loop).
-    sm_90, Triton 3.6, bf16, K = 256 (benchmarks/triton_resources.py): at V = 512, _delta_level_grads unrolled whole
+    sm_90, Triton 3.6, bf16, K = 256 (compiled ahead of time): at V = 512, _delta_level_grads unrolled whole
     spills 864 B per thread (V = 256: 464 B), in unrolled spans of 256 columns 1,000 B, as a plain loop 104 B."""
     return triton.cdiv(dv, bv) * bv if dv <= UNROLL_V else bv
 

@@ -67,8 +67,8 @@ class GatedDeltaNetMixer(nn.Module):
     # the HLA operators), and the default of mixer_kwargs.value_block (None). Wider heads run in blocks of value_block
     # columns, exact either way: each column of the K x V state evolves on its own (see _operator). One 512-column
     # call does the K-only WY work once: delta_rule fwd+bwd at H = 3, K = 256, 16K x 2 on the H200 takes 6.71 ms
-    # against 2 x 4.00, and compiled GDN 340m at 8K trains at 103,659 tokens/s against 90,091 (benchmarks/RESULTS.md,
-    # session 10, where its bf16 GPU tests passed; the 10-step losses that once made it suspect differ as much
+    # against 2 x 4.00, and compiled GDN 340m at 8K trains at 103,659 tokens/s against 90,091 (its bf16 GPU
+    # tests pass; the 10-step losses that once made it suspect differ as much
     # between equally exact short conv tilings). Log-linear GDN 340m at 2 x 16K, compiled: 11,582 tokens/s and
     # 83.2 GiB against 10,780 and 104.7 GiB.
     MAX_VALUE_BLOCK: ClassVar[int] = MAX_DELTA_VALUE_DIM
