@@ -7,6 +7,9 @@ Data config (conf/data/*.yaml)::
       - {type: hub, name: HuggingFaceFW/fineweb-edu, config: sample-10BT, split: train, field: text, weight: 0.5}
     heldout: data/corpus/heldout.jsonl.zst    # path/glob/list, or a source dict ({type: files|hub, ...})
     packing: fixed                            # or varlen
+    on_corrupt: error                         # or skip: the rest of a truncated/corrupt .zst file (counted)
+    max_document_chars: 10000000              # longer training records are split (or skipped); null: no cap
+    long_documents: split                     # or skip
 
 Relative local paths are resolved against the repository root (see data.sources).
 
@@ -31,7 +34,8 @@ import numpy as np
 
 from .packing import PACKERS, TokenBuffer
 from .prefetch import PrefetchingLoader, RowShardedLoader
-from .sources import MAX_WARNINGS, HubSource, Malformed, _plain, build_source, expand_paths, iter_file_records
+from .sources import (DEFAULT_MAX_DOCUMENT_CHARS, MAX_WARNINGS, HubSource, Malformed, _plain, build_source,
+                      expand_paths, iter_file_records)
 
 log = logging.getLogger(__name__)
 STATE_VERSION = 1
@@ -54,7 +58,10 @@ class TrainLoader:
         weights = [float(s.get("weight", 1.0)) for s in source_cfgs]
         if any(w < 0 for w in weights) or sum(weights) <= 0:
             raise ValueError(f"source weights must be >= 0 with a positive sum, got {weights}")
-        self.sources = [build_source(s, rank=rank, world_size=world_size) for s in source_cfgs]
+        options = {"on_corrupt": cfg.get("on_corrupt", "error"),
+                   "max_document_chars": cfg.get("max_document_chars", DEFAULT_MAX_DOCUMENT_CHARS),
+                   "long_documents": cfg.get("long_documents", "split")}
+        self.sources = [build_source(s, rank=rank, world_size=world_size, **options) for s in source_cfgs]
         self.probabilities = [w / sum(weights) for w in weights]
         self._cumulative = np.cumsum(self.probabilities).tolist()
         self.tokenizer, self.eos_id = tokenizer, int(tokenizer.eos_id)
@@ -89,11 +96,13 @@ class TrainLoader:
 
     @property
     def stats(self) -> dict:
-        """Counters: docs, malformed, empty (summed over sources), tokens emitted, tokens_read, batches,
-        buffered tokens, and per-source docs/malformed/empty/epochs_completed."""
+        """Counters: docs, malformed, empty, long_documents, corrupt_files (summed over sources), tokens emitted,
+        tokens_read, batches, buffered tokens, and per-source docs/malformed/empty/long_documents/corrupt_files/
+        epochs_completed."""
         per_source = [{"name": s.name, **s.stats} for s in self.sources]
         total = lambda key: sum(s[key] for s in per_source)
         return {"docs": total("docs"), "malformed": total("malformed"), "empty": total("empty"),
+                "long_documents": total("long_documents"), "corrupt_files": total("corrupt_files"),
                 **self.counters, "buffered_tokens": self.buffer.num_tokens, "sources": per_source}
 
     def state_dict(self) -> dict:

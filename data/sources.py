@@ -16,7 +16,10 @@ decompression, multi-frame files included), ``.parquet`` (one row per record, re
 
 Malformed records (bad JSON or UTF-8, not an object, field missing or not a string) are skipped and counted in
 ``stats["malformed"]`` with a warning for the first few; empty texts are skipped and counted in
-``stats["empty"]``. A pass over the source (an epoch) that yields no document raises ``ValueError``, so a fully
+``stats["empty"]``. A truncated or corrupt ``.zst`` file raises CorruptFileError naming the file and the byte
+offset of the damaged frame (``on_corrupt="skip"``: the rest of that file is skipped with a warning and counted
+in ``stats["corrupt_files"]``). Records longer than ``max_document_chars`` are split or skipped and counted in
+``stats["long_documents"]`` (see _Source; docs/robustness.md). A pass over the source (an epoch) that yields no document raises ``ValueError``, so a fully
 malformed or empty source never spins forever or silently trains on nothing.
 
 Per-rank sharding (every rank reads distinct data, no rank-0 dispatch): with at least ``world_size`` files,
@@ -27,7 +30,6 @@ files and keeps record ``i`` (counted across files in order) when ``i % world_si
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -42,6 +44,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 MAX_WARNINGS = 5
 _END = object()
 _GLOB_CHARS = set("*?[")
+ON_CORRUPT = ("error", "skip")
+LONG_DOCUMENTS = ("split", "skip")
+DEFAULT_MAX_DOCUMENT_CHARS = 10_000_000
 
 
 def resolve_path(path: str) -> str:
@@ -90,6 +95,19 @@ def file_format(path: str) -> str:
                      f"or .txt")
 
 
+class CorruptFileError(ValueError):
+    """A data file that cannot be read to its end (truncated or corrupt compressed data)."""
+
+
+class Corrupt:
+    """The rest of a file could not be read (``data.on_corrupt=skip``); ``reason`` names the file and offset."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
 class Malformed:
     """A record that could not be turned into text; ``reason`` says why."""
 
@@ -118,14 +136,68 @@ def _parse_json_line(line: bytes, field: str) -> str | Malformed:
     return _project(record, field)
 
 
+def _zstd_lines(f, path: str, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+    """The lines (each with its b"\\n", the last one maybe without) of a zstd stream of frames back to back.
+
+    Raises CorruptFileError naming ``path`` and the byte offset of the frame when the file ends inside a frame
+    (a truncated download or copy) or holds bytes zstd cannot decode, after yielding the lines decoded before
+    it. (zstandard's stream_reader ends silently at a truncation: the readable prefix looked like the file.)
+    """
+    import zstandard
+
+    dctx = zstandard.ZstdDecompressor()
+    frame, frame_start, offset = None, 0, 0  # offset: bytes of the file consumed before `data`
+    parts: list[bytes] = []
+    while True:
+        chunk = f.read(chunk_bytes)
+        if not chunk:
+            break
+        data = chunk
+        while data:
+            if frame is None:
+                frame, frame_start = dctx.decompressobj(), offset
+            try:
+                out = frame.decompress(data)
+            except zstandard.ZstdError as e:
+                raise CorruptFileError(f"{path}: corrupt zstd data in the frame starting at byte {frame_start} "
+                                       f"(read up to byte {offset + len(data)}): {e}") from None
+            if frame.eof:
+                rest = frame.unused_data
+                offset += len(data) - len(rest)
+                data, frame = rest, None
+            else:
+                offset += len(data)
+                data = b""
+            if out:
+                *complete, tail = out.split(b"\n")
+                if complete:
+                    complete[0] = b"".join(parts) + complete[0]
+                    parts = []
+                    for line in complete:
+                        yield line + b"\n"
+                if tail:
+                    parts.append(tail)
+    if frame is not None:
+        raise CorruptFileError(f"{path}: truncated: the zstd frame starting at byte {frame_start} is cut off at "
+                               f"the end of the file (byte {offset}); re-download or re-copy the file")
+    if parts:
+        yield b"".join(parts)
+
+
 def iter_file_records(path: str, field: str = "text", start: int = 0,
-                      wanted: Callable[[int], bool] | None = None) -> Iterator[str | Malformed | None]:
+                      wanted: Callable[[int], bool] | None = None,
+                      on_corrupt: str = "error") -> Iterator[str | Malformed | Corrupt | None]:
     """Yield one item per record of ``path`` (text or Malformed), skipping the first ``start`` records.
 
     Record ``i`` is the i-th line of a jsonl file (blank lines included, they yield ""), the i-th row of a
     parquet file, or the whole file for .txt (record 0). Records for which ``wanted(i)`` is false yield None
     without being parsed (record-strided sharding: other ranks' records cost no JSON decoding).
+
+    A truncated or undecodable .zst file raises CorruptFileError (file and byte offset) once its readable
+    records are yielded; with ``on_corrupt="skip"`` it yields one Corrupt item instead and ends the file there.
     """
+    if on_corrupt not in ON_CORRUPT:
+        raise ValueError(f"data.on_corrupt={on_corrupt!r}: expected one of {', '.join(ON_CORRUPT)}")
     fmt = file_format(path)
     with fsspec.open(path, "rb") as f:
         if fmt == "txt":
@@ -138,19 +210,19 @@ def iter_file_records(path: str, field: str = "text", start: int = 0,
         if fmt == "parquet":
             yield from _iter_parquet(f, field, start)
             return
-        stream = f
-        if fmt == "jsonl.zst":
-            import zstandard
-
-            stream = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True),
-                                       buffer_size=1 << 20)
-        for i, line in enumerate(stream):
-            if i < start:
-                continue
-            if wanted is not None and not wanted(i):
-                yield None
-            else:
-                yield _parse_json_line(line, field) if line.strip() else ""
+        lines = _zstd_lines(f, path) if fmt == "jsonl.zst" else f
+        try:
+            for i, line in enumerate(lines):
+                if i < start:
+                    continue
+                if wanted is not None and not wanted(i):
+                    yield None
+                else:
+                    yield _parse_json_line(line, field) if line.strip() else ""
+        except CorruptFileError as e:
+            if on_corrupt != "skip":
+                raise
+            yield Corrupt(str(e))
 
 
 def _iter_parquet(f, field: str, start: int) -> Iterator[str | Malformed]:
@@ -179,18 +251,47 @@ def _iter_parquet(f, field: str, start: int) -> Iterator[str | Malformed]:
                 f"column {field!r} holds a {type(value).__name__}, not a string")
 
 
-class _Source:
-    """Shared bookkeeping: epochs, counters, warnings and the no-document-in-an-epoch error."""
+_STATS = {"docs": 0, "malformed": 0, "empty": 0, "long_documents": 0, "corrupt_files": 0, "epochs_completed": 0}
 
-    def __init__(self, name: str):
+
+class _Source:
+    """Shared bookkeeping: epochs, counters, warnings, the document-length cap and the no-document-in-an-epoch
+    error.
+
+    ``max_document_chars`` (None: no cap): a record longer than this is cut into pieces of at most that many
+    characters, each a document of its own (``long_documents="split"``), or dropped (``"skip"``); either way it
+    is counted in ``stats["long_documents"]`` and the first one of each file is warned about. The unread pieces
+    of a split record are part of ``state_dict()``, so a resume between two pieces is exact.
+    """
+
+    def __init__(self, name: str, max_document_chars: int | None = None, long_documents: str = "split"):
+        if max_document_chars is not None and (isinstance(max_document_chars, bool) or
+                                               not isinstance(max_document_chars, int) or max_document_chars < 1):
+            raise ValueError(f"data.max_document_chars={max_document_chars!r}: expected a positive integer or null "
+                             f"(no cap)")
+        if long_documents not in LONG_DOCUMENTS:
+            raise ValueError(f"data.long_documents={long_documents!r}: expected one of {', '.join(LONG_DOCUMENTS)}")
         self.name = name
+        self.max_document_chars, self.long_documents = max_document_chars, long_documents
         self.epoch = 0
-        self.stats = {"docs": 0, "malformed": 0, "empty": 0, "epochs_completed": 0}
+        self.stats = dict(_STATS)
         self._epoch_docs = 0
         self._epoch_records = 0
         self._first_error: str | None = None
+        self._remainder = ""  # the pieces of a split record not yet returned
+        self._long_warned: set[str] = set()
 
-    def _accept(self, item: str | Malformed) -> str | None:
+    def _next_piece(self) -> str | None:
+        """The next piece of a split record, or None when there is none."""
+        if not self._remainder:
+            return None
+        cap = self.max_document_chars
+        piece, self._remainder = self._remainder[:cap], self._remainder[cap:]
+        self.stats["docs"] += 1
+        self._epoch_docs += 1
+        return piece
+
+    def _accept(self, item: str | Malformed, where: str | None = None) -> str | None:
         self._epoch_records += 1
         if isinstance(item, Malformed):
             self.stats["malformed"] += 1
@@ -202,6 +303,20 @@ class _Source:
         if not item:
             self.stats["empty"] += 1
             return None
+        cap = self.max_document_chars
+        if cap is not None and len(item) > cap:
+            self.stats["long_documents"] += 1
+            where = where or self.name
+            if where not in self._long_warned:
+                self._long_warned.add(where)
+                pieces = -(-len(item) // cap)
+                log.warning("source %s: a record of %d characters in %s exceeds data.max_document_chars=%d; %s "
+                            "(further ones in this file are only counted in stats['long_documents'])", self.name,
+                            len(item), where, cap, f"split into {pieces} documents" if self.long_documents ==
+                            "split" else "skipped (data.long_documents=skip)")
+            if self.long_documents == "skip":
+                return None
+            item, self._remainder = item[:cap], item[cap:]
         self.stats["docs"] += 1
         self._epoch_docs += 1
         return item
@@ -219,11 +334,12 @@ class _Source:
 
     def _base_state(self) -> dict:
         return {"epoch": self.epoch, "stats": dict(self.stats), "epoch_docs": self._epoch_docs,
-                "epoch_records": self._epoch_records}
+                "epoch_records": self._epoch_records, "remainder": self._remainder}
 
     def _load_base_state(self, sd: Mapping) -> None:
         self.epoch = int(sd["epoch"])
-        self.stats = dict(sd["stats"])
+        self.stats = {**_STATS, **sd["stats"]}  # states saved before a counter existed start it at 0
+        self._remainder = sd.get("remainder", "")
         self._epoch_docs = int(sd["epoch_docs"])
         self._epoch_records = int(sd["epoch_records"])
 
@@ -238,9 +354,14 @@ class FilesSource(_Source):
     """
 
     def __init__(self, paths: str | Sequence[str], field: str = "text", rank: int = 0, world_size: int = 1,
-                 name: str | None = None):
+                 name: str | None = None, on_corrupt: str = "error", max_document_chars: int | None = None,
+                 long_documents: str = "split"):
         files = expand_paths(paths)
-        super().__init__(name or (files[0] if len(files) == 1 else f"{files[0]} (+{len(files) - 1} files)"))
+        super().__init__(name or (files[0] if len(files) == 1 else f"{files[0]} (+{len(files) - 1} files)"),
+                         max_document_chars, long_documents)
+        if on_corrupt not in ON_CORRUPT:
+            raise ValueError(f"data.on_corrupt={on_corrupt!r}: expected one of {', '.join(ON_CORRUPT)}")
+        self.on_corrupt = on_corrupt
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} not in [0, {world_size})")
         self.files, self.field, self.rank, self.world_size = files, field, rank, world_size
@@ -255,6 +376,9 @@ class FilesSource(_Source):
 
     def next_text(self) -> str:
         """The next document of this rank (cycling through epochs)."""
+        piece = self._next_piece()
+        if piece is not None:
+            return piece
         while True:
             if self._records is None:
                 # record i of this file has global index global_idx - record_idx + i
@@ -262,8 +386,13 @@ class FilesSource(_Source):
                 wanted = None if self.record_stride == 1 else (
                     lambda i, base=base: (base + i) % self.record_stride == self.rank)
                 self._records = iter_file_records(self.my_files[self.file_idx], self.field, self.record_idx,
-                                                  wanted)
+                                                  wanted, on_corrupt=self.on_corrupt)
             item = next(self._records, _END)
+            if isinstance(item, Corrupt):  # the file ends here (data.on_corrupt=skip); the next item is _END
+                self.stats["corrupt_files"] += 1
+                log.warning("source %s: skipping the rest of a corrupt file after %d records (data.on_corrupt="
+                            "skip; counted in stats['corrupt_files']): %s", self.name, self.record_idx, item.reason)
+                continue
             if item is _END:
                 self._records = None
                 self.file_idx += 1
@@ -276,7 +405,7 @@ class FilesSource(_Source):
             self.record_idx += 1
             self.global_idx += 1
             if mine:
-                text = self._accept(item)
+                text = self._accept(item, self.my_files[self.file_idx])
                 if text is not None:
                     return text
 
@@ -309,11 +438,13 @@ class HubSource(_Source):
 
     def __init__(self, name: str, config: str | None = None, split: str = "train", field: str = "text",
                  data_files: Any = None, rank: int = 0, world_size: int = 1,
-                 load_kwargs: Mapping | None = None):
+                 load_kwargs: Mapping | None = None, max_document_chars: int | None = None,
+                 long_documents: str = "split"):
         import datasets
         from datasets.distributed import split_dataset_by_node
 
-        super().__init__(f"hub:{name}" + (f"/{config}" if config else "") + f"[{split}]")
+        super().__init__(f"hub:{name}" + (f"/{config}" if config else "") + f"[{split}]", max_document_chars,
+                         long_documents)
         kwargs = dict(load_kwargs or {})
         if data_files is not None:
             kwargs["data_files"] = _plain(data_files)
@@ -326,6 +457,9 @@ class HubSource(_Source):
         self._examples: Iterator | None = None
 
     def next_text(self) -> str:
+        piece = self._next_piece()
+        if piece is not None:
+            return piece
         while True:
             if self._examples is None:
                 self.dataset.load_state_dict(self._resume_state or self._initial_state)
@@ -370,20 +504,25 @@ def _plain(obj: Any) -> Any:
 SOURCE_TYPES = ("files", "hub")
 
 
-def build_source(cfg: Mapping, rank: int = 0, world_size: int = 1):
+def build_source(cfg: Mapping, rank: int = 0, world_size: int = 1, *, on_corrupt: str = "error",
+                 max_document_chars: int | None = None, long_documents: str = "split"):
     """Build one source from its config entry ({type: files, paths, field} or {type: hub, name, config, split,
-    field, data_files, load_kwargs}); ``weight`` is read by the loader, not here."""
+    field, data_files, load_kwargs}); ``weight`` is read by the loader, not here. The keyword options are the
+    data config's on_corrupt (files only), max_document_chars and long_documents (see _Source)."""
     cfg = _plain(cfg)
     kind = cfg.get("type", "files")
     field = cfg.get("field", "text")
     if kind == "files":
         if not cfg.get("paths"):
             raise ValueError(f"files source needs `paths` (a path, glob or list of them): {cfg}")
-        return FilesSource(cfg["paths"], field=field, rank=rank, world_size=world_size, name=cfg.get("name"))
+        return FilesSource(cfg["paths"], field=field, rank=rank, world_size=world_size, name=cfg.get("name"),
+                           on_corrupt=on_corrupt, max_document_chars=max_document_chars,
+                           long_documents=long_documents)
     if kind == "hub":
         if not cfg.get("name"):
             raise ValueError(f"hub source needs `name` (a HF dataset id or builder such as 'json'): {cfg}")
         return HubSource(cfg["name"], cfg.get("config"), split=cfg.get("split", "train"), field=field,
                          data_files=cfg.get("data_files"), rank=rank, world_size=world_size,
-                         load_kwargs=cfg.get("load_kwargs"))
+                         load_kwargs=cfg.get("load_kwargs"), max_document_chars=max_document_chars,
+                         long_documents=long_documents)
     raise ValueError(f"unknown source type {kind!r}; valid types: {', '.join(SOURCE_TYPES)}")
