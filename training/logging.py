@@ -4,6 +4,7 @@ for MFU."""
 from __future__ import annotations
 
 import json
+import logging
 import netrc
 import os
 import uuid
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
+
+log = logging.getLogger(__name__)
 
 # Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) for MFU; anything else needs trainer.peak_tflops=<number>.
 _PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312.0, "L40S": 362.0,
@@ -57,6 +60,7 @@ class MetricsLogger:
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        drop_torn_last_line(self.jsonl)  # a line cut by a full disk or a kill, before this run appends after it
         mode = resolve_wandb_mode(str(cfg.logger.mode))
         if mode == "disabled":
             return
@@ -72,8 +76,7 @@ class MetricsLogger:
         if not self.enabled:
             return
         record = {"step": step, **{k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()}}
-        with open(self.jsonl, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_line(self.jsonl, json.dumps(record))
         if self.wandb_run is not None:
             if step is None:
                 self.wandb_run.summary.update(metrics)
@@ -90,10 +93,78 @@ class MetricsLogger:
             self.wandb_run.finish()
 
 
+def append_line(path: Path, line: str) -> None:
+    """Append ``line`` and a newline to ``path`` whole or not at all: one unbuffered O_APPEND write (looped only
+    over a short write), and on a write error (a full disk) the file is cut back to its old length before the
+    error, which names the file, is raised."""
+    data = (line + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        start = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError as e:
+            try:
+                os.ftruncate(fd, start)
+            except OSError:
+                pass  # read_metrics / drop_torn_last_line still drop the torn line
+            raise OSError(e.errno, f"could not append to {path} ({e.strerror}; is the disk full?); the file is "
+                                   f"left at its last whole line") from e
+    finally:
+        os.close(fd)
+
+
+def drop_torn_last_line(jsonl: Path) -> bool:
+    """Cut a last line that has no newline and is not valid JSON (a torn write) off ``jsonl``, with a warning
+    naming the file; True when something was cut."""
+    jsonl = Path(jsonl)
+    if not jsonl.is_file():
+        return False
+    data = jsonl.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return False
+    keep = data.rfind(b"\n") + 1
+    try:
+        json.loads(data[keep:])
+        return False  # a whole record that only lacks its newline
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        pass
+    log.warning("%s: dropping a torn last line (%d bytes, no newline: a write cut short by a full disk or a kill)",
+                jsonl, len(data) - keep)
+    with open(jsonl, "r+b") as f:
+        f.truncate(keep)
+    return True
+
+
 def read_metrics(jsonl: Path) -> list[dict]:
-    if not Path(jsonl).is_file():
+    """The records of a metrics.jsonl, in order ([] when there is none).
+
+    A torn last line (no newline, not valid JSON: a write cut short) is dropped with a warning naming the file;
+    any other line that is not a JSON object raises ValueError naming the file and the line number."""
+    jsonl = Path(jsonl)
+    if not jsonl.is_file():
         return []
-    return [json.loads(line) for line in Path(jsonl).read_text().splitlines() if line.strip()]
+    text = jsonl.read_bytes().decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            if number == len(lines):  # the last line, without a newline: a torn write
+                log.warning("%s: ignoring a torn last line %d (%d characters, not valid JSON: %s)", jsonl, number,
+                            len(line), e)
+                continue
+            raise ValueError(f"{jsonl}: line {number} is not valid JSON ({e}); the file is damaged in the middle: "
+                             f"delete or fix that line") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{jsonl}: line {number} is a JSON {type(record).__name__}, not an object")
+        records.append(record)
+    return records
 
 
 def plot_loss_curve(jsonl: Path, out_png: Path) -> Path | None:
