@@ -6,7 +6,8 @@
 
 Loads the checkpoint's model (AutoModelForCausalLM after `import models`) and tokenizer, the held-out data of its
 training config (or `data=...`), runs the suite and writes JSON + PNG beside the checkpoint, and to the run's
-W&B run unless `logger=none`.
+W&B run unless `logger=none`. A checkpoint whose saved weights do not match its model (missing or unexpected
+tensors) is refused unless `eval.allow_partial_weights=true` (docs/robustness.md).
 """
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """Evaluate a saved checkpoint with an eval suite: shared by eval.py and train.py's final evaluation."""
 from __future__ import annotations
 
+import logging
+import warnings
 from pathlib import Path
 
 import torch
@@ -9,6 +11,37 @@ from omegaconf import OmegaConf
 from training.checkpoint import load_checkpoint_model, load_checkpoint_tokenizer, resolve_checkpoint
 
 SUITES = ("ppl_by_position", "ruler", "mqar")
+log = logging.getLogger(__name__)
+_SHOWN_KEYS = 20
+
+
+class PartialWeightsError(ValueError):
+    """A checkpoint's weights do not match its model: some are missing, unexpected or of another shape."""
+
+
+def load_model_checked(checkpoint, *, dtype: torch.dtype = torch.float32, allow_partial_weights: bool = False):
+    """The checkpoint's model, refused (PartialWeightsError listing the keys) when any weight of the model is
+    missing from model/*.safetensors, any saved tensor is unexpected, or a shape does not match: from_pretrained
+    would initialise those weights randomly and the evaluation would score a model that was never trained. With
+    ``allow_partial_weights`` the model is returned after a loud warning instead."""
+    ckpt = resolve_checkpoint(checkpoint)
+    model, info = load_checkpoint_model(ckpt, dtype=dtype, output_loading_info=True)
+    problems = {kind: sorted(map(str, info.get(f"{kind}_keys") or ())) for kind in ("missing", "unexpected",
+                                                                                    "mismatched")}
+    if not any(problems.values()):
+        return model
+    lines = [f"  {kind} ({len(keys)}): {', '.join(keys[:_SHOWN_KEYS])}" + (" ..." if len(keys) > _SHOWN_KEYS else "")
+             for kind, keys in problems.items() if keys]
+    what = (f"the weights in {ckpt / 'model'} do not match the model its config.json builds ("
+            f"{type(model).__name__}):\n" + "\n".join(lines))
+    if not allow_partial_weights:
+        raise PartialWeightsError(f"{what}\nrefusing to evaluate: missing weights would be random. Point "
+                                  f"checkpoint= at a checkpoint of this model, or pass eval.allow_partial_weights=true "
+                                  f"to score it anyway")
+    message = f"{what}\nEVALUATING ANYWAY (eval.allow_partial_weights=true): missing weights are RANDOM"
+    log.warning(message)
+    warnings.warn(message, stacklevel=2)
+    return model
 
 
 def final_eval_configs(cfg) -> list[tuple[str | None, object]]:
@@ -35,7 +68,8 @@ def evaluate_checkpoint(checkpoint, eval_cfg, *, device: torch.device, dtype: to
     """Run eval_cfg.suite on a checkpoint (or a run directory's newest one); write JSON + PNG; return the result.
 
     The tokenizer comes from the checkpoint, the held-out documents from data_cfg or else from the checkpoint's
-    own training config. Reports go to eval_cfg.out_dir or <run dir>/eval/<suite>_T<seq_len>/. W&B keys start with
+    own training config. A model whose saved weights do not match it is refused (load_model_checked) unless
+    eval_cfg.allow_partial_weights is true. Reports go to eval_cfg.out_dir or <run dir>/eval/<suite>_T<seq_len>/. W&B keys start with
     wandb_prefix (None: the suite's name; "eval" for mqar), so several evaluations of one run keep apart."""
     from data import iter_heldout_documents
     from eval_suites import ppl_by_position
@@ -45,7 +79,9 @@ def evaluate_checkpoint(checkpoint, eval_cfg, *, device: torch.device, dtype: to
     ckpt = resolve_checkpoint(checkpoint)
     train_cfg = OmegaConf.load(ckpt / "config.yaml")
     tokenizer = load_checkpoint_tokenizer(ckpt)
-    model = load_checkpoint_model(ckpt, dtype=dtype).to(device).eval()
+    model = load_model_checked(ckpt, dtype=dtype,
+                               allow_partial_weights=bool(eval_cfg.get("allow_partial_weights", False)))
+    model = model.to(device).eval()
     if eval_cfg.suite == "ruler":
         return _evaluate_ruler(ckpt, train_cfg, model, tokenizer, eval_cfg, device=device, wandb_run=wandb_run,
                                wandb_prefix=wandb_prefix or "ruler")
