@@ -1,0 +1,60 @@
+"""training.guards.NonFiniteGuard: stops after N consecutive non-finite steps, not after N scattered ones."""
+import pytest
+import torch
+
+from training.guards import NonFiniteGuard, NonFiniteLossError
+
+
+def feed(guard, pattern, start=1):
+    for i, finite in enumerate(pattern):
+        guard.update(torch.tensor(finite), start + i)
+
+
+def test_n_consecutive_non_finite_steps_raise_naming_steps_and_fix():
+    guard = NonFiniteGuard(3)
+    feed(guard, [True, False, False, False, True])
+    with pytest.raises(NonFiniteLossError, match=r"3 consecutive non-finite steps.*steps 2-4.*"
+                                                 r"last good checkpoint is kept: runs/x/step_1.*optim\.lr"):
+        guard.check("runs/x/step_1")
+
+
+def test_scattered_or_shorter_streaks_do_not_raise():
+    guard = NonFiniteGuard(3)
+    for _ in range(10):
+        feed(guard, [False, False, True])
+        guard.check()
+    feed(guard, [False, False])
+    guard.check()
+
+
+def test_a_streak_across_two_checks_counts_whole():
+    guard = NonFiniteGuard(4)
+    feed(guard, [True, False, False])
+    guard.check()
+    feed(guard, [False, False], start=4)
+    with pytest.raises(NonFiniteLossError, match=r"4 consecutive.*steps 2-5.*no checkpoint was saved"):
+        guard.check()
+
+
+def test_every_step_non_finite_stops_at_the_first_check():
+    guard = NonFiniteGuard(20)
+    feed(guard, [False] * 30)
+    with pytest.raises(NonFiniteLossError, match="30 consecutive"):
+        guard.check()
+
+
+def test_disabled_and_bad_settings():
+    guard = NonFiniteGuard(None)
+    feed(guard, [False] * 50)
+    guard.check()
+    for bad in (0, -1, 2.5, True, "20"):
+        with pytest.raises(ValueError, match="trainer.max_nonfinite_steps"):
+            NonFiniteGuard(bad)
+
+
+def test_python_bools_are_accepted():
+    guard = NonFiniteGuard(2)
+    guard.update(False, 1)
+    guard.update(False, 2)
+    with pytest.raises(NonFiniteLossError):
+        guard.check()
