@@ -489,8 +489,10 @@ def _export_format(config: HiloConfig, fmt: str) -> str:
 def sentencepiece_to_hf(model_file: str | Path):
     """A transformers fast tokenizer (PreTrainedTokenizerFast over a tokenizers BPE) that encodes and decodes as
     hilo's SentencePiece BPE model does (data/tokenizer.py: identity normalisation, no dummy prefix, byte
-    fallback, whitespace kept): spaces become U+2581, the text splits into SentencePiece's words (a run of U+2581
-    and what follows it), and the merges are ranked by the merged piece's score. Needs no sentencepiece to load.
+    fallback, whitespace kept): spaces become U+2581 and the merges are ranked by the merged piece's score. The
+    text is split into SentencePiece's training words (a run of U+2581 and what follows it), which no piece
+    crosses: the ids are the same without the split, which only keeps each BPE word short. Needs no sentencepiece
+    to load.
 
     No BOS or EOS is added to an encoding (hilo trains on documents each followed by EOS, with no BOS); the
     tokenizer has no pad piece, so pad is EOS."""
@@ -602,6 +604,14 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str = "auto", *,
         peer_config.bos_token_id, peer_config.eos_token_id = tok.bos_token_id, tok.eos_token_id
         peer_config.pad_token_id = tok.pad_token_id
     _save_model(model_cls, peer_config, state_dict, out)
+    if fmt == "mamba2":
+        # transformers 5 writes the (0, inf) dt limit as {"__float__": "Infinity"}, which transformers 4 (and tools
+        # pinned to it) cannot read; (0, inf) is Mamba2Config's default in both, so the key is left out
+        config_file = out / "config.json"
+        written = json.loads(config_file.read_text())
+        if written.get("time_step_limit") == [0.0, {"__float__": "Infinity"}]:
+            del written["time_step_limit"]
+            config_file.write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
     return {"out": out, "format": fmt, "architecture": model_cls.__name__, "tokenizer": note}
 
 

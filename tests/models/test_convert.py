@@ -129,6 +129,7 @@ def test_export_mamba2_loads_without_hilo(tokenizer, tmp_path):
     assert done["format"] == "mamba2" and done["architecture"] == "Mamba2ForCausalLM"
     config = json.loads((tmp_path / "mamba2" / "config.json").read_text())
     assert config["model_type"] == "mamba2" and config["tie_word_embeddings"] is True
+    assert "time_step_limit" not in config  # Mamba2Config's default (0, inf), written in no version-specific form
     check_peer(run_peer(tmp_path / "mamba2", tmp_path, model, tokenizer), "Mamba2ForCausalLM", tokenizer)
 
 
