@@ -222,3 +222,37 @@ def test_import_refuses_other_model_types(tmp_path, capsys):
     assert convert.main(["import", str(tmp_path / "gpt2"), str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err == ("error: cannot import model_type 'gpt2': hilo imports transformers' llama (as "
                                        "its transformer) and mamba2 (as mamba2 with mlp=false)\n")
+
+
+def test_export_hf_tokenizer_gets_eos_as_pad(tmp_path):
+    """A checkpoint trained with tokenizer=hf: its tokenizer is written back, pad set to eos where it had none."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    words = ["<s>", "</s>", "<unk>", "hello", "world", "!"]
+    raw = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<s>", eos_token="</s>",
+                            unk_token="<unk>").save_pretrained(tmp_path / "hf_tok")
+    hf = load_tokenizer({"type": "hf", "name_or_path": str(tmp_path / "hf_tok")})
+    make_checkpoint(tmp_path / "run", HiloConfig(**dict(TRANSFORMER, vocab_size=len(words))), hf)
+    done = convert.export_checkpoint(tmp_path / "run", tmp_path / "out")
+    assert "pad = eos" in done["tokenizer"]
+    tok = AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert tok("hello world !").input_ids == [3, 4, 5]
+    assert [tok.bos_token_id, tok.eos_token_id, tok.pad_token_id] == [0, 1, 1]
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert [config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]] == [0, 1, 1]
+
+
+@pytest.mark.parametrize("setting", ["add_dummy_prefix", "remove_extra_whitespaces"])
+def test_sentencepiece_trained_otherwise_is_refused(setting, tokenizer, tmp_path):
+    """A SentencePiece model whose normalisation the export does not reproduce is refused, not mis-exported."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(Path(tokenizer.model_path).read_bytes())
+    setattr(proto.normalizer_spec, setting, True)
+    (tmp_path / "other.model").write_bytes(proto.SerializeToString())
+    with pytest.raises(convert.ConversionError, match="was not trained as hilo trains its tokenizer"):
+        convert.sentencepiece_to_hf(tmp_path / "other.model")
