@@ -480,10 +480,12 @@ def _export_format(config: HiloConfig, fmt: str) -> str:
         return "llama"
     if config.mixer == "mamba2" and config.operator is None:
         return "mamba2"
-    what = config.mixer if config.operator is None else f"{config.mixer} with operator={config.operator}"
-    raise ConversionError(f"cannot export a {what} model: {EXPORTABLE}; transformers has no CausalLM that computes "
-                          f"{what} (hilo's gated_deltanet maps to Qwen3-Next's GDN layers only, at layer level: the "
-                          f"rest of a Qwen3-Next model is not hilo's)")
+    what = f"mixer={config.mixer}" + ("" if config.operator is None else f" operator={config.operator}")
+    why = "transformers has no CausalLM that computes it"
+    if config.main_mixer == "gated_deltanet":
+        why += (" (hilo's gated_deltanet maps to Qwen3-Next's GDN layers only, at layer level: the rest of a "
+                "Qwen3-Next model is not hilo's)")
+    raise ConversionError(f"cannot export a model with {what}: {EXPORTABLE}; {why}")
 
 
 def sentencepiece_to_hf(model_file: str | Path):

@@ -200,12 +200,14 @@ TINY = {"vocab_size": VOCAB, "hidden_size": 32, "num_layers": 2, "num_heads": 2}
 
 @pytest.mark.parametrize("config, message", [
     ({**TINY, "mixer": "gated_deltanet"},
-     "cannot export a gated_deltanet model: hilo exports two families"),
+     "cannot export a model with mixer=gated_deltanet: hilo exports two families"),
+    ({**TINY, "mixer": "attention", "operator": "hla2"},
+     "cannot export a model with mixer=attention operator=hla2: hilo exports two families"),
     ({**TINY, "mixer": "mamba2", "mlp": False, "attn_layers": [1]},
      "cannot export as Mamba2ForCausalLM: Mamba2ForCausalLM has no hybrid layers: attn_layers [1]"),
     ({**TINY, "mixer": "mamba2"},  # mlp=true
      "cannot export as Mamba2ForCausalLM: Mamba2ForCausalLM blocks have no MLP: needs mlp=false"),
-], ids=["gated_deltanet", "hybrid", "mamba2_with_mlp"])
+], ids=["gated_deltanet", "hla2", "hybrid", "mamba2_with_mlp"])
 def test_export_refuses_what_does_not_map(config, message, tokenizer, tmp_path, capsys):
     make_checkpoint(tmp_path / "run", HiloConfig(**config), tokenizer)
     capsys.readouterr()  # save_pretrained's progress bar
