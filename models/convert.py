@@ -554,12 +554,17 @@ def _export_tokenizer(tok_dir: Path, out: Path) -> tuple[object, str]:
     if spec["type"] == "sentencepiece":
         tok = sentencepiece_to_hf(tok_dir / spec["file"])
         note = "SentencePiece model -> tokenizer.json (pad = eos: the model has no pad piece)"
-    elif spec["type"] == "hf":
-        tok = AutoTokenizer.from_pretrained(tok_dir / spec["file"])
-        note = "transformers tokenizer files"
-        if tok.pad_token is None:
-            tok.pad_token = tok.eos_token
-            note += " (pad = eos: the tokenizer has none)"
+    elif spec["type"] == "hf":  # the files as the run saved them; rewritten only to add a pad token
+        src = tok_dir / spec["file"]
+        for f in src.iterdir():
+            if f.is_file() and f.name != TOKENIZER_FILE:
+                shutil.copyfile(f, out / f.name)
+        tok = AutoTokenizer.from_pretrained(out)
+        note = "transformers tokenizer files, copied"
+        if tok.pad_token is not None:
+            return tok, note
+        tok.pad_token = tok.eos_token
+        note += " (pad = eos: the tokenizer has none)"
     else:
         raise ConversionError(f"{str(tok_dir)!r} holds a tokenizer of type {spec['type']!r}: only sentencepiece "
                               f"and hf tokenizers export")

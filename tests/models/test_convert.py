@@ -227,7 +227,7 @@ def test_import_refuses_other_model_types(tmp_path, capsys):
 
 
 def test_export_hf_tokenizer_gets_eos_as_pad(tmp_path):
-    """A checkpoint trained with tokenizer=hf: its tokenizer is written back, pad set to eos where it had none."""
+    """A checkpoint trained with tokenizer=hf: its tokenizer files are copied, pad set to eos where it had none."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -239,7 +239,7 @@ def test_export_hf_tokenizer_gets_eos_as_pad(tmp_path):
     hf = load_tokenizer({"type": "hf", "name_or_path": str(tmp_path / "hf_tok")})
     make_checkpoint(tmp_path / "run", HiloConfig(**dict(TRANSFORMER, vocab_size=len(words))), hf)
     done = convert.export_checkpoint(tmp_path / "run", tmp_path / "out")
-    assert "pad = eos" in done["tokenizer"]
+    assert "copied" in done["tokenizer"] and "pad = eos" in done["tokenizer"]
     tok = AutoTokenizer.from_pretrained(tmp_path / "out")
     assert tok("hello world !").input_ids == [3, 4, 5]
     assert [tok.bos_token_id, tok.eos_token_id, tok.pad_token_id] == [0, 1, 1]
@@ -258,3 +258,22 @@ def test_sentencepiece_trained_otherwise_is_refused(setting, tokenizer, tmp_path
     (tmp_path / "other.model").write_bytes(proto.SerializeToString())
     with pytest.raises(convert.ConversionError, match="was not trained as hilo trains its tokenizer"):
         convert.sentencepiece_to_hf(tmp_path / "other.model")
+
+
+def test_export_hf_tokenizer_with_pad_is_copied_unchanged(tmp_path):
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "</s>", "<unk>", "hello"]
+    raw = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="</s>", unk_token="<unk>",
+                            pad_token="<pad>").save_pretrained(tmp_path / "hf_tok")
+    hf = load_tokenizer({"type": "hf", "name_or_path": str(tmp_path / "hf_tok")})
+    make_checkpoint(tmp_path / "run", HiloConfig(**dict(TRANSFORMER, vocab_size=len(words))), hf)
+    done = convert.export_checkpoint(tmp_path / "run", tmp_path / "out")
+    assert done["tokenizer"] == "transformers tokenizer files, copied"
+    saved = tmp_path / "run" / "checkpoints" / "step_00000010" / "tokenizer"
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / "out" / name).read_bytes() == (saved / name).read_bytes()
+    assert not (tmp_path / "out" / "hilo_tokenizer.json").exists()
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["pad_token_id"] == 0
