@@ -3,7 +3,6 @@
     python benchmarks/train_throughput.py        # issue 7's set: every family, 340m, T = 2048 8192 16384
     python benchmarks/train_throughput.py --models transformer mamba2 --seq-lens 16384 32768 --sizes 760m
     python benchmarks/train_throughput.py --model transformer --sizes tiny 340m --seq-len 2048 --batch-size 8 --steps 40
-    python benchmarks/train_throughput.py --models mamba2 --fused-norms   # Triton norms (model.fused_norms)
     python benchmarks/train_throughput.py --models transformer --fused-projections   # model.fused_projections
     python benchmarks/train_throughput.py --models mamba2 --compile       # torch.compile'd blocks (trainer.compile)
     python benchmarks/train_throughput.py ... --append                    # also appends the table to RESULTS.md
@@ -133,8 +132,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     rows.add_argument("--batch-size", type=int, default=None, help="rows per step at every seq_len instead")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--append", action="store_true", help="append the table to benchmarks/RESULTS.md")
-    ap.add_argument("--fused-norms", action="store_true",
-                    help="run the norms as Triton kernels (the Hydra override ++model.fused_norms=true)")
     ap.add_argument("--fused-projections", action="store_true",
                     help="the projections of one layer input as one matmul (++model.fused_projections=true)")
     ap.add_argument("--compile", action="store_true",
@@ -177,8 +174,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     import torch
 
     sizes = args.sizes or (["340m"] if torch.cuda.is_available() else ["tiny"])
-    overrides = [*args.overrides, *(["++model.fused_norms=true"] if args.fused_norms else []),
-                 *(["++model.fused_projections=true"] if args.fused_projections else [])]
+    overrides = [*args.overrides, *(["++model.fused_projections=true"] if args.fused_projections else [])]
     results = []
     for model in args.models:
         for size in sizes:

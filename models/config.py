@@ -10,7 +10,7 @@ CONFIG_KEYS = (
     "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
     "mixer", "operator", "attn_layers", "mixer_kwargs", "attn_backend", "rope_theta", "max_position_embeddings",
     "norm_eps", "initializer_range", "tie_word_embeddings", "use_cache", "bos_token_id", "eos_token_id",
-    "pad_token_id", "mlp", "pre_conv", "fused_loss_chunk", "fused_norms", "fused_projections",
+    "pad_token_id", "mlp", "pre_conv", "fused_loss_chunk", "fused_projections",
 )
 
 
@@ -45,9 +45,6 @@ class HiloConfig(PretrainedConfig):
     fused_loss_chunk: rows per chunk of the chunked LM-head cross-entropy (models.loss) that HiloForCausalLM uses
     when called with labels and return_logits=False; None makes that call materialise all logits and take the
     plain loss instead (the same value; more memory).
-    fused_norms: run the blocks' RMSNorms, the mixer's residual add fused with the MLP's RMSNorm, and the mixers'
-    gated RMSNorms as the Triton kernels of models.fused_norms (the same function; CUDA tensors, or CPU ones under
-    TRITON_INTERPRET=1; the torch code elsewhere). Off by default until measured on a GPU.
     fused_projections: the projections that read the same layer input (attention's q, k, v; the HLA and Gated
     DeltaNet layers' q, k, v, output gate and decay / beta projections) as one matmul of their stacked weights
     (models.casts.ProjectionInput.project: the same products and parameters; one read of the input and one input
@@ -88,7 +85,6 @@ class HiloConfig(PretrainedConfig):
         mlp: bool = True,
         pre_conv: int | None = None,
         fused_loss_chunk: int | None = 4096,
-        fused_norms: bool = False,
         fused_projections: bool = False,
         **kwargs,
     ):
@@ -119,8 +115,6 @@ class HiloConfig(PretrainedConfig):
                 isinstance(fused_loss_chunk, bool) or not isinstance(fused_loss_chunk, int) or fused_loss_chunk < 1):
             raise ValueError(f"fused_loss_chunk must be null (plain loss) or a number of rows >= 1, "
                              f"got {fused_loss_chunk!r}")
-        if not isinstance(fused_norms, bool):
-            raise TypeError(f"fused_norms must be true or false, got {fused_norms!r}")
         if not isinstance(fused_projections, bool):
             raise TypeError(f"fused_projections must be true or false, got {fused_projections!r}")
         attn_layers = sorted(int(i) for i in (attn_layers or []))
@@ -147,7 +141,6 @@ class HiloConfig(PretrainedConfig):
         self.mlp = mlp
         self.pre_conv = pre_conv
         self.fused_loss_chunk = fused_loss_chunk
-        self.fused_norms = fused_norms
         self.fused_projections = fused_projections
         super().__init__(
             tie_word_embeddings=tie_word_embeddings,

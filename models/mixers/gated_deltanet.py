@@ -110,7 +110,7 @@ class GatedDeltaNetMixer(nn.Module):
         a_min, a_max = opts["a_init_range"]
         self.A_log = a_log_init(h, a_min, a_max)
         self.dt_bias = dt_bias_init(h, opts["dt_min"], opts["dt_max"])
-        self.norm = GatedRMSNorm(dv, config.norm_eps, norm_before_gate=True, fused=getattr(config, "fused_norms", False))
+        self.norm = GatedRMSNorm(dv, config.norm_eps, norm_before_gate=True)
         self.o_proj = nn.Linear(h * dv, c, bias=False)
         self.o_proj._is_residual_proj = True
         self.fused_projections = getattr(config, "fused_projections", False)

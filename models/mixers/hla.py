@@ -135,7 +135,7 @@ class HLAMixer(nn.Module):
             self.a_proj = nn.Linear(c, h, bias=False)
             self.A_log = a_log_init(h, a_min, a_max)
             self.dt_bias = dt_bias_init(h, opts["dt_min"], opts["dt_max"])
-        self.norm = GatedRMSNorm(d, config.norm_eps, norm_before_gate=True, fused=getattr(config, "fused_norms", False))
+        self.norm = GatedRMSNorm(d, config.norm_eps, norm_before_gate=True)
         self.o_proj = nn.Linear(h * d, c, bias=False)
         self.o_proj._is_residual_proj = True
         self.fused_projections = getattr(config, "fused_projections", False)

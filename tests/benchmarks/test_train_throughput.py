@@ -134,14 +134,14 @@ def test_accumulation_shows_in_the_batch_column():
     assert "| mamba2 | 760m | 16384 | 1 | 1,000 |" in tt.table([{**row, "grad_accum": 1}])
 
 
-def test_fused_flags_reach_the_model_config(monkeypatch):
-    """--fused-norms and --fused-projections become model.fused_norms / model.fused_projections of the runs."""
+def test_fused_projections_flag_reaches_the_model_config(monkeypatch):
+    """--fused-projections becomes model.fused_projections of the runs."""
     import train
 
     seen = []
 
     def fake_run(cfg, run_dir):
-        seen.append((cfg.model.get("fused_norms"), cfg.model.get("fused_projections")))
+        seen.append(cfg.model.get("fused_projections"))
         _write_one_step_metrics(run_dir)
         return {}
 
@@ -149,5 +149,4 @@ def test_fused_flags_reach_the_model_config(monkeypatch):
     common = ["--model", "gated_deltanet", "--sizes", "tiny", "--seq-len", "32", "--batch-size", "1", "--steps", "1"]
     tt.main(common)
     tt.main([*common, "--fused-projections"])
-    tt.main([*common, "--fused-norms", "--fused-projections"])
-    assert seen == [(None, None), (None, True), (True, True)]
+    assert seen == [None, True]
