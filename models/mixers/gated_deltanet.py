@@ -12,27 +12,13 @@ from models.casts import ProjectionInput
 from models.conv import ShortConv
 from models.gates import a_log_init, dt_bias_init, log_decay
 from models.norms import GatedRMSNorm
+from models.ops import l2_normalize, value_blocks
 from models.registry import mixer_options, register_mixer
 
 
 def default_num_heads(hidden_size: int, head_dim: int) -> int:
     """round(0.75 * hidden_size / head_dim), at least 1: 6 heads of 256 at hidden 2048 (SPEC §5)."""
     return max(1, math.floor(0.75 * hidden_size / head_dim + 0.5))
-
-
-def value_blocks(dv: int, width: int) -> list[tuple[int, int]]:
-    """(lo, hi) column ranges of at most `width` columns covering a value head of dv columns."""
-    return [(lo, min(lo + width, dv)) for lo in range(0, dv, width)]
-
-
-def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """x / sqrt(sum(x^2) + eps) over the last dim, in fp32, returned in x's dtype.
-
-    vector_norm with an fp32 result and the mixed-dtype product keep only x and the per-row norm for the backward
-    (no fp32 copy of x).
-    """
-    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.promote_types(x.dtype, torch.float32))
-    return (x * torch.rsqrt(norm.square() + eps)).to(x.dtype)
 
 
 @register_mixer("gated_deltanet")

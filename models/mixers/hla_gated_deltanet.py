@@ -6,8 +6,15 @@ from typing import ClassVar
 import torch
 
 from kernels.common.validate import MAX_HEAD_DIM
-from models.mixers.gated_deltanet import GatedDeltaNetMixer, value_blocks
-from models.mixers.hla import OPERATORS, operator_pass_flops, read_operator_state, run_operator, write_operator_state
+from models.mixers.gated_deltanet import GatedDeltaNetMixer
+from models.ops import (
+    OPERATORS,
+    operator_pass_flops,
+    read_operator_state,
+    run_operator,
+    value_blocks,
+    write_operator_state,
+)
 from models.registry import register_mixer
 
 # The K x K key moment of hla2 / hla3: it does not depend on the values, so every value block carries it whole.
@@ -91,7 +98,7 @@ class HLAGatedDeltaNetMixer(GatedDeltaNetMixer):
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token of the operator's chunked linear_attn passes (chunk C = min(64, seq_len)),
-        block by block of value columns (models.mixers.hla.operator_pass_flops with K = head_dim and W the block's
+        block by block of value columns (models.ops.operator_pass_flops with K = head_dim and W the block's
         width: the key pass of hla2 / hla3 counts once per block, as it runs), and the three convs (projections
         count as 6 x their params in the model's total). The backward is counted as twice the forward (3x)."""
         c = min(64, seq_len)

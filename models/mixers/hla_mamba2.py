@@ -2,9 +2,15 @@
 
 from typing import ClassVar
 
-from models.mixers.gated_deltanet import l2_normalize
-from models.mixers.hla import OPERATORS, operator_pass_flops, read_operator_state, run_operator, write_operator_state
 from models.mixers.mamba2 import Mamba2Mixer
+from models.ops import (
+    OPERATORS,
+    l2_normalize,
+    operator_pass_flops,
+    read_operator_state,
+    run_operator,
+    write_operator_state,
+)
 from models.registry import register_mixer
 
 
@@ -71,6 +77,6 @@ class HLAMamba2Mixer(Mamba2Mixer):
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token of the operator's chunked linear_attn passes (chunk C = min(64, seq_len)) and
         the conv (projections count as 6 x their params in the model's total): per head, with K = state_size and
-        V = head_dim, models.mixers.hla.operator_pass_flops forward, the backward counted as twice that (3x)."""
+        V = head_dim, models.ops.operator_pass_flops forward, the backward counted as twice that (3x)."""
         forward = operator_pass_flops(self.operator, min(64, seq_len), self.state_size, self.head_dim)
         return float(3 * self.num_heads * forward + self.conv.flops_per_token())

@@ -16,7 +16,8 @@ from models.levels import (
     trained_levels,
     write_level_state,
 )
-from models.mixers.gated_deltanet import GatedDeltaNetMixer, value_blocks
+from models.mixers.gated_deltanet import GatedDeltaNetMixer
+from models.ops import value_blocks
 from models.registry import register_mixer
 
 
