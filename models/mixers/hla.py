@@ -10,7 +10,15 @@ from models.casts import ProjectionInput
 from models.conv import ShortConv
 from models.gates import a_log_init, dt_bias_init, log_decay
 from models.norms import GatedRMSNorm
-from models.ops import OPERATORS, PASS_CHUNK, l2_normalize, read_operator_state, run_operator, write_operator_state
+from models.ops import (
+    OPERATORS,
+    PASS_CHUNK,
+    l2_normalize,
+    operator_pass_flops,
+    read_operator_state,
+    run_operator,
+    write_operator_state,
+)
 from models.registry import mixer_options, register_mixer
 from models.rope import rope_tables, rotate
 
