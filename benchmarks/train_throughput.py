@@ -12,7 +12,7 @@
 32768 // seq_len rows); --sizes defaults to 340m on CUDA and tiny on CPU. --batch-size N instead fixes the rows per
 step at every length. --model and --seq-len are aliases of --models and --seq-lens.
 
-Each configuration (model, size, seq_len) runs train.run() in-process on the embedded corpus with the real loader
+Each configuration (model, size, seq_len) runs training.trainer.run() in-process on the embedded corpus with the real loader
 and optimizer (bf16 autocast on CUDA), model.max_position_embeddings = seq_len (the log-linear families' levels),
 trainer.time_phases on, W&B off and no checkpoint, and reports the mean of the log windows after the first (the
 first holds compilation, Triton's and with --compile torch.compile's, and allocator warm-up): tokens/s, MFU (the
@@ -56,7 +56,7 @@ def measure(model: str, size: str, seq_len: int, batch_size: int, steps: int, ex
     from accelerate.state import AcceleratorState, GradientState
     from hydra import compose, initialize_config_dir
 
-    import train
+    from training import trainer
     from training.logging import read_metrics
 
     row = {"model": model, "size": size, "seq_len": seq_len, "batch_size": batch_size, "steps": steps}
@@ -77,7 +77,7 @@ def measure(model: str, size: str, seq_len: int, batch_size: int, steps: int, ex
     oom = False
     with tempfile.TemporaryDirectory() as run_dir:
         try:
-            train.run(cfg, run_dir=run_dir)
+            trainer.run(cfg, run_dir=run_dir)
         except torch.cuda.OutOfMemoryError:
             oom = True  # the handler ends here, dropping the traceback (and the failed run's tensors) before cleanup
         rows = [r for r in read_metrics(Path(run_dir) / "metrics.jsonl") if "perf/tokens_per_s" in r]

@@ -52,7 +52,7 @@ def test_one_row_per_family_and_seq_len_with_breakdown(run):
 
 
 def _write_one_step_metrics(run_dir):
-    """What a one-step train.run leaves in run_dir/metrics.jsonl (0.5 s a step, split 10/20/40/10%)."""
+    """What a one-step training.trainer.run leaves in run_dir/metrics.jsonl (0.5 s a step, split 10/20/40/10%)."""
     row = {"step": 1, "train/loss": 1.0, "perf/tokens_per_s": 10.0, "perf/step_time_s": 0.5,
            "perf/data_wait_frac": 0.1, "perf/forward_s": 0.1, "perf/backward_s": 0.2, "perf/optimizer_s": 0.05,
            "perf/mem_peak_gib": 1.0}
@@ -62,7 +62,7 @@ def _write_one_step_metrics(run_dir):
 def test_oom_is_a_row_and_the_rest_still_run(monkeypatch, tmp_path):
     import torch
 
-    import train
+    from training import trainer
 
     calls = []
 
@@ -73,7 +73,7 @@ def test_oom_is_a_row_and_the_rest_still_run(monkeypatch, tmp_path):
         _write_one_step_metrics(run_dir)
         return {}
 
-    monkeypatch.setattr(train, "run", fake_run)
+    monkeypatch.setattr(trainer, "run", fake_run)
     monkeypatch.setattr(tt, "RESULTS", tmp_path / "RESULTS.md")
     for key in [k for k in os.environ if k.startswith("HILO_")]:
         monkeypatch.delenv(key)
@@ -136,7 +136,7 @@ def test_accumulation_shows_in_the_batch_column():
 
 def test_fused_projections_flag_reaches_the_model_config(monkeypatch):
     """--fused-projections becomes model.fused_projections of the runs."""
-    import train
+    from training import trainer
 
     seen = []
 
@@ -145,7 +145,7 @@ def test_fused_projections_flag_reaches_the_model_config(monkeypatch):
         _write_one_step_metrics(run_dir)
         return {}
 
-    monkeypatch.setattr(train, "run", fake_run)
+    monkeypatch.setattr(trainer, "run", fake_run)
     common = ["--model", "gated_deltanet", "--sizes", "tiny", "--seq-len", "32", "--batch-size", "1", "--steps", "1"]
     tt.main(common)
     tt.main([*common, "--fused-projections"])
