@@ -14,7 +14,7 @@ PRE_CONV_STATE = "pre_conv_state"
 
 
 class Block(nn.Module):
-    """x + mixer(pre_conv(RMSNorm(x))), then + SwiGLU(RMSNorm(.)) (pre-norm residual, SPEC §5).
+    """x + mixer(pre_conv(RMSNorm(x))), then + SwiGLU(RMSNorm(.)) (pre-norm residual).
 
     The mixer is config.layer_mixer(layer_idx) from the registry. config.pre_conv = K adds pre_conv, a depthwise
     causal ShortConv of kernel size K (no bias, no activation) on the mixer's input, as the short conv in front of

@@ -15,7 +15,7 @@ CONFIG_KEYS = (
 
 
 def default_intermediate_size(hidden_size: int) -> int:
-    """SwiGLU width: hidden * 4 * 2/3 rounded up to a multiple of 256 (SPEC §5)."""
+    """SwiGLU width: hidden * 4 * 2/3 rounded up to a multiple of 256."""
     return 256 * math.ceil(hidden_size * 8 / 3 / 256)
 
 

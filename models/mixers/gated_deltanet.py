@@ -1,4 +1,4 @@
-"""Gated DeltaNet mixer (SPEC §5 gated_deltanet shell, operator kernels.delta_rule)."""
+"""Gated DeltaNet mixer (the gated_deltanet shell, operator kernels.delta_rule; docs/kernels.md)."""
 
 import math
 from typing import ClassVar
@@ -17,7 +17,7 @@ from models.registry import mixer_options, register_mixer
 
 
 def default_num_heads(hidden_size: int, head_dim: int) -> int:
-    """round(0.75 * hidden_size / head_dim), at least 1: 6 heads of 256 at hidden 2048 (SPEC §5)."""
+    """round(0.75 * hidden_size / head_dim), at least 1: 6 heads of 256 at hidden 2048, as in the Gated DeltaNet paper."""
     return max(1, math.floor(0.75 * hidden_size / head_dim + 0.5))
 
 
@@ -53,9 +53,9 @@ class GatedDeltaNetMixer(nn.Module):
     # the HLA operators), and the default of mixer_kwargs.value_block (None). Wider heads run in blocks of value_block
     # columns, exact either way: each column of the K x V state evolves on its own (see _operator). One 512-column
     # call does the K-only WY work once: delta_rule fwd+bwd at H = 3, K = 256, 16K x 2 on the H200 takes 6.71 ms
-    # against 2 x 4.00, and compiled GDN 340m at 8K trains at 103,659 tokens/s against 90,091 (benchmarks/RESULTS.md,
-    # session 10, where its bf16 GPU tests passed; the 10-step losses that once made it suspect differ as much
-    # between equally exact short conv tilings). Log-linear GDN 340m at 2 x 16K, compiled: 11,582 tokens/s and
+    # against 2 x 4.00, and compiled GDN 340m at 8K trains at 103,659 tokens/s against 90,091 (docs/performance.md;
+    # its bf16 GPU tests pass, and the 10-step losses that once made it suspect differ as much between equally
+    # exact short conv tilings). Log-linear GDN 340m at 2 x 16K, compiled: 11,582 tokens/s and
     # 83.2 GiB against 10,780 and 104.7 GiB.
     MAX_VALUE_BLOCK: ClassVar[int] = MAX_DELTA_VALUE_DIM
     DEFAULTS: ClassVar[dict] = {"head_dim": 256, "num_heads": None, "expand_v": 2, "conv_size": 4,

@@ -1,5 +1,5 @@
-"""Gated DeltaNet shell with a decayed HLA operator (SPEC §3, §5: gated_deltanet with config.operator hla2, ahla
-or hla3)."""
+"""Gated DeltaNet shell with a decayed HLA operator (gated_deltanet with config.operator hla2, ahla or
+hla3; docs/kernels.md)."""
 
 from typing import ClassVar
 
@@ -40,7 +40,7 @@ class HLAGatedDeltaNetMixer(GatedDeltaNetMixer):
 
         o = operator(q, k, v, g, scale = 1)
 
-    (kernels.hla2 / ahla / hla3, SPEC §3; ahla is o_t = sum_{j <= i <= t} (b_t/b_j) (q_t.k_i)(q_i.k_j) v_j with
+    (kernels.hla2 / ahla / hla3, docs/kernels.md; ahla is o_t = sum_{j <= i <= t} (b_t/b_j) (q_t.k_i)(q_i.k_j) v_j with
     b_t = prod_{r <= t} exp(g_r)). Scale 1 as for the HLA family: q and k are unit vectors already. The HLA
     operators have no write strength, so there is no beta and no b_proj (a projection nothing reads would never
     train).

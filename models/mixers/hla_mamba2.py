@@ -1,4 +1,4 @@
-"""Mamba-2 shell with a decayed HLA operator (SPEC §3, §5: mamba2 with config.operator hla2, ahla or hla3)."""
+"""Mamba-2 shell with a decayed HLA operator (mamba2 with config.operator hla2, ahla or hla3; docs/kernels.md)."""
 
 from typing import ClassVar
 
@@ -22,10 +22,10 @@ class HLAMamba2Mixer(Mamba2Mixer):
 
         y = operator(q = C / |C|, k = B / |B|, v = x * dt, g = A * dt, scale = 1) + D x
 
-    (kernels.hla2 / ahla / hla3, SPEC §3; with b_t = prod_{r <= t} exp(g_r), hla2 "d1" is
+    (kernels.hla2 / ahla / hla3, docs/kernels.md; with b_t = prod_{r <= t} exp(g_r), hla2 "d1" is
     y_t = sum_{i <= j <= t} (b_t/b_i)(b_j/b_i) (q_t.k_i)(k_i.q_j) v_j + D x_t).
 
-    B and C are L2-normalised per head (over the state_size N), as the HLA layer normalises q and k (SPEC §3):
+    B and C are L2-normalised per head (over the state_size N), as the HLA layer normalises q and k:
     the second-order sums multiply two scores q.k, so unnormalised B and C would let the output grow with their
     squared norms as well as with the number of tokens the decay keeps; with unit B and C every score lies in
     [-1, 1] and scale 1 (the HLA family's) needs no tuning with N. The decay keeps the sums bounded: g <= 0 is

@@ -1,4 +1,4 @@
-"""Log-linear Gated DeltaNet mixer (SPEC §4 and the §5 gated_deltanet shell with kernels.loglinear_delta_rule)."""
+"""Log-linear Gated DeltaNet mixer (the gated_deltanet shell with kernels.loglinear_delta_rule; docs/kernels.md)."""
 
 from typing import ClassVar
 

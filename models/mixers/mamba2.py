@@ -1,4 +1,4 @@
-"""Mamba-2 mixer (SPEC §5 mamba2 shell, operator kernels.linear_attn: the SSD recurrence)."""
+"""Mamba-2 mixer (the mamba2 shell, operator kernels.linear_attn: the SSD recurrence; docs/kernels.md)."""
 
 from typing import ClassVar
 
