@@ -41,7 +41,7 @@ tokens = fc.token_maker(VOCAB)
 
 
 def masked_sums(op, q, k, v, g, convention="d1"):
-    """The HLA operators per batch row and head as sums over index tuples: q, k [B, T, H, K], v [B, T, H, V], g [B, T, H];
+    """The operator per batch row and head as sums over index tuples: q, k [B, T, H, K], v [B, T, H, V], g [B, T, H];
     b_t = exp(sum_{r <= t} g_r) and every weight a product of ratios b_x / b_y."""
     t = q.shape[1]
     lb = torch.cumsum(g, 1).permute(0, 2, 1)  # log b [B, H, T]

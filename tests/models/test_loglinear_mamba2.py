@@ -1,6 +1,6 @@
 """models: the log-linear Mamba-2 mixer and model (CPU, fp32, small shapes).
 
-The layer is checked against an O(T^2) float64 re-derivation of the log-linear operator in its shell, written out here (Fenwick levels,
+The layer is checked against an O(T^2) float64 re-derivation written out here (Fenwick levels,
 lambda = softplus(L * dl) clamped past the trained levels), and against the plain Mamba-2 layer when lambda is 1;
 the model against itself across decode (past max_position_embeddings) / varlen / save-load / training.
 max_position_embeddings is 16 here (5 trained levels), so sequences of 40 use clamped levels 5 and 6.
