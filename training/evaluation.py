@@ -1,4 +1,4 @@
-"""Evaluate a saved checkpoint with an eval suite: shared by eval.py and the trainer's final evaluation (training.trainer)."""
+"""Evaluate a saved checkpoint with an eval suite: shared by eval.py and the trainer's final evaluation."""
 from __future__ import annotations
 
 from pathlib import Path
