@@ -7,6 +7,7 @@
     validate()   val/loss, or the MQAR accuracies for data=mqar
     save()       an atomic checkpoint of everything a resumed run needs to continue bit for bit
     fit()        setup, then step / log / validate / save until trainer.max_steps, a stop signal or an early stop
+    finish()     the last validation and checkpoint, the final evaluations and the summary
 
 `run(cfg)` is the same as one call; train.py (the Hydra entry) and the in-process callers (tests, benchmarks) use
 it. The options are described in docs/configuration.md.
@@ -158,6 +159,9 @@ class Trainer:
 
         self.state = {"step": 0, "tokens": 0, "skipped_steps": 0, "wandb_id": None}
         self.best = {"mqar_acc": None, "step": None}  # the best val/mqar_acc so far (MQAR data)
+        self.last_val = self.last_val_step = None  # the latest validation loss during the loop, and its step
+        self.stop_metric = tr.get("early_stop_metric")
+        self.stopped_by_signal = self.early_stopped = False
         if resume_from is not None:
             self.resume(resume_from)
 
@@ -201,67 +205,74 @@ class Trainer:
     def fit(self) -> dict:
         """Train to trainer.max_steps (or a stop signal, or an early stop); return the run's summary."""
         self.setup()
-        tr, acc = self.tr, self.accelerator
-        stop_metric, stop_threshold = tr.get("early_stop_metric"), tr.get("early_stop_threshold")
         if self.state["step"] == 0:
             self._record(self.validate(), step=0)
         self.model.train()
         self.window = self._new_window()  # after the first validation: its time is not the first window's
-        last_val = last_val_step = None
-        stopped_by_signal = early_stopped = False
         with StopRequested() as stop:
             while self.state["step"] < self.max_steps:
                 self.step()
-                step = self.state["step"]
-                if step % int(tr.log_every) == 0 or step == self.max_steps:
-                    self.log_window()
-                if int(tr.val_every) and step % int(tr.val_every) == 0 and step != self.max_steps:
-                    val = self.validate()
-                    last_val, last_val_step = val["val/loss"], step
-                    self._record(val, step)
-                    if stop_metric:
-                        if stop_metric not in val:
-                            raise ValueError(f"trainer.early_stop_metric={stop_metric!r} is not a validation metric "
-                                             f"of this run; available: {sorted(val)}")
-                        early_stopped = val[stop_metric] >= float(stop_threshold)
-                stop_now = stop.flag
-                if self.world > 1:
-                    stop_now = bool(acc.reduce(torch.tensor(float(stop.flag), device=acc.device),
-                                               reduction="max") > 0)
-                if stop_now:
-                    stopped_by_signal = True
-                    self.save()
-                    acc.print(f"stop requested: saved step {step} and exiting")
+                if self._end_of_step(stop):
                     break
-                if early_stopped:
-                    acc.print(f"early stop at step {step}: {stop_metric} = {val[stop_metric]:.4f} >= "
-                              f"{float(stop_threshold)}")
-                    break
-                if int(tr.save_every) and step % int(tr.save_every) == 0 and step != self.max_steps:
-                    self.save()
+        return self.finish()
 
+    def _end_of_step(self, stop: StopRequested) -> bool:
+        """After an optimizer step: log, validate and save on their schedules; True when the run stops here (a stop
+        signal on any rank: saved first; or the early-stop metric reached its threshold)."""
+        tr, acc, step = self.tr, self.accelerator, self.state["step"]
+        if step % int(tr.log_every) == 0 or step == self.max_steps:
+            self.log_window()
+        if int(tr.val_every) and step % int(tr.val_every) == 0 and step != self.max_steps:
+            val = self.validate()
+            self.last_val, self.last_val_step = val["val/loss"], step
+            self._record(val, step)
+            if self.stop_metric:
+                if self.stop_metric not in val:
+                    raise ValueError(f"trainer.early_stop_metric={self.stop_metric!r} is not a validation metric of "
+                                     f"this run; available: {sorted(val)}")
+                self.early_stopped = val[self.stop_metric] >= float(tr.get("early_stop_threshold"))
+        stop_now = stop.flag
+        if self.world > 1:
+            stop_now = bool(acc.reduce(torch.tensor(float(stop.flag), device=acc.device), reduction="max") > 0)
+        if stop_now:
+            self.stopped_by_signal = True
+            self.save()
+            acc.print(f"stop requested: saved step {step} and exiting")
+            return True
+        if self.early_stopped:
+            acc.print(f"early stop at step {step}: {self.stop_metric} = {val[self.stop_metric]:.4f} >= "
+                      f"{float(tr.get('early_stop_threshold'))}")
+            return True
+        if int(tr.save_every) and step % int(tr.save_every) == 0 and step != self.max_steps:
+            self.save()
+        return False
+
+    def finish(self) -> dict:
+        """The end of a run: a last validation and checkpoint unless a signal stopped it, the final evaluations, the
+        summary (returned, and written to run_dir/summary.json and W&B)."""
+        tr, acc, state = self.tr, self.accelerator, self.state
         if self.progress is not None:
             self.progress.close()
         final_path = None
-        if not stopped_by_signal and last_val_step != self.state["step"]:
+        if not self.stopped_by_signal and self.last_val_step != state["step"]:
             val = self.validate()
-            last_val = val["val/loss"]
-            self._record(val, self.state["step"])
-        if not stopped_by_signal:
-            if self.ckpt.latest_step() == self.state["step"]:
+            self.last_val = val["val/loss"]
+            self._record(val, state["step"])
+        if not self.stopped_by_signal:
+            if self.ckpt.latest_step() == state["step"]:
                 final_path = self.ckpt.latest()
             elif tr.save_final:
                 final_path = self.save()
         self._fold_skips()
-        summary = {"step": self.state["step"], "tokens": self.state["tokens"],
-                   "skipped_steps": self.state["skipped_steps"], "val_loss": last_val,
-                   "checkpoint": str(final_path or self.ckpt.latest() or ""), "run_dir": str(self.run_dir),
-                   "stopped_by_signal": stopped_by_signal, "malformed_records": self.loader.stats.get("malformed", 0)}
-        if stop_metric:
-            summary["early_stopped"] = early_stopped
+        summary = {"step": state["step"], "tokens": state["tokens"], "skipped_steps": state["skipped_steps"],
+                   "val_loss": self.last_val, "checkpoint": str(final_path or self.ckpt.latest() or ""),
+                   "run_dir": str(self.run_dir), "stopped_by_signal": self.stopped_by_signal,
+                   "malformed_records": self.loader.stats.get("malformed", 0)}
+        if self.stop_metric:
+            summary["early_stopped"] = self.early_stopped
         if self.best["mqar_acc"] is not None:
             summary.update(best_mqar_acc=self.best["mqar_acc"], best_mqar_acc_step=self.best["step"])
-        if not stopped_by_signal and final_path is not None:
+        if not self.stopped_by_signal and final_path is not None:
             self._final_evals(final_path, summary)
         self.logger.finish(summary)
         if hasattr(self.loader, "close"):
