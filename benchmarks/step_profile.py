@@ -91,7 +91,7 @@ def main(argv=None):
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--compile", action="store_true", help="compile the blocks, as trainer.compile=true")
-    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. ++model.fused_norms=true")
+    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. ++model.fused_projections=true")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     for family in args.families:

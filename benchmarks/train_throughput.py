@@ -3,7 +3,6 @@
     python benchmarks/train_throughput.py        # every family, 340m, T = 2048 8192 16384
     python benchmarks/train_throughput.py --models transformer mamba2 --seq-lens 16384 32768 --sizes 760m
     python benchmarks/train_throughput.py --model transformer --sizes tiny 340m --seq-len 2048 --batch-size 8 --steps 40
-    python benchmarks/train_throughput.py --models mamba2 --fused-norms   # Triton norms (model.fused_norms)
     python benchmarks/train_throughput.py --models transformer --fused-projections   # model.fused_projections
     python benchmarks/train_throughput.py --models mamba2 --compile       # torch.compile'd blocks (trainer.compile)
 
@@ -12,7 +11,7 @@
 32768 // seq_len rows); --sizes defaults to 340m on CUDA and tiny on CPU. --batch-size N instead fixes the rows per
 step at every length. --model and --seq-len are aliases of --models and --seq-lens.
 
-Each configuration (model, size, seq_len) runs train.run() in-process on the embedded corpus with the real loader
+Each configuration (model, size, seq_len) runs training.trainer.run() in-process on the embedded corpus with the real loader
 and optimizer (bf16 autocast on CUDA), model.max_position_embeddings = seq_len (the log-linear families' levels),
 trainer.time_phases on, W&B off and no checkpoint, and reports the mean of the log windows after the first (the
 first holds compilation, Triton's and with --compile torch.compile's, and allocator warm-up): tokens/s, MFU (the
@@ -53,7 +52,7 @@ def measure(model: str, size: str, seq_len: int, batch_size: int, steps: int, ex
     from accelerate.state import AcceleratorState, GradientState
     from hydra import compose, initialize_config_dir
 
-    import train
+    from training import trainer
     from training.logging import read_metrics
 
     row = {"model": model, "size": size, "seq_len": seq_len, "batch_size": batch_size, "steps": steps}
@@ -74,7 +73,7 @@ def measure(model: str, size: str, seq_len: int, batch_size: int, steps: int, ex
     oom = False
     with tempfile.TemporaryDirectory() as run_dir:
         try:
-            train.run(cfg, run_dir=run_dir)
+            trainer.run(cfg, run_dir=run_dir)
         except torch.cuda.OutOfMemoryError:
             oom = True  # the handler ends here, dropping the traceback (and the failed run's tensors) before cleanup
         rows = [r for r in read_metrics(Path(run_dir) / "metrics.jsonl") if "perf/tokens_per_s" in r]
@@ -128,8 +127,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       help=f"tokens per optimizer step: batch size = this // seq_len (default {TOKENS_PER_STEP})")
     rows.add_argument("--batch-size", type=int, default=None, help="rows per step at every seq_len instead")
     ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--fused-norms", action="store_true",
-                    help="run the norms as Triton kernels (the Hydra override ++model.fused_norms=true)")
     ap.add_argument("--fused-projections", action="store_true",
                     help="the projections of one layer input as one matmul (++model.fused_projections=true)")
     ap.add_argument("--compile", action="store_true",
@@ -163,8 +160,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     import torch
 
     sizes = args.sizes or (["340m"] if torch.cuda.is_available() else ["tiny"])
-    overrides = [*args.overrides, *(["++model.fused_norms=true"] if args.fused_norms else []),
-                 *(["++model.fused_projections=true"] if args.fused_projections else [])]
+    overrides = [*args.overrides, *(["++model.fused_projections=true"] if args.fused_projections else [])]
     results = []
     for model in args.models:
         for size in sizes:

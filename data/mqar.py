@@ -1,4 +1,4 @@
-"""Multi-query associative recall (MQAR, the Zoology protocol; SPEC §8): the generator and the train.py source.
+"""Multi-query associative recall (MQAR, the Zoology protocol): the generator and the train.py source.
 
 One example of length T with n key-value pairs (vocab V, split S = V // 2)::
 

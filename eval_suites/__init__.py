@@ -1,4 +1,4 @@
-"""Evaluation suites of hilo (SPEC §8).
+"""Evaluation suites of hilo (docs/configuration.md, eval).
 
 Each suite is a module with its own entry points, imported explicitly so that loading one suite never pulls in
 the dependencies of another:

@@ -1,4 +1,4 @@
-"""MQAR accuracy (SPEC §8, the Zoology protocol): argmax of the logits at every query position against its value.
+"""MQAR accuracy (the Zoology protocol): argmax of the logits at every query position against its value.
 
 Test sets come from data.mqar.build_test_sets (labels at the query positions: ``labels[q]`` is the value the logits
 computed at position q, after reading the key, must predict; see data/mqar.py). ``evaluate`` scores a model on

@@ -1,4 +1,4 @@
-"""Perplexity by position (SPEC §8): how well a causal LM predicts token p given the p tokens before it.
+"""Perplexity by position: how well a causal LM predicts token p given the p tokens before it.
 
 Positions are 1-indexed context lengths throughout: position p (1 <= p <= seq_len) is the prediction of token
 index p (0-indexed) of a document from its tokens 0..p-1, so ``per_position_nll[p - 1]`` is

@@ -14,27 +14,24 @@ PRE_CONV_STATE = "pre_conv_state"
 
 
 class Block(nn.Module):
-    """x + mixer(pre_conv(RMSNorm(x))), then + SwiGLU(RMSNorm(.)) (pre-norm residual, SPEC §5).
+    """x + mixer(pre_conv(RMSNorm(x))), then + SwiGLU(RMSNorm(.)) (pre-norm residual).
 
     The mixer is config.layer_mixer(layer_idx) from the registry. config.pre_conv = K adds pre_conv, a depthwise
     causal ShortConv of kernel size K (no bias, no activation) on the mixer's input, as the short conv in front of
     every sequence mixer of the Based / Zoology MQAR models (None: no conv, the mixer sees the norm's output). Its
     last K-1 inputs are kept in the layer's cache slot under PRE_CONV_STATE for decoding; with cu_seqlens it
     restarts at every document. config.mlp = False drops the MLP half and its norm (mixer-only blocks).
-    config.fused_norms runs the norms as Triton kernels (models.fused_norms), the mixer's residual add fused into
-    the MLP's norm.
     """
 
     def __init__(self, config, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
-        fused = getattr(config, "fused_norms", False)
-        self.mixer_norm = RMSNorm(config.hidden_size, config.norm_eps, fused)
+        self.mixer_norm = RMSNorm(config.hidden_size, config.norm_eps)
         kernel = getattr(config, "pre_conv", None)
         self.pre_conv = ShortConv(config.hidden_size, kernel, bias=False, activation=None) if kernel else None
         self.mixer = build_mixer(config.layer_mixer(layer_idx), config, layer_idx)
         if getattr(config, "mlp", True):
-            self.mlp_norm = RMSNorm(config.hidden_size, config.norm_eps, fused)
+            self.mlp_norm = RMSNorm(config.hidden_size, config.norm_eps)
             self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
         else:
             self.mlp_norm = self.mlp = None

@@ -10,7 +10,7 @@ generate() only needs the methods below (HiloForCausalLM creates the cache itsel
 build a DynamicCache).
 
 expected_state_shapes / expected_state_bytes give, from a HiloConfig alone, what every layer's slot holds after a
-number of tokens (SPEC §2, §4, §5 arithmetic); HiloCache.state_bytes() measures the same quantity on a live cache.
+number of tokens (the operators' state shapes, docs/kernels.md); HiloCache.state_bytes() measures the same quantity on a live cache.
 """
 
 import math
@@ -205,7 +205,7 @@ def expected_state_shapes(config, seq_len: int, batch: int = 1,
       gated_deltanet  "conv_q", "conv_k" [B, H K, Kc - 1], "conv_v" [B, H V, Kc - 1], "recurrent_state"
                       [B, H, K, V] fp32 (K = head_dim, V = expand_v K, H = num_heads or round(0.75 hidden / K))
       loglinear_*     the shell's convs, "recurrent_levels" [B, H, levels, K, V] fp32 with levels =
-                      bit_length(T - 1) + 1 (SPEC §4: one K x V state per Fenwick level the positions reach, so it
+                      bit_length(T - 1) + 1 (one K x V state per Fenwick level the positions reach, so it
                       grows by one state at every power of two), and "recurrent_tokens" [B] int64
       hla             kernels.hla.state fields: hla2 "S" [B, H, D, D], "F" [B, H, D, Vs]; ahla "P", "E"
                       [B, H, D, Vs]; hla3 "S", "P", "F" (Vs = D, + 1 with normalize); "conv_q" [B, H D, Kc - 1],

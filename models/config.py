@@ -10,13 +10,12 @@ CONFIG_KEYS = (
     "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
     "mixer", "operator", "attn_layers", "mixer_kwargs", "attn_backend", "rope_theta", "max_position_embeddings",
     "norm_eps", "initializer_range", "tie_word_embeddings", "use_cache", "bos_token_id", "eos_token_id",
-    "pad_token_id", "mlp", "pre_conv", "fused_loss_chunk", "loss_at_targets_only", "fused_norms",
-    "fused_projections",
+    "pad_token_id", "mlp", "pre_conv", "fused_loss_chunk", "loss_at_targets_only", "fused_projections",
 )
 
 
 def default_intermediate_size(hidden_size: int) -> int:
-    """SwiGLU width: hidden * 4 * 2/3 rounded up to a multiple of 256 (SPEC §5)."""
+    """SwiGLU width: hidden * 4 * 2/3 rounded up to a multiple of 256."""
     return 256 * math.ceil(hidden_size * 8 / 3 / 256)
 
 
@@ -49,9 +48,6 @@ class HiloConfig(PretrainedConfig):
     loss_at_targets_only: that loss runs the LM head only at the positions that have a target (labels not -100),
     the same value and gradients for one host synchronisation a step: for tasks with few labelled positions, such
     as MQAR (a query per key-value pair), where the head over every position would be most of the step.
-    fused_norms: run the blocks' RMSNorms, the mixer's residual add fused with the MLP's RMSNorm, and the mixers'
-    gated RMSNorms as the Triton kernels of models.fused_norms (the same function; CUDA tensors, or CPU ones under
-    TRITON_INTERPRET=1; the torch code elsewhere). Off by default until measured on a GPU.
     fused_projections: the projections that read the same layer input (attention's q, k, v; the HLA and Gated
     DeltaNet layers' q, k, v, output gate and decay / beta projections) as one matmul of their stacked weights
     (models.casts.ProjectionInput.project: the same products and parameters; one read of the input and one input
@@ -93,7 +89,6 @@ class HiloConfig(PretrainedConfig):
         pre_conv: int | None = None,
         fused_loss_chunk: int | None = 4096,
         loss_at_targets_only: bool = False,
-        fused_norms: bool = False,
         fused_projections: bool = False,
         **kwargs,
     ):
@@ -126,8 +121,6 @@ class HiloConfig(PretrainedConfig):
                              f"got {fused_loss_chunk!r}")
         if not isinstance(loss_at_targets_only, bool):
             raise TypeError(f"loss_at_targets_only must be true or false, got {loss_at_targets_only!r}")
-        if not isinstance(fused_norms, bool):
-            raise TypeError(f"fused_norms must be true or false, got {fused_norms!r}")
         if not isinstance(fused_projections, bool):
             raise TypeError(f"fused_projections must be true or false, got {fused_projections!r}")
         attn_layers = sorted(int(i) for i in (attn_layers or []))
@@ -155,7 +148,6 @@ class HiloConfig(PretrainedConfig):
         self.pre_conv = pre_conv
         self.fused_loss_chunk = fused_loss_chunk
         self.loss_at_targets_only = loss_at_targets_only
-        self.fused_norms = fused_norms
         self.fused_projections = fused_projections
         super().__init__(
             tie_word_embeddings=tie_word_embeddings,

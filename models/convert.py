@@ -11,7 +11,7 @@ config and its state dict -> the other side's state dict, tensors shared or resh
 Each function raises ConversionError naming what cannot be mapped when the two architectures do not match (a
 hybrid's attention layers, a non-default operator, mlp or pre_conv on the wrong side, biases, activations, RoPE
 scaling, grouped value heads, ...), and when a state dict has keys the mapping does not know or lacks keys it needs.
-Options that only pick an implementation (attn_backend, mixer_kwargs.backend, fused_norms, fused_projections,
+Options that only pick an implementation (attn_backend, mixer_kwargs.backend, fused_projections,
 value_block) or only an initialisation (initializer_range, a_init_range, Mamba-2's chunk_size) are not
 architecture and convert silently; init ranges with a counterpart (dt_min, dt_max) are carried over.
 
@@ -131,7 +131,7 @@ def llama_config_from_hilo(config: HiloConfig) -> LlamaConfig:
 
 def hilo_config_from_llama(config: LlamaConfig, **overrides) -> HiloConfig:
     """The HiloConfig (transformer: mixer "attention") of a LlamaConfig; overrides set implementation options
-    (attn_backend, fused_norms, ...). Raises ConversionError for what hilo's transformer does not have: biases, an
+    (attn_backend, fused_projections, ...). Raises ConversionError for what hilo's transformer does not have: biases, an
     activation other than SiLU, RoPE scaling (any rope_type but "default", partial rotary)."""
     if config.hidden_act != "silu":
         raise ConversionError(f"hilo's MLP is SwiGLU (SiLU): Llama hidden_act {config.hidden_act!r} does not map")
@@ -626,7 +626,7 @@ def import_checkpoint(src: str | Path, out: str | Path, *, overwrite: bool = Fal
     """Write a transformers LlamaForCausalLM or Mamba2ForCausalLM directory as a hilo model directory
     (save_pretrained of HiloForCausalLM: `import models; AutoModelForCausalLM.from_pretrained(out)`), with the
     source's tokenizer files copied beside the weights (so tokenizer=hf with name_or_path=out reads them).
-    overrides set hilo implementation options (attn_backend, fused_norms, ...). Returns {"out", "family",
+    overrides set hilo implementation options (attn_backend, fused_projections, ...). Returns {"out", "family",
     "tokenizer"}. Raises ConversionError for a model type or an option hilo has no counterpart for."""
     from transformers import AutoConfig
 

@@ -1,4 +1,4 @@
-"""Log-linear level scales shared by the log-linear Mamba-2 and Gated DeltaNet mixers (SPEC §4), and their
+"""Log-linear level scales shared by the log-linear Mamba-2 and Gated DeltaNet mixers (docs/kernels.md), and their
 per-level decoding state in a HiloCache slot.
 
 Per head h, level l and token t:   lambda_t[l] = softplus(L[h, l] * dl_t[h, l])

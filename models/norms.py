@@ -4,8 +4,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models import fused_norms
-
 
 def _rms_norm(x, weight, eps):
     """RMSNorm's math: (y in x's dtype, fp32 per-row rstd)."""
@@ -52,31 +50,21 @@ class _RMSNormFn(torch.autograd.Function):
 
 
 class RMSNorm(nn.Module):
-    """y = x / sqrt(mean(x^2) + eps) * weight, computed in fp32 and returned in x's dtype.
+    """y = x / sqrt(mean(x^2) + eps) * weight, computed in fp32 and returned in x's dtype."""
 
-    fused=True (config.fused_norms) runs the Triton kernels of models.fused_norms where fused_norms.use_triton
-    allows (CUDA; CPU under TRITON_INTERPRET=1) and this torch code elsewhere: the same function.
-    """
-
-    def __init__(self, dim: int, eps: float = 1e-6, fused: bool = False):
+    def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
         self.eps = eps
-        self.fused = fused
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused and fused_norms.use_triton(x.shape[-1], x, self.weight):
-            return fused_norms.rms_norm(x, self.weight, self.eps)
         if torch.compiler.is_compiling():  # see _RMSNormFn
             return _rms_norm(x, self.weight, self.eps)[0]
         return _RMSNormFn.apply(x, self.weight, self.eps)
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(self(h), h) with h = residual + x: a pre-norm block adding a branch's output x to the residual stream
-        and normalizing the sum for the next branch (one kernel when fused)."""
-        if (self.fused and x.shape == residual.shape
-                and fused_norms.use_triton(x.shape[-1], x, residual, self.weight)):
-            return fused_norms.add_rms_norm(x, residual, self.weight, self.eps)
+        and normalizing the sum for the next branch."""
         hidden = residual + x
         return self(hidden), hidden
 
@@ -126,13 +114,11 @@ class GatedRMSNorm(RMSNorm):
     norm_before_gate=False (Mamba-2): y = RMSNorm(x * SiLU(gate)).
     norm_before_gate=True (Gated DeltaNet): y = RMSNorm(x) * SiLU(gate).
     gate has x's shape. group_size (a divisor of dim; None = dim) normalizes each run of group_size channels on
-    its own (Mamba-2 with n_groups > 1). The weight [dim] is initialised to ones like RMSNorm's. fused: as RMSNorm's
-    (models.fused_norms.gated_rms_norm).
+    its own (Mamba-2 with n_groups > 1). The weight [dim] is initialised to ones like RMSNorm's.
     """
 
-    def __init__(self, dim: int, eps: float = 1e-6, norm_before_gate: bool = False, group_size: int | None = None,
-                 fused: bool = False):
-        super().__init__(dim, eps, fused)
+    def __init__(self, dim: int, eps: float = 1e-6, norm_before_gate: bool = False, group_size: int | None = None):
+        super().__init__(dim, eps)
         group_size = dim if group_size is None else group_size
         if dim % group_size != 0:
             raise ValueError(f"group_size ({group_size}) must divide dim ({dim})")
@@ -142,8 +128,6 @@ class GatedRMSNorm(RMSNorm):
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         if gate.shape != x.shape:
             raise ValueError(f"GatedRMSNorm: gate must have x's shape {tuple(x.shape)}, got {tuple(gate.shape)}")
-        if self.fused and fused_norms.use_triton(self.group_size, x, gate, self.weight):
-            return fused_norms.gated_rms_norm(x, gate, self.weight, self.eps, self.norm_before_gate, self.group_size)
         if torch.compiler.is_compiling():  # see _RMSNormFn
             return _gated_rms_norm(x, gate, self.weight, self.eps, self.norm_before_gate, self.group_size)[0]
         return _GatedRMSNormFn.apply(x, gate, self.weight, self.eps, self.norm_before_gate, self.group_size)

@@ -1,5 +1,6 @@
-"""The trainer's concerns, kept out of train.py (the Hydra entry point) and shared with eval.py: config checks,
-optimizer and lr schedule, checkpoints, metrics logging, the step-time breakdown, compiling the blocks, per-rank data hashes."""
+"""The trainer (training.trainer: setup, step, validate, save, resume; train.py hands it the composed config) and
+its concerns, shared with eval.py: config checks, optimizer and lr schedule, checkpoints, validation, metrics logging,
+the step-time breakdown, compiling the blocks, per-rank data hashes."""
 from training.checkpoint import (
     CheckpointManager,
     load_checkpoint_config,

@@ -59,8 +59,7 @@ def compile_blocks(model: torch.nn.Module, backend="inductor", mode: str | None 
     backend: torch.compile's backend, a name or a callable ("inductor"; tests also use "aot_eager"). mode: one of
     COMPILE_MODES (None: "default"); "max-autotune-no-cudagraphs" benchmarks Triton GEMM templates against cuBLAS for
     every matmul shape of the block at the first step (minutes), then keeps the fastest.
-    Raises CompileUnavailableError when torch.compile cannot run. Triton norms (config.fused_norms) are custom ops,
-    one node each in the block graphs.
+    Raises CompileUnavailableError when torch.compile cannot run.
     """
     import sys
 

@@ -100,3 +100,15 @@ def validate_train_config(cfg: DictConfig) -> None:
             problems.append(f"{key}={value!r} is invalid: expected {expected} (override it as {key}=...)")
     if problems:
         raise ConfigError("bad training config:\n  " + "\n  ".join(problems))
+
+
+def model_kwargs(model_cfg: DictConfig, vocab_size: int, tokenizer) -> dict:
+    """models.build_model's keyword arguments from the model group: its HiloConfig keys (not Hydra's name and
+    size_name), the vocabulary size, and the tokenizer's eos / bos ids unless the config sets them."""
+    kwargs = OmegaConf.to_container(model_cfg, resolve=True)
+    for hydra_only in ("name", "size_name"):
+        kwargs.pop(hydra_only, None)
+    kwargs["vocab_size"] = vocab_size
+    kwargs.setdefault("eos_token_id", tokenizer.eos_id)
+    kwargs.setdefault("bos_token_id", tokenizer.bos_id)
+    return kwargs

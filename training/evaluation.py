@@ -1,4 +1,4 @@
-"""Evaluate a saved checkpoint with an eval suite: shared by eval.py and train.py's final evaluation."""
+"""Evaluate a saved checkpoint with an eval suite: shared by eval.py and the trainer's final evaluation."""
 from __future__ import annotations
 
 import logging
@@ -45,7 +45,7 @@ def load_model_checked(checkpoint, *, dtype: torch.dtype = torch.float32, allow_
 
 
 def final_eval_configs(cfg) -> list[tuple[str | None, object]]:
-    """The evaluations train.py runs on its final checkpoint, in order, as (name, eval config) pairs:
+    """The evaluations the trainer runs on its final checkpoint, in order, as (name, eval config) pairs:
     (None, cfg.eval) when trainer.final_eval is true (the eval group's one suite, summary["eval"]), then every entry
     of trainer.final_evals, a mapping name -> eval config composed from conf/eval/*.yaml (summary["evals"][name]),
     e.g. `- /eval@trainer.final_evals.ruler: ruler` in an experiment's defaults list. Configs without

@@ -1,4 +1,4 @@
-"""RULER needle-in-a-haystack suite (SPEC §8), offline: RULER's eight NIAH tasks, written from its protocol.
+"""RULER needle-in-a-haystack suite, offline: RULER's eight NIAH tasks, written from its protocol.
 
     from eval_suites import ruler
     result = ruler.evaluate(model, tokenizer, lengths=[4096, 8192, 16384])   # 25 samples per task and length

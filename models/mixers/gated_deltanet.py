@@ -1,4 +1,4 @@
-"""Gated DeltaNet mixer (SPEC §5 gated_deltanet shell, operator kernels.delta_rule)."""
+"""Gated DeltaNet mixer (the gated_deltanet shell, operator kernels.delta_rule; docs/kernels.md)."""
 
 import math
 from typing import ClassVar
@@ -12,27 +12,13 @@ from models.casts import ProjectionInput
 from models.conv import ShortConv
 from models.gates import a_log_init, dt_bias_init, log_decay
 from models.norms import GatedRMSNorm
+from models.ops import l2_normalize, value_blocks
 from models.registry import mixer_options, register_mixer
 
 
 def default_num_heads(hidden_size: int, head_dim: int) -> int:
-    """round(0.75 * hidden_size / head_dim), at least 1: 6 heads of 256 at hidden 2048 (SPEC §5)."""
+    """round(0.75 * hidden_size / head_dim), at least 1: 6 heads of 256 at hidden 2048, as in the Gated DeltaNet paper."""
     return max(1, math.floor(0.75 * hidden_size / head_dim + 0.5))
-
-
-def value_blocks(dv: int, width: int) -> list[tuple[int, int]]:
-    """(lo, hi) column ranges of at most `width` columns covering a value head of dv columns."""
-    return [(lo, min(lo + width, dv)) for lo in range(0, dv, width)]
-
-
-def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """x / sqrt(sum(x^2) + eps) over the last dim, in fp32, returned in x's dtype.
-
-    vector_norm with an fp32 result and the mixed-dtype product keep only x and the per-row norm for the backward
-    (no fp32 copy of x).
-    """
-    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.promote_types(x.dtype, torch.float32))
-    return (x * torch.rsqrt(norm.square() + eps)).to(x.dtype)
 
 
 @register_mixer("gated_deltanet")
@@ -67,9 +53,9 @@ class GatedDeltaNetMixer(nn.Module):
     # the HLA operators), and the default of mixer_kwargs.value_block (None). Wider heads run in blocks of value_block
     # columns, exact either way: each column of the K x V state evolves on its own (see _operator). One 512-column
     # call does the K-only WY work once: delta_rule fwd+bwd at H = 3, K = 256, 16K x 2 on the H200 takes 6.71 ms
-    # against 2 x 4.00, and compiled GDN 340m at 8K trains at 103,659 tokens/s against 90,091 (its bf16 GPU
-    # tests pass; the 10-step losses that once made it suspect differ as much
-    # between equally exact short conv tilings). Log-linear GDN 340m at 2 x 16K, compiled: 11,582 tokens/s and
+    # against 2 x 4.00, and compiled GDN 340m at 8K trains at 103,659 tokens/s against 90,091 (docs/performance.md;
+    # its bf16 GPU tests pass, and the 10-step losses that once made it suspect differ as much between equally
+    # exact short conv tilings). Log-linear GDN 340m at 2 x 16K, compiled: 11,582 tokens/s and
     # 83.2 GiB against 10,780 and 104.7 GiB.
     MAX_VALUE_BLOCK: ClassVar[int] = MAX_DELTA_VALUE_DIM
     DEFAULTS: ClassVar[dict] = {"head_dim": 256, "num_heads": None, "expand_v": 2, "conv_size": 4,
@@ -110,7 +96,7 @@ class GatedDeltaNetMixer(nn.Module):
         a_min, a_max = opts["a_init_range"]
         self.A_log = a_log_init(h, a_min, a_max)
         self.dt_bias = dt_bias_init(h, opts["dt_min"], opts["dt_max"])
-        self.norm = GatedRMSNorm(dv, config.norm_eps, norm_before_gate=True, fused=getattr(config, "fused_norms", False))
+        self.norm = GatedRMSNorm(dv, config.norm_eps, norm_before_gate=True)
         self.o_proj = nn.Linear(h * dv, c, bias=False)
         self.o_proj._is_residual_proj = True
         self.fused_projections = getattr(config, "fused_projections", False)

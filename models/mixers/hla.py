@@ -1,4 +1,4 @@
-"""Higher-order linear attention mixer: the transformer shell with operator hla2, ahla or hla3 (SPEC §3, §5)."""
+"""Higher-order linear attention mixer: the transformer shell with operator hla2, ahla or hla3 (docs/kernels.md)."""
 
 from typing import ClassVar
 
@@ -6,60 +6,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import ahla, hla2, hla3
-from kernels.hla import AHLAState, HLA2State, HLA3State, hla_step
 from models.casts import ProjectionInput
 from models.conv import ShortConv
 from models.gates import a_log_init, dt_bias_init, log_decay
-from models.mixers.gated_deltanet import l2_normalize
 from models.norms import GatedRMSNorm
+from models.ops import (
+    OPERATORS,
+    PASS_CHUNK,
+    l2_normalize,
+    operator_pass_flops,
+    read_operator_state,
+    run_operator,
+    write_operator_state,
+)
 from models.registry import mixer_options, register_mixer
 from models.rope import rope_tables, rotate
-
-OPERATORS = {"hla2": hla2, "ahla": ahla, "hla3": hla3}
-STATES = {"hla2": HLA2State, "ahla": AHLAState, "hla3": HLA3State}
-# Chunk length of linear_attn's chunked algorithm, which every pass of the compositions runs (flops_per_token).
-PASS_CHUNK = 64
-
-
-def read_operator_state(operator: str, slot: dict | None):
-    """operator's state (kernels.hla.state) from the fields of a cache slot, or None when it holds none yet."""
-    fields = STATES[operator]._fields
-    if slot is None or fields[0] not in slot:
-        return None
-    return STATES[operator](*(slot[f] for f in fields))
-
-
-def write_operator_state(slot: dict, state) -> None:
-    """Store an HLA state in a cache slot, field by field under the state's names."""
-    slot.update(zip(state._fields, state, strict=True))
-
-
-def run_operator(operator, q, k, v, g, state, output_final_state, cu_seqlens, *, decay="d1", normalize=False,
-                 backend=None):
-    """operator (hla2, ahla, hla3) at scale 1 on q, k [B, T, H, K], v [B, T, H, V], g [B, T, H] fp32 or None,
-    continuing state (None: from zeros); returns (o [B, T, H, V], the final state or None).
-
-    A single token that continues a cached state (T == 1, output_final_state, no cu_seqlens) takes the recurrent
-    step kernels.hla.hla_step; anything else runs the chunked operator (cu_seqlens restarts it per document).
-    """
-    kwargs = {"decay": decay, "normalize": normalize, "scale": 1.0}
-    if output_final_state and q.shape[1] == 1 and cu_seqlens is None:
-        o, state = hla_step(operator, q[:, 0], k[:, 0], v[:, 0], None if g is None else g[:, 0], state, **kwargs)
-        return o.unsqueeze(1), state
-    return OPERATORS[operator](q, k, v, g, initial_state=state, output_final_state=output_final_state,
-                               cu_seqlens=cu_seqlens, backend=backend, **kwargs)
-
-
-def operator_pass_flops(operator: str, chunk: int, dk: int, dv: int) -> int:
-    """Forward FLOPs per head and token of operator's linear_attn passes over chunks of `chunk` tokens.
-
-    Each pass LA(Q, K, W) with K key columns and W value columns costs what the chunked linear_attn costs (as in
-    the Mamba-2 mixer): 2C(K + W) + 4KW. hla2 runs LA(Q, K, K) (W = K) and LA(Q, K~, V) (W = V); ahla LA(Q, K, V)
-    and LA(Q, K, V~) (W = V twice); hla3 LA(Q, K, K), LA(Q, K, V) and LA(Q, K~, V~).
-    """
-    widths = {"hla2": (dk, dv), "ahla": (dv, dv), "hla3": (dk, dv, dv)}[operator]
-    return sum(2 * chunk * (dk + w) + 4 * dk * w for w in widths)
 
 
 @register_mixer("hla")
@@ -71,7 +32,7 @@ class HLAMixer(nn.Module):
     conv (SiLU); RoPE (theta = config.rope_theta) on q and k; with normalize, the feature map elu + 1 on q and k
     (after RoPE, so they stay non-negative); q and k L2-normalised per head; optionally a per-head
     data-dependent log decay g = -exp(A_log) * softplus(a_proj x + dt_bias) (fp32, as in the recurrent shells);
-    o = operator(q, k, v, g) with scale 1.0 (kernels.hla2 / ahla / hla3: SPEC §3's masked operators);
+    o = operator(q, k, v, g) with scale 1.0 (kernels.hla2 / ahla / hla3: the masked operators of docs/kernels.md);
     per-head RMSNorm(o) * SiLU(g_proj x); o_proj.
 
     Options (config.mixer_kwargs, all optional):
@@ -135,7 +96,7 @@ class HLAMixer(nn.Module):
             self.a_proj = nn.Linear(c, h, bias=False)
             self.A_log = a_log_init(h, a_min, a_max)
             self.dt_bias = dt_bias_init(h, opts["dt_min"], opts["dt_max"])
-        self.norm = GatedRMSNorm(d, config.norm_eps, norm_before_gate=True, fused=getattr(config, "fused_norms", False))
+        self.norm = GatedRMSNorm(d, config.norm_eps, norm_before_gate=True)
         self.o_proj = nn.Linear(h * d, c, bias=False)
         self.o_proj._is_residual_proj = True
         self.fused_projections = getattr(config, "fused_projections", False)

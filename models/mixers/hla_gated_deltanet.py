@@ -1,13 +1,20 @@
-"""Gated DeltaNet shell with a decayed HLA operator (SPEC §3, §5: gated_deltanet with config.operator hla2, ahla
-or hla3)."""
+"""Gated DeltaNet shell with a decayed HLA operator (gated_deltanet with config.operator hla2, ahla or
+hla3; docs/kernels.md)."""
 
 from typing import ClassVar
 
 import torch
 
 from kernels.common.validate import MAX_HEAD_DIM
-from models.mixers.gated_deltanet import GatedDeltaNetMixer, value_blocks
-from models.mixers.hla import OPERATORS, operator_pass_flops, read_operator_state, run_operator, write_operator_state
+from models.mixers.gated_deltanet import GatedDeltaNetMixer
+from models.ops import (
+    OPERATORS,
+    operator_pass_flops,
+    read_operator_state,
+    run_operator,
+    value_blocks,
+    write_operator_state,
+)
 from models.registry import register_mixer
 
 # The K x K key moment of hla2 / hla3: it does not depend on the values, so every value block carries it whole.
@@ -33,7 +40,7 @@ class HLAGatedDeltaNetMixer(GatedDeltaNetMixer):
 
         o = operator(q, k, v, g, scale = 1)
 
-    (kernels.hla2 / ahla / hla3, SPEC §3; ahla is o_t = sum_{j <= i <= t} (b_t/b_j) (q_t.k_i)(q_i.k_j) v_j with
+    (kernels.hla2 / ahla / hla3, docs/kernels.md; ahla is o_t = sum_{j <= i <= t} (b_t/b_j) (q_t.k_i)(q_i.k_j) v_j with
     b_t = prod_{r <= t} exp(g_r)). Scale 1 as for the HLA family: q and k are unit vectors already. The HLA
     operators have no write strength, so there is no beta and no b_proj (a projection nothing reads would never
     train).
@@ -91,7 +98,7 @@ class HLAGatedDeltaNetMixer(GatedDeltaNetMixer):
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token of the operator's chunked linear_attn passes (chunk C = min(64, seq_len)),
-        block by block of value columns (models.mixers.hla.operator_pass_flops with K = head_dim and W the block's
+        block by block of value columns (models.ops.operator_pass_flops with K = head_dim and W the block's
         width: the key pass of hla2 / hla3 counts once per block, as it runs), and the three convs (projections
         count as 6 x their params in the model's total). The backward is counted as twice the forward (3x)."""
         c = min(64, seq_len)

@@ -1,10 +1,16 @@
-"""Mamba-2 shell with a decayed HLA operator (SPEC §3, §5: mamba2 with config.operator hla2, ahla or hla3)."""
+"""Mamba-2 shell with a decayed HLA operator (mamba2 with config.operator hla2, ahla or hla3; docs/kernels.md)."""
 
 from typing import ClassVar
 
-from models.mixers.gated_deltanet import l2_normalize
-from models.mixers.hla import OPERATORS, operator_pass_flops, read_operator_state, run_operator, write_operator_state
 from models.mixers.mamba2 import Mamba2Mixer
+from models.ops import (
+    OPERATORS,
+    l2_normalize,
+    operator_pass_flops,
+    read_operator_state,
+    run_operator,
+    write_operator_state,
+)
 from models.registry import register_mixer
 
 
@@ -16,10 +22,10 @@ class HLAMamba2Mixer(Mamba2Mixer):
 
         y = operator(q = C / |C|, k = B / |B|, v = x * dt, g = A * dt, scale = 1) + D x
 
-    (kernels.hla2 / ahla / hla3, SPEC §3; with b_t = prod_{r <= t} exp(g_r), hla2 "d1" is
+    (kernels.hla2 / ahla / hla3, docs/kernels.md; with b_t = prod_{r <= t} exp(g_r), hla2 "d1" is
     y_t = sum_{i <= j <= t} (b_t/b_i)(b_j/b_i) (q_t.k_i)(k_i.q_j) v_j + D x_t).
 
-    B and C are L2-normalised per head (over the state_size N), as the HLA layer normalises q and k (SPEC §3):
+    B and C are L2-normalised per head (over the state_size N), as the HLA layer normalises q and k:
     the second-order sums multiply two scores q.k, so unnormalised B and C would let the output grow with their
     squared norms as well as with the number of tokens the decay keeps; with unit B and C every score lies in
     [-1, 1] and scale 1 (the HLA family's) needs no tuning with N. The decay keeps the sums bounded: g <= 0 is
@@ -71,6 +77,6 @@ class HLAMamba2Mixer(Mamba2Mixer):
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token of the operator's chunked linear_attn passes (chunk C = min(64, seq_len)) and
         the conv (projections count as 6 x their params in the model's total): per head, with K = state_size and
-        V = head_dim, models.mixers.hla.operator_pass_flops forward, the backward counted as twice that (3x)."""
+        V = head_dim, models.ops.operator_pass_flops forward, the backward counted as twice that (3x)."""
         forward = operator_pass_flops(self.operator, min(64, seq_len), self.state_size, self.head_dim)
         return float(3 * self.num_heads * forward + self.conv.flops_per_token())

@@ -1,4 +1,4 @@
-"""Log-linear Gated DeltaNet mixer (SPEC §4 and the §5 gated_deltanet shell with kernels.loglinear_delta_rule)."""
+"""Log-linear Gated DeltaNet mixer (the gated_deltanet shell with kernels.loglinear_delta_rule; docs/kernels.md)."""
 
 from typing import ClassVar
 
@@ -16,7 +16,8 @@ from models.levels import (
     trained_levels,
     write_level_state,
 )
-from models.mixers.gated_deltanet import GatedDeltaNetMixer, value_blocks
+from models.mixers.gated_deltanet import GatedDeltaNetMixer
+from models.ops import value_blocks
 from models.registry import register_mixer
 
 

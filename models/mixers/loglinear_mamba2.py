@@ -1,4 +1,4 @@
-"""Log-linear Mamba-2 mixer (SPEC §4 and the §5 mamba2 shell with operator kernels.loglinear_attn)."""
+"""Log-linear Mamba-2 mixer (the mamba2 shell with operator kernels.loglinear_attn; docs/kernels.md)."""
 
 from typing import ClassVar
 

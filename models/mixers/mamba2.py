@@ -1,4 +1,4 @@
-"""Mamba-2 mixer (SPEC §5 mamba2 shell, operator kernels.linear_attn: the SSD recurrence)."""
+"""Mamba-2 mixer (the mamba2 shell, operator kernels.linear_attn: the SSD recurrence; docs/kernels.md)."""
 
 from typing import ClassVar
 
@@ -73,7 +73,7 @@ class Mamba2Mixer(nn.Module):
         self.dt_bias = dt_bias_init(h, opts["dt_min"], opts["dt_max"])
         self.D = no_weight_decay(nn.Parameter(torch.ones(h)))
         self.norm = GatedRMSNorm(self.d_inner, config.norm_eps, norm_before_gate=False,
-                                 group_size=self.d_inner // self.n_groups, fused=getattr(config, "fused_norms", False))
+                                 group_size=self.d_inner // self.n_groups)
         self.out_proj = nn.Linear(self.d_inner, c, bias=False)
         self.out_proj._is_residual_proj = True
 

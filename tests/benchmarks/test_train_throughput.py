@@ -50,7 +50,7 @@ def test_one_row_per_family_and_seq_len_with_breakdown(run):
 
 
 def _write_one_step_metrics(run_dir):
-    """What a one-step train.run leaves in run_dir/metrics.jsonl (0.5 s a step, split 10/20/40/10%)."""
+    """What a one-step training.trainer.run leaves in run_dir/metrics.jsonl (0.5 s a step, split 10/20/40/10%)."""
     row = {"step": 1, "train/loss": 1.0, "perf/tokens_per_s": 10.0, "perf/step_time_s": 0.5,
            "perf/data_wait_frac": 0.1, "perf/forward_s": 0.1, "perf/backward_s": 0.2, "perf/optimizer_s": 0.05,
            "perf/mem_peak_gib": 1.0}
@@ -60,7 +60,7 @@ def _write_one_step_metrics(run_dir):
 def test_oom_is_a_row_and_the_rest_still_run(monkeypatch, capsys):
     import torch
 
-    import train
+    from training import trainer
 
     calls = []
 
@@ -71,7 +71,7 @@ def test_oom_is_a_row_and_the_rest_still_run(monkeypatch, capsys):
         _write_one_step_metrics(run_dir)
         return {}
 
-    monkeypatch.setattr(train, "run", fake_run)
+    monkeypatch.setattr(trainer, "run", fake_run)
     results = tt.main(["--model", "transformer", "--sizes", "tiny", "--seq-len", "32", "64", "--batch-size", "3",
                        "--steps", "2"])
     assert calls == [("transformer", 32, 3), ("transformer", 64, 3)]
@@ -124,20 +124,19 @@ def test_accumulation_shows_in_the_batch_column():
     assert "| mamba2 | 760m | 16384 | 1 | 1,000 |" in tt.table([{**row, "grad_accum": 1}])
 
 
-def test_fused_flags_reach_the_model_config(monkeypatch):
-    """--fused-norms and --fused-projections become model.fused_norms / model.fused_projections of the runs."""
-    import train
+def test_fused_projections_flag_reaches_the_model_config(monkeypatch):
+    """--fused-projections becomes model.fused_projections of the runs."""
+    from training import trainer
 
     seen = []
 
     def fake_run(cfg, run_dir):
-        seen.append((cfg.model.get("fused_norms"), cfg.model.get("fused_projections")))
+        seen.append(cfg.model.get("fused_projections"))
         _write_one_step_metrics(run_dir)
         return {}
 
-    monkeypatch.setattr(train, "run", fake_run)
+    monkeypatch.setattr(trainer, "run", fake_run)
     common = ["--model", "gated_deltanet", "--sizes", "tiny", "--seq-len", "32", "--batch-size", "1", "--steps", "1"]
     tt.main(common)
     tt.main([*common, "--fused-projections"])
-    tt.main([*common, "--fused-norms", "--fused-projections"])
-    assert seen == [(None, None), (None, True), (True, True)]
+    assert seen == [None, True]

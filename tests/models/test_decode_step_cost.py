@@ -1,4 +1,4 @@
-"""The cost of one cached decoding step, as generate() takes it, does not depend on the context (SPEC §2, §5).
+"""The cost of one cached decoding step, as generate() takes it, does not depend on the context.
 
 A step of a constant-state family (Mamba-2, Gated DeltaNet, the HLA shells) must do the same work at any context
 length, a log-linear step work in its O(log T) levels only, and softmax attention may only read its KV cache (a

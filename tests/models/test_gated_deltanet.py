@@ -1,6 +1,6 @@
 """models: the Gated DeltaNet mixer and model (CPU, fp32, small shapes).
 
-The layer is checked against a token-by-token float64 re-derivation of SPEC §5's gated_deltanet shell written
+The layer is checked against a token-by-token float64 re-derivation of the gated_deltanet shell written
 out here (not the module's code path); the model against itself across decode / varlen / save-load / training.
 """
 
@@ -24,7 +24,7 @@ tokens = fc.token_maker(VOCAB)
 
 
 def reference_gdn(mixer: GatedDeltaNetMixer, hidden: torch.Tensor, eps: float) -> torch.Tensor:
-    """SPEC §5 gated_deltanet shell, one token at a time, float64, from the mixer's parameters."""
+    """The gated_deltanet shell, one token at a time, float64, from the mixer's parameters."""
     d = torch.float64
     h, dk, dv = mixer.num_heads, mixer.head_dim, mixer.head_v_dim
     b, t, _ = hidden.shape

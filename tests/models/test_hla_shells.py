@@ -1,8 +1,8 @@
 """models: decayed HLA operators inside the Mamba-2 and Gated DeltaNet shells (config.mixer mamba2 / gated_deltanet
 with config.operator hla2 / ahla / hla3: models/mixers/hla_mamba2.py, hla_gated_deltanet.py).
 
-Each layer is checked against a float64 definition written out here from SPEC §5 (the shell: projections, causal
-conv + SiLU, gates, D skip, gated norm) and SPEC §3 (the operator as masked sums over index tuples with the
+Each layer is checked against a float64 definition written out here (the shell: projections, causal
+conv + SiLU, gates, D skip, gated norm) and docs/kernels.md (the operator as masked sums over index tuples with the
 decay weights, not the linear_attn compositions the kernels run).
 """
 
@@ -41,7 +41,7 @@ tokens = fc.token_maker(VOCAB)
 
 
 def masked_sums(op, q, k, v, g, convention="d1"):
-    """SPEC §3 per batch row and head as sums over index tuples: q, k [B, T, H, K], v [B, T, H, V], g [B, T, H];
+    """The operator per batch row and head as sums over index tuples: q, k [B, T, H, K], v [B, T, H, V], g [B, T, H];
     b_t = exp(sum_{r <= t} g_r) and every weight a product of ratios b_x / b_y."""
     t = q.shape[1]
     lb = torch.cumsum(g, 1).permute(0, 2, 1)  # log b [B, H, T]
@@ -90,7 +90,7 @@ def rms(x, eps):
 
 
 def mamba2_definition(mixer, x, eps, operator=None, convention=None, decay=True):
-    """SPEC §5's mamba2 shell around the operator, float64: q = C/|C|, k = B/|B|, v = x dt, g = A dt."""
+    """The mamba2 shell around the operator, float64: q = C/|C|, k = B/|B|, v = x dt, g = A dt."""
     bsz, t, _ = x.shape
     h, p, n, grp = mixer.num_heads, mixer.head_dim, mixer.state_size, mixer.n_groups
     inner = h * p
@@ -110,7 +110,7 @@ def mamba2_definition(mixer, x, eps, operator=None, convention=None, decay=True)
 
 
 def gdn_definition(mixer, x, eps, operator=None, convention=None, decay=True):
-    """SPEC §5's gated_deltanet shell around the operator (no beta), float64."""
+    """The gated_deltanet shell around the operator (no beta), float64."""
     bsz, t, _ = x.shape
     h, dk, dv = mixer.num_heads, mixer.head_dim, mixer.head_v_dim
 

@@ -1,6 +1,6 @@
 """models: the transformer shell with HLA operators (config.operator hla2 / ahla / hla3, models/mixers/hla.py).
 
-The layer is checked against a definition written out here: SPEC §3's masked sums over index tuples (not the
+The layer is checked against a definition written out here: the masked sums (docs/kernels.md) over index tuples (not the
 linear_attn compositions the kernels use) wrapped in the layer's projections, feature maps, decay and gated norm.
 """
 
@@ -35,7 +35,7 @@ tokens = fc.token_maker(VOCAB)
 
 
 def masked_operator(op, q, k, v, g, convention):
-    """SPEC §3 by brute force over index tuples, per batch row and head: q, k [B, T, H, K], v [B, T, H, V],
+    """The HLA operators by brute force over index tuples, per batch row and head: q, k [B, T, H, K], v [B, T, H, V],
     g [B, T, H] or None. log b_t = sum_{r <= t} g_r; the weights are products of ratios b_x / b_y."""
     bsz, t, h, _ = q.shape
     lb = torch.zeros(bsz, t, h, dtype=q.dtype) if g is None else torch.cumsum(g.to(q.dtype), 1)
@@ -69,7 +69,7 @@ def masked_operator(op, q, k, v, g, convention):
 
 
 def layer_definition(mixer: HLAMixer, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-    """The HLA layer of SPEC §3 (no short conv) from the mixer's weights, in x's dtype."""
+    """The HLA layer (no short conv) from the mixer's weights, in x's dtype."""
     b, t, _ = x.shape
     h, hkv, d = mixer.num_heads, mixer.num_kv_heads, mixer.head_dim
     q = (x @ mixer.q_proj.weight.T).view(b, t, h, d)

@@ -1,6 +1,6 @@
 """models: the log-linear Gated DeltaNet mixer and model (CPU, fp32, small shapes).
 
-The layer is checked against an O(T^2) float64 re-derivation of SPEC §4 / §5 written out here (Fenwick levels,
+The layer is checked against an O(T^2) float64 re-derivation written out here (Fenwick levels,
 the delta rule's transition products, lambda = softplus(L * dl) clamped past the trained levels), and against the
 plain Gated DeltaNet layer when lambda is 1; the model against itself across decode (past
 max_position_embeddings) / varlen / save-load / training. max_position_embeddings is 16 here (5 trained levels).
@@ -34,7 +34,7 @@ def perturb(model, seed: int = 0) -> None:
 
 
 def reference_loglinear_gdn(mixer: LogLinearGatedDeltaNetMixer, hidden: torch.Tensor, eps: float) -> torch.Tensor:
-    """SPEC §4/§5 in float64: o_t = K^-1/2 sum_{s<=t} lambda_t[min(l(t,s), Lt-1)] q_t^T P_{t<-s} beta_s k_s v_s^T
+    """In float64: o_t = K^-1/2 sum_{s<=t} lambda_t[min(l(t,s), Lt-1)] q_t^T P_{t<-s} beta_s k_s v_s^T
     with P_{t<-s} = prod_{r=s+1..t} exp(g_r)(I - beta_r k_r k_r^T): the row q_t^T P_{t<-s} is walked from s = t
     down to 0, one transition at a time; then the gated per-head norm and o_proj."""
     d = torch.float64

@@ -1,6 +1,6 @@
 """models: the log-linear Mamba-2 mixer and model (CPU, fp32, small shapes).
 
-The layer is checked against an O(T^2) float64 re-derivation of SPEC §4 / §5 written out here (Fenwick levels,
+The layer is checked against an O(T^2) float64 re-derivation written out here (Fenwick levels,
 lambda = softplus(L * dl) clamped past the trained levels), and against the plain Mamba-2 layer when lambda is 1;
 the model against itself across decode (past max_position_embeddings) / varlen / save-load / training.
 max_position_embeddings is 16 here (5 trained levels), so sequences of 40 use clamped levels 5 and 6.
@@ -32,7 +32,7 @@ def perturb(model, seed: int = 0) -> None:
 
 
 def reference_loglinear_mamba2(mixer: LogLinearMamba2Mixer, hidden: torch.Tensor, eps: float) -> torch.Tensor:
-    """SPEC §4/§5 in float64 from the mixer's parameters: y_t = sum_{s<=t} lambda_t[min(l(t,s), Lt-1)]
+    """Log-linear Mamba-2 in float64 from the mixer's parameters: y_t = sum_{s<=t} lambda_t[min(l(t,s), Lt-1)]
     exp(G_t - G_s) (C_t.B_s) dt_s x_s + D x_t with l(t, s) = bit_length(t XOR s), then the gated norm and
     out_proj. One group (n_groups = 1)."""
     d = torch.float64

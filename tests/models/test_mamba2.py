@@ -1,6 +1,6 @@
 """models: the Mamba-2 mixer and model (CPU, fp32, small shapes).
 
-The layer is checked against a token-by-token float64 re-derivation of SPEC §5's mamba2 shell written out here
+The layer is checked against a token-by-token float64 re-derivation of the mamba2 shell written out here
 (not the module's code path); the model against itself across decode / varlen / save-load / training.
 """
 
@@ -24,7 +24,7 @@ tokens = fc.token_maker(VOCAB)
 
 
 def reference_mamba2(mixer: Mamba2Mixer, hidden: torch.Tensor, eps: float) -> torch.Tensor:
-    """SPEC §5 mamba2 shell, one token at a time, float64, from the mixer's parameters."""
+    """The mamba2 shell, one token at a time, float64, from the mixer's parameters."""
     d = torch.float64
     h, p, n, grp = mixer.num_heads, mixer.head_dim, mixer.state_size, mixer.n_groups
     inner = h * p

@@ -36,10 +36,7 @@ BATCH, SEQ = 4, 64  # tests.training.helpers.SMALL's rows
 
 
 def _mixer(family):
-    """MIXERS' entry, or the log-linear Mamba-2 / HLA (hla2, with decay) block's; a "+fused_norms" suffix adds
-    model.fused_norms (the Triton norms' custom ops)."""
-    if family.endswith("+fused_norms"):
-        return {**_mixer(family.removesuffix("+fused_norms")), "fused_norms": True}
+    """MIXERS' entry, or the log-linear Mamba-2 / HLA (hla2, with decay) block's."""
     return MIXERS.get(family) or {
         "loglinear_mamba2": {"mixer": "loglinear_mamba2", "mixer_kwargs": SMALL_HEADS},
         "hla_transformer": {"mixer": "attention", "operator": "hla2", "mixer_kwargs": {"decay": True}}}[family]
@@ -143,18 +140,6 @@ def _assert_one_block_graph(config, op_in_graph, seed):
     assert op_in_graph in backend.graphs[0].code
 
 
-@pytest.mark.parametrize("family", ["transformer+fused_norms", "mamba2+fused_norms"])
-def test_fused_norms_compile_into_the_block_graph(family):
-    """model.fused_norms with trainer.compile: the Triton norms (the interpreter here) are custom ops inside the one
-    block graph (the Transformer's add + RMSNorm, Mamba-2's gated RMSNorm with its Triton linear_attn), with eager's
-    loss and gradients."""
-    mixer = _mixer(family)
-    if "mixer_kwargs" in mixer:
-        mixer = {**mixer, "mixer_kwargs": {**mixer["mixer_kwargs"], "backend": "triton"}}
-    norm = "hilo.gated_rms_norm" if family.startswith("mamba2") else "hilo.add_rms_norm"
-    _assert_one_block_graph({**TINY, **mixer}, norm, seed=6)
-
-
 def test_fused_projections_compile_into_the_block_graph():
     """model.fused_projections with trainer.compile: Gated DeltaNet's six projections as one matmul of stacked
     weights inside the one block graph, with its Triton delta_rule, and eager's loss and gradients."""
@@ -208,7 +193,7 @@ def test_train_compiled_then_resume_eager(tmp_path):
 def test_config_and_missing_compile_fail_clearly(monkeypatch):
     with pytest.raises(ConfigError, match="trainer.compile"):
         validate_train_config(small_cfg("trainer.compile=yes"))
-    validate_train_config(small_cfg("trainer.compile=true", "++model.fused_norms=true"))  # custom ops: allowed
+    validate_train_config(small_cfg("trainer.compile=true"))
     # trainer.compile_mode: one of inductor's modes without CUDA graphs, and only with trainer.compile
     validate_train_config(small_cfg("trainer.compile=true", "trainer.compile_mode=max-autotune-no-cudagraphs"))
     with pytest.raises(ConfigError, match=r"trainer.compile_mode='reduce-overhead' is invalid: expected null, "
@@ -230,8 +215,7 @@ def test_config_and_missing_compile_fail_clearly(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (compiled Triton custom ops under inductor)")
-@pytest.mark.parametrize("family", ["mamba2", "gated_deltanet", "loglinear_mamba2", "hla_transformer", "transformer",
-                                    "mamba2+fused_norms", "transformer+fused_norms"])
+@pytest.mark.parametrize("family", ["mamba2", "gated_deltanet", "loglinear_mamba2", "hla_transformer", "transformer"])
 def test_cuda_blocks_compile_to_one_graph_under_autocast(family):
     """What a GPU training run compiles: inductor, bf16 autocast, the Triton custom ops (and the short conv's)
     inside the block graphs. No graph break, no recompilation over three steps, eager's bf16 loss, and gradients as
@@ -274,17 +258,13 @@ def test_compiled_norms_and_mlp_give_eager_gradients(device):
     """RMSNorm, both GatedRMSNorm forms, SwiGLU and the ATen short conv (each an autograd.Function in eager mode)
     alone in a compiled graph, input an intermediate as in a block: the eager gradients of the input and every
     weight. On CUDA, torch 2.11 traced the norms' Functions into gradients with relative error 1.0 (aot_eager too);
-    compiled code now runs their formulas through autograd. SwiGLU's was exact there; the conv's is not yet run.
-    The fused (Triton) norms are custom ops, never traced into."""
+    compiled code now runs their formulas through autograd. SwiGLU's was exact there; the conv's is not yet run."""
     torch.manual_seed(0)
     x0 = torch.randn(2, 8, 64, device=device)
     gate = torch.randn(2, 8, 64, device=device)
     cases = {"rms": RMSNorm(64), "gated_after": GatedRMSNorm(64, group_size=32),
              "gated_before": GatedRMSNorm(64, norm_before_gate=True), "swiglu": SwiGLU(64, 96),
-             "conv_aten": ShortConv(64, 4, bias=True, backend="torch"),  # its autograd.Function, traced
-             # model.fused_norms: the Triton norms as custom ops (the interpreter on CPU)
-             "rms_fused": RMSNorm(64, fused=True), "gated_after_fused": GatedRMSNorm(64, group_size=32, fused=True),
-             "gated_before_fused": GatedRMSNorm(64, norm_before_gate=True, fused=True)}
+             "conv_aten": ShortConv(64, 4, bias=True, backend="torch")}  # its autograd.Function, traced
 
     def grads(module, f):
         module.zero_grad(set_to_none=True)

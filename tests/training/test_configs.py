@@ -71,22 +71,22 @@ def test_unknown_model_option_is_a_clear_error():
 
 
 def test_fsdp_precision_policy_reduces_in_fp32(monkeypatch):
-    """Under an FSDP launch train.py hands accelerate a plugin whose gradients reduce in fp32 and whose parameters
+    """Under an FSDP launch the trainer hands accelerate a plugin whose gradients reduce in fp32 and whose parameters
     are gathered in fp32 (or bf16 with trainer.fsdp_param_dtype=bf16); elsewhere it hands none."""
     import torch
 
-    import train
+    from training.trainer import fsdp_plugin
 
     tr = _compose([]).trainer
     assert tr.fsdp_param_dtype == "fp32"
-    assert train.fsdp_plugin(tr, "bf16", use_cpu=False) is None  # not under an FSDP launch
+    assert fsdp_plugin(tr, "bf16", use_cpu=False) is None  # not under an FSDP launch
     for key, value in {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT",
                        "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP",
                        "FSDP_TRANSFORMER_CLS_TO_WRAP": "Block"}.items():
         monkeypatch.setenv(key, value)
-    policy = train.fsdp_plugin(tr, "bf16", use_cpu=False).mixed_precision_policy
+    policy = fsdp_plugin(tr, "bf16", use_cpu=False).mixed_precision_policy
     assert policy.param_dtype is None and policy.reduce_dtype == torch.float32
     tr.fsdp_param_dtype = "bf16"
-    assert train.fsdp_plugin(tr, "bf16", use_cpu=False).mixed_precision_policy.param_dtype == torch.bfloat16
+    assert fsdp_plugin(tr, "bf16", use_cpu=False).mixed_precision_policy.param_dtype == torch.bfloat16
     with pytest.raises(ConfigError, match="fsdp_param_dtype"):
         validate_train_config(_compose(["trainer.fsdp_param_dtype=fp16"]))

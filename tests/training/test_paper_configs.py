@@ -33,7 +33,7 @@ GPUS = 8
 VOCAB = 8192  # the default tokenizer's (conf/tokenizer/sentencepiece.yaml)
 
 
-class _Tokenizer:  # what train._model_kwargs reads of a tokenizer
+class _Tokenizer:  # what training.config.model_kwargs reads of a tokenizer
     eos_id = bos_id = 1
 
 
@@ -44,10 +44,10 @@ def _compose(overrides):
 
 def _build_on_meta(cfg):
     import models
-    from train import _model_kwargs
+    from training.config import model_kwargs
 
     with torch.device("meta"):
-        return models.build_model(_model_kwargs(cfg.model, VOCAB, _Tokenizer()))
+        return models.build_model(model_kwargs(cfg.model, VOCAB, _Tokenizer()))
 
 
 def test_the_paper_grid_is_all_there():
