@@ -37,6 +37,7 @@ from training.compile import compile_blocks
 from training.config import model_kwargs, validate_train_config
 from training.data_hashes import DataHashWriter
 from training.evaluation import eval_summary, evaluate_checkpoint, final_eval_configs
+from training.guards import NonFiniteGuard
 from training.logging import MetricsLogger, peak_flops_per_device, read_metrics
 from training.optim import build_lr_schedule, build_optimizer, local_grad_norm
 from training.phase_timing import PhaseTimer
@@ -128,6 +129,7 @@ class Trainer:
         set_seed(int(cfg.seed), device_specific=False)
 
         self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep_last=int(tr.keep_last), accelerator=acc)
+        self.nonfinite = NonFiniteGuard(tr.get("max_nonfinite_steps", 20), acc.device)
         resume_from = self.ckpt.resolve_resume(str(tr.resume))  # raises before any work if a run would be overwritten
 
         with acc.main_process_first():  # rank 0 trains/caches the tokenizer, the others then load it
@@ -322,6 +324,7 @@ class Trainer:
             self.scheduler.step()
             optimizer.zero_grad(set_to_none=True)
         self.state["step"] += 1
+        self.nonfinite.update(finite, self.state["step"])
         self.state["tokens"] += step_tokens
         window["tokens"] += step_tokens
         window["steps"] += 1
@@ -342,6 +345,7 @@ class Trainer:
         tok_s = window["tokens"] / max(elapsed, 1e-9)
         updates = int(window["updates"])
         skipped = self._fold_skips()
+        self._check_nonfinite()
         if skipped:
             acc.print(f"steps {step - window['steps'] + 1}-{step}: {skipped} non-finite loss or "
                       f"gradient step(s), updates skipped ({self.state['skipped_steps']} so far)")
@@ -379,8 +383,10 @@ class Trainer:
         return {"val/loss": evaluate_loss(self.model, self.val_rows, batch_size, acc)}
 
     def save(self) -> Path:
-        """Write a checkpoint of the current step (the skipped-step count folded into the state first)."""
+        """Write a checkpoint of the current step (the skipped-step count folded into the state first); never one
+        after trainer.max_nonfinite_steps non-finite steps in a row (NonFiniteLossError instead)."""
         self._fold_skips()
+        self._check_nonfinite()
         return self.ckpt.save(self.model, self.optimizer, self.scheduler, self.loader, self.state, self.cfg,
                               self.tokenizer)
 
@@ -389,6 +395,10 @@ class Trainer:
         device = self.accelerator.device
         return {"loss": torch.zeros((), device=device), "updates": torch.zeros((), dtype=torch.long, device=device),
                 "steps": 0, "data_wait": 0.0, "t0": time.perf_counter(), "tokens": 0}
+
+    def _check_nonfinite(self) -> None:
+        latest = self.ckpt.latest()
+        self.nonfinite.check(last_checkpoint=str(latest) if latest else None)
 
     def _fold_skips(self) -> int:
         """Move the device-side count of skipped steps into state (a host sync: log windows, saves, the end)."""
