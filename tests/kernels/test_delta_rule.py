@@ -13,7 +13,7 @@ from graph_checks import assert_no_per_chunk_selects
 from kernels import delta_rule
 from kernels.delta_rule import delta_rule_step
 
-TOL = 1e-4  # SPEC §2: fp32 torch and interpreter runs against the fp32 oracle
+TOL = 1e-4  # docs/kernels.md: fp32 torch and interpreter runs against the fp32 oracle
 
 
 def err_ratio(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -48,7 +48,7 @@ def test_chunk_loop_is_linear_in_chunks():
 
 
 def matrix_reference(q, k, v, beta, g, h0=None, scale=None):
-    """The SPEC definition with explicit K x K transition matrices, float64, one sequence per batch row."""
+    """The definition (docs/kernels.md) with explicit K x K transition matrices, float64, one sequence per batch row."""
     b, t, h, dk = q.shape
     dv = v.shape[-1]
     scale = dk ** -0.5 if scale is None else scale

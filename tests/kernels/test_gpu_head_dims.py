@@ -42,7 +42,7 @@ def _grads(op, backend, dtype, x):
 
 
 def _check_bf16(op, dk, dv):
-    """bf16 Triton against the fp32 chunked path: the output and every gradient within SPEC §2's bf16 tolerances."""
+    """bf16 Triton against the fp32 chunked path: the output and every gradient within the bf16 tolerances of docs/kernels.md."""
     gen = torch.Generator(device="cuda").manual_seed(dk * 1000 + dv)
     b, t, h = 3, 200, 2
     x = {"q": torch.randn(b, t, h, dk, device="cuda", generator=gen),
@@ -91,7 +91,7 @@ def test_bf16_triton_wide_value_heads(op):
 @pytest.mark.parametrize("dk,dv", [(128, 128), (256, 128)])
 def test_fp32_triton_wide_heads(op, dk, dv):
     """fp32 inputs at wide heads (hla's composition runs its linear_attn passes in fp32): they must fit the GPU's
-    shared memory (linear_attn's fused backward at 128 x 128 needed 272 KiB) and match at SPEC's fp32 tolerance."""
+    shared memory (linear_attn's fused backward at 128 x 128 needed 272 KiB) and match at the fp32 tolerance of docs/kernels.md."""
     gen = torch.Generator(device="cuda").manual_seed(dk + dv)
     b, t, h = 2, 150, 2
     x = {"q": torch.randn(b, t, h, dk, device="cuda", generator=gen),

@@ -1,4 +1,4 @@
-"""HLA family (SPEC §3): index-sum definition == masked matrices == token recurrence ("naive") == linear_attn
+"""HLA family (docs/kernels.md): index-sum definition == masked matrices == token recurrence ("naive") == linear_attn
 composition ("torch", and "triton" under the interpreter) == one-pass chunked hla2 == exclusive associative scan
 == the fused Triton kernels (hla2, ahla; outputs, states and every gradient);
 gradients against autograd of the masked matrices; varlen, continuation, normalization, decode steps; and the
@@ -59,7 +59,7 @@ def reference(op, decay, q, k, v, g, scale=1.0, normalize=False, eps=1e-6):
 
 
 def index_definition(op, decay, q, k, v, g):
-    """SPEC §3's index sums, term by term with explicit weights (tiny T only)."""
+    """The index sums of docs/kernels.md, term by term with explicit weights (tiny T only)."""
     qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))  # [B, H, T, D]
     t = q.shape[1]
     a = qh @ kh.transpose(-1, -2)  # a[t, i] = q_t . k_i
@@ -323,7 +323,7 @@ def test_compose16_runs_passes_in_the_input_dtype(monkeypatch, op, decay, normal
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     cu = torch.tensor([0, 3, 70], device=dev)
     q, k, v, g = make(1, 70, 2, 16, 8, "strong" if normalize else "weak", seed=23)
-    if normalize:  # the layer's feature map for normalized HLA: non-negative q and k (SPEC §3)
+    if normalize:  # the layer's feature map for normalized HLA: non-negative q and k (docs/kernels.md)
         q, k = (torch.nn.functional.elu(x) + 1 for x in (q, k))
     q, k, v = (x.half().double() for x in (q, k, v))  # values exact in fp16
     h0 = random_state(op, 2, 2, 16, 8 + normalize, seed=24)  # normalize: one value column more, the denominator
@@ -416,10 +416,10 @@ def test_fused_precision():
     assert triton_fused._precision(torch.zeros(1, dtype=torch.float16)) == "tf32"
 
 
-# The paper's wrong formulas (SPEC §3, "errors hilo must not reproduce"), kept so nobody "fixes" ours towards them.
+# The paper's wrong formulas (docs/kernels.md: errors hilo must not reproduce), kept so nobody "fixes" ours towards them.
 
 def paper_third_order_streaming(q, k, v):
-    """The paper's third-order streaming identity as SPEC §3 characterises it: it starts from the prefix product
+    """The paper's third-order streaming identity as the paper states it: it starts from the prefix product
     S^K S^Q P^KV (all triples i, j, l <= t) and removes, as each token t arrives, the triples where t is the key
     index i with j, l < t (G^(1) += k_t k_t^T S^Q_{t-1} P_{t-1}) or the value index l with i, j < t
     (G^(2) += S^K_{t-1} S^Q_{t-1} k_t v_t^T), but never the triples i = l = t > j: those whose largest index occurs
@@ -456,7 +456,7 @@ def test_paper_third_order_identity_is_not_hla3():
 
 def serial_paper_state(q, k, v, g, rule):
     """The paper's streaming state (S^K, C^QV, G) token by token, o_t = q_t^T (S C - G), with a = exp(g_t):
-    "d2"    S = a S + k k^T,  C = a C + q v^T,  G = a^2 G + a k (k^T C_prev)   (SPEC's consistent rule)
+    "d2"    S = a S + k k^T,  C = a C + q v^T,  G = a^2 G + a k (k^T C_prev)   (the consistent rule)
     "paper" S = a S + k k^T,  C = a C + q v^T,  G = a G + k (k^T C_prev)       (the paper's decayed rule: WRONG)"""
     b, t, h, dk = q.shape
     s = torch.zeros(b, h, dk, dk, dtype=q.dtype)
@@ -524,7 +524,7 @@ def test_ahla_scan_matches_masked_and_composition(gate):
 
 
 def paper_ahla_combine(a, b):
-    """SPEC §3 item 3: the paper's decayed AHLA scan operator decays R^KQ across segments, R_AB = rho_B R_A + R_B
+    """The paper's decayed AHLA scan operator decays R^KQ across segments, R_AB = rho_B R_A + R_B
     (else as ahla_combine). WRONG: the cross term rho_B R_B P_A needs the undecayed R_B = sum_{i in B} k_i q_i^T;
     a serial fold (single-token right operands) hides it, a scan over multi-token segments does not."""
     return ahla_combine(a, b)._replace(R=b.rho[..., None, None] * a.R + b.R)
@@ -558,7 +558,7 @@ def test_paper_ahla_decayed_scan_is_not_ahla():
 
 
 def paper_fig1_chunked(q, k, v, chunk):
-    """SPEC §3 item 4, the paper's Fig. 1 chunk formula (undecayed hla2): O_c = Q_c F_prev + ((W_c W_c^T) * L) V_c,
+    """The paper's Fig. 1 chunk formula (undecayed hla2): O_c = Q_c F_prev + ((W_c W_c^T) * L) V_c,
     W_c = L * Q_c K_c^T, with the carried S, F updated exactly. WRONG: it omits the cross term
     ((Q_c S_prev Q_c^T) * L) V_c, the triples whose key lies before the chunk and whose value lies in it."""
     qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))  # [B, H, T, D]
@@ -575,7 +575,7 @@ def paper_fig1_chunked(q, k, v, chunk):
 
 
 def paper_fig2_exclusive_readout(q, k, v):
-    """SPEC §3 item 4, the paper's Fig. 2 read-out: o_t = q_t^T (S C - G) of the exclusive Blelloch prefix R_{<t}
+    """The paper's Fig. 2 read-out: o_t = q_t^T (S C - G) of the exclusive Blelloch prefix R_{<t}
     (the summary of tokens < t) instead of the inclusive R_{<=t}. WRONG: it drops every term whose value index is
     t itself, (sum_{i <= t} (q_t.k_i)^2) v_t."""
     tokens = token_summaries(q, k, v)
