@@ -1,4 +1,4 @@
-"""python -m models.convert: whole checkpoint directories between hilo and transformers (docs/checkpoints.md), CPU.
+"""python -m training.convert: whole checkpoint directories between hilo and transformers (docs/checkpoints.md), CPU.
 
 Export: a tiny hilo transformer and mamba2 (mlp=false), saved in the checkpoint layout with hilo's default
 SentencePiece tokenizer, are exported; a fresh Python process that cannot import hilo (its packages are blocked)
@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_parity import randomize_
 from transformers import AutoModelForCausalLM, LlamaForCausalLM, Mamba2ForCausalLM
 
 from data import load_tokenizer
 from data.sources import iter_file_records
 from kernels.common import error_ratio
-from models import HiloConfig, HiloForCausalLM, convert
+from models import HiloConfig, HiloForCausalLM
+from tests.models.test_parity import randomize_
+from training import convert
 from training.checkpoint import _save_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,7 +112,7 @@ def test_export_transformer_loads_without_hilo(tokenizer, tmp_path):
     """The CLI on a run dir: LlamaForCausalLM + tokenizer.json, loaded and run by plain transformers."""
     model = make_checkpoint(tmp_path / "run", HiloConfig(**TRANSFORMER), tokenizer)
     out = tmp_path / "llama"
-    proc = subprocess.run([sys.executable, "-m", "models.convert", "export", str(tmp_path / "run"), str(out)],
+    proc = subprocess.run([sys.executable, "-m", "training.convert", "export", str(tmp_path / "run"), str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "LlamaForCausalLM" in proc.stdout and "pad = eos" in proc.stdout
