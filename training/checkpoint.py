@@ -113,7 +113,8 @@ def check_dcp_metadata(path: Path) -> None:
             _DCPMetadataUnpickler(f).load()
     except pickle.UnpicklingError as e:
         if "GLOBAL" in str(e):
-            raise UnsafeCheckpointError(f"{path}: refused: {e}; the file could run code if loaded; {_WAY_OUT}") from None
+            raise UnsafeCheckpointError(
+                f"{path}: refused: {e}; the file could run code if loaded; {_WAY_OUT}") from None
         raise CheckpointError(f"{path}: cannot be read, damaged ({e}); {_WAY_OUT}") from None
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing; {_WAY_OUT}") from None
@@ -208,7 +209,8 @@ def _verify_unlisted(ckpt: Path, notes: list[str]) -> None:
         raise CheckpointError(f"{ckpt / 'config.yaml'}: cannot be read ({type(e).__name__}: {e}); {_WAY_OUT}") from None
     load_data(ckpt / "scheduler.pt")
     world = int(state.get("world_size") or 1)
-    for f in sorted({*(ckpt / "loader").glob("rank*.pt"), *(ckpt / "loader" / f"rank{r:05d}.pt" for r in range(world))}):
+    expected = {ckpt / "loader" / f"rank{r:05d}.pt" for r in range(world)}  # present or not: each is read
+    for f in sorted({*(ckpt / "loader").glob("rank*.pt"), *expected}):
         load_data(f)
     acc_dir = ckpt / "accelerate"
     try:
@@ -255,8 +257,7 @@ def _checkpoint_dirs(ckpt_dir: Path) -> list[Path]:
     """Every finished (renamed) step directory, complete or not, oldest first."""
     if not ckpt_dir.is_dir():
         return []
-    found = [p for p in ckpt_dir.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")
-             and p.name.split("_")[1].isdigit()]
+    found = [p for p in ckpt_dir.glob("step_*") if p.is_dir() and re.fullmatch(r"step_\d+", p.name)]
     return sorted(found, key=lambda p: int(p.name.split("_")[1]))
 
 
@@ -336,8 +337,9 @@ def _write_error(final: Path, err: BaseException) -> CheckpointWriteError:
     where = getattr(err, "filename", None) or final.with_name(final.name + ".tmp")
     free_text = "" if free is None else f" ({free / 2**20:.0f} MiB free on that file system)"
     what = "disk full" if full else "write error"
+    first_line = str(err).splitlines()[0] if str(err) else ""
     return CheckpointWriteError(
-        f"saving checkpoint {final.name} failed, {what}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''} "
+        f"saving checkpoint {final.name} failed, {what}: {type(err).__name__}: {first_line} "
         f"while writing {where}{free_text}. The partial checkpoint was removed and the earlier checkpoints are "
         f"intact; free space (or fix the path) and continue with trainer.resume=auto")
 

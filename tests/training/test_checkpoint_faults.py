@@ -95,7 +95,7 @@ def test_damaged_newest_falls_back_to_previous(run_copy, rel, how, with_manifest
     ckpts = run_copy / "checkpoints"
     if not with_manifest:  # a checkpoint written before manifests: verified by reading its files
         for step in ckpts.glob("step_*"):
-            (step / MANIFEST).unlink()
+            (step / MANIFEST).unlink(missing_ok=True)
     _damage(ckpts / "step_00000004" / rel, how)
     with pytest.warns(UserWarning, match=rf"skipping checkpoint .*step_00000004.*{rel.split('/')[-1]}"):
         chosen = _mgr(run_copy).resolve_resume("auto")
@@ -117,7 +117,7 @@ def test_state_file_missing_everywhere_is_an_error_not_a_fresh_start(run_copy):
     ckpts = run_copy / "checkpoints"
     for step in ckpts.glob("step_*"):
         (step / "trainer_state.json").unlink()
-        (step / MANIFEST).unlink()
+        (step / MANIFEST).unlink(missing_ok=True)
     with pytest.warns(UserWarning, match="trainer_state.json"), pytest.raises(CheckpointError, match="none can be"):
         _mgr(run_copy).resolve_resume("auto")
     with pytest.raises(FileExistsError, match="already holds checkpoints"):
@@ -159,7 +159,7 @@ def test_crafted_pickle_is_refused_and_never_runs(run_copy, tmp_path, rel):
     torch.save({"state": _Marker(marker)}, step / rel)
     with pytest.raises((UnsafeCheckpointError, CheckpointError)):
         load_data(step / rel)
-    (step / MANIFEST).unlink()  # without a manifest, verification reads the file
+    (step / MANIFEST).unlink(missing_ok=True)  # without a manifest, verification reads the file
     if rel.endswith("random_states_0.pkl"):  # accelerate reads it as data; only exactness is lost
         with pytest.warns(UserWarning, match="not be bit-exact"):
             assert _mgr(run_copy).resolve_resume("auto") == step
@@ -179,7 +179,7 @@ def test_crafted_rng_file_with_matching_manifest_resumes_not_exact(run_copy, tmp
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("rel", ["scheduler.pt", "loader/rank00000.pt"])
+@pytest.mark.parametrize("rel", ["scheduler.pt", "loader/rank00000.pt", "accelerate/optimizer.bin"])
 def test_crafted_pickle_with_matching_manifest_is_refused_on_resume(run_copy, tmp_path, rel):
     marker = tmp_path / "ran"
     step = run_copy / "checkpoints" / "step_00000004"
