@@ -57,6 +57,8 @@ def compare_configs(saved: Mapping, new: Mapping) -> tuple[list[str], list[str]]
         if old == cur and (type(old) is type(cur) or {type(old), type(cur)} <= {int, float}):  # 1 and 1.0 agree
             continue
         line = f"{key}: {_show(old)} -> {_show(cur)}"
+        if key == "trainer.max_steps":  # build_lr_schedule decays over max_steps: the rest of the schedule changes
+            line += " (the lr schedule's decay is recomputed for the new length from this step on)"
         (applied if _under(key, MAY_CHANGE) and not _under(key, BLOCKING_PREFIXES) else blocking).append(line)
     return blocking, applied
 
