@@ -8,34 +8,344 @@
         scheduler.pt         the lr schedule's state
         trainer_state.json   step, tokens, skipped steps, W&B run id, number of processes
         config.yaml          the run's resolved config
+        manifest.json        every other file's relative path, size and SHA-256 (written last)
     <run_dir>/checkpoints/latest   the name of the newest complete checkpoint
 
-A checkpoint is written under step_XXXXXXXX.tmp and renamed when complete, so a crash never leaves a partial
-checkpoint under a real name, and older checkpoints are pruned only after the new one exists.
+A checkpoint is written under step_XXXXXXXX.tmp; when every file is written, the manifest is written, every file and
+directory is fsynced, and the directory is renamed. A crash never leaves a partial checkpoint under a real name,
+and older checkpoints are pruned only after the new one exists. A failed write (a full disk) removes the .tmp
+directory and raises CheckpointWriteError; the earlier checkpoints are untouched.
+
+Reading: every file is loaded as data only (safetensors, JSON, YAML, torch.load(weights_only=True), DCP metadata
+through an allowlist): a file that would need code to rebuild is refused (UnsafeCheckpointError), never run.
+`trainer.resume=auto` takes the newest checkpoint that verifies against its manifest, warns about each newer one it
+skips and why, and stops (CheckpointError) rather than start from scratch over checkpoints it cannot read
+(docs/robustness.md).
 """
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
+import pickle
+import re
 import shutil
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
 STATE_FILE = "trainer_state.json"
+MANIFEST = "manifest.json"
+MANIFEST_VERSION = 1
+RNG_GLOB = "random_states_*.pkl"  # accelerate.save_state's per-rank RNG files (under accelerate/)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint (or every checkpoint of a run) that cannot be used; the message names the file and the way out."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint file that only a code-running load could rebuild: refused, not loaded."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint that could not be written (a full disk, a write error); its .tmp directory has been removed."""
 
 
 def is_checkpoint(path: Path) -> bool:
     return (Path(path) / STATE_FILE).is_file()
 
 
-def _complete_checkpoints(ckpt_dir: Path) -> list[Path]:
+# -- reading files as data only ----------------------------------------------------------------------------------
+_WAY_OUT = ("resume from another checkpoint (trainer.resume=<run_dir>/checkpoints/step_XXXXXXXX) or start a new run "
+            "(trainer.resume=none name=<new name>)")
+
+
+def load_data(path: Path, **kwargs):
+    """torch.load(path) as data only (weights_only=True: tensors, numbers, strings, lists, dicts). A file that holds
+    other objects is refused with UnsafeCheckpointError (nothing in it runs); an unreadable one raises
+    CheckpointError. Both name the file."""
+    path = Path(path)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, **kwargs)
+    except pickle.UnpicklingError as e:
+        text = str(e)
+        if "GLOBAL" in text:  # a pickled reference to a Python callable: what runs code on load
+            what = next((line.strip() for line in text.splitlines() if "GLOBAL" in line), "")
+            raise UnsafeCheckpointError(
+                f"{path}: refused: the file holds Python objects that only a code-running load (weights_only=False) "
+                f"could rebuild ({what}). hilo's checkpoints hold only tensors and plain data, so this file was "
+                f"written by something else or tampered with; {_WAY_OUT}. Only if you wrote the file yourself and "
+                f"trust it, re-save it as data: torch.save(torch.load(path, weights_only=False), path)") from None
+        raise CheckpointError(f"{path}: not a data-only torch file (damaged or not written by hilo); "
+                              f"{_WAY_OUT}") from None
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing; {_WAY_OUT}") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: cannot be read, the file is truncated or damaged "
+                              f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); {_WAY_OUT}") from None
+
+
+# torch.distributed.checkpoint reads its .metadata files with a plain pickle.load (which would run code). These are
+# the globals its Metadata pickles reference; check_dcp_metadata unpickles with only them allowed before DCP reads it.
+_DCP_GLOBALS = {("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
+                ("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+                ("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
+
+
+class _DCPMetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if module == "torch.distributed.checkpoint.metadata" or (module, name) in _DCP_GLOBALS:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"GLOBAL {module}.{name} is not part of torch.distributed.checkpoint metadata")
+
+
+def check_dcp_metadata(path: Path) -> None:
+    """Refuse a torch.distributed.checkpoint .metadata file that references anything but DCP's own metadata types."""
+    try:
+        with open(path, "rb") as f:
+            _DCPMetadataUnpickler(f).load()
+    except pickle.UnpicklingError as e:
+        if "GLOBAL" in str(e):
+            raise UnsafeCheckpointError(
+                f"{path}: refused: {e}; the file could run code if loaded; {_WAY_OUT}") from None
+        raise CheckpointError(f"{path}: cannot be read, damaged ({e}); {_WAY_OUT}") from None
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing; {_WAY_OUT}") from None
+    except (EOFError, OSError, ValueError, AttributeError, TypeError, IndexError) as e:
+        raise CheckpointError(f"{path}: cannot be read, damaged ({type(e).__name__}: {e}); {_WAY_OUT}") from None
+
+
+def _load_json(path: Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing; {_WAY_OUT}") from None
+    except (ValueError, UnicodeDecodeError, OSError) as e:
+        raise CheckpointError(f"{path}: cannot be read, damaged ({e}); {_WAY_OUT}") from None
+
+
+# -- the manifest ------------------------------------------------------------------------------------------------
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files_under(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def write_manifest(ckpt: Path) -> dict:
+    """Write ckpt/manifest.json: every file under ckpt (relative path -> size, SHA-256), via a fsynced temporary.
+    hashlib releases the GIL, so the files are hashed in parallel threads."""
+    files = _files_under(ckpt)
+    with ThreadPoolExecutor(max_workers=min(8, len(files) or 1)) as pool:
+        digests = list(pool.map(_sha256, files))
+    manifest = {"version": MANIFEST_VERSION,
+                "files": {f.relative_to(ckpt).as_posix(): {"size": f.stat().st_size, "sha256": d}
+                          for f, d in zip(files, digests)}}
+    _write_durably(ckpt / MANIFEST, json.dumps(manifest, indent=1).encode())
+    return manifest
+
+
+def verify_checkpoint(ckpt: Path) -> list[str]:
+    """Check a checkpoint before it is loaded; raise CheckpointError naming the first damaged file. Return warnings
+    for damage that only costs exactness (an RNG file).
+
+    With a manifest: every listed file must be present with its size and SHA-256. Without one (a checkpoint written
+    before manifests): the state files are read as data (trainer_state.json, config.yaml, scheduler.pt,
+    loader/*.pt, the safetensors headers, the optimizer state, DCP metadata). Either way every DCP .metadata file is
+    checked against the allowlist, because DCP unpickles it without restriction."""
+    ckpt = Path(ckpt)
+    notes: list[str] = []
+    if (ckpt / MANIFEST).exists():
+        manifest = _load_json(ckpt / MANIFEST)
+        if not isinstance(manifest, dict) or manifest.get("version") != MANIFEST_VERSION or "files" not in manifest:
+            raise CheckpointError(f"{ckpt / MANIFEST}: not a hilo checkpoint manifest (version "
+                                  f"{manifest.get('version') if isinstance(manifest, dict) else None}); {_WAY_OUT}")
+        for rel, entry in manifest["files"].items():
+            f = ckpt / rel
+            problem = None
+            if not f.is_file():
+                problem = "missing"
+            elif f.stat().st_size != entry["size"]:
+                problem = f"{f.stat().st_size} bytes, the manifest says {entry['size']} (truncated or overwritten)"
+            elif _sha256(f) != entry["sha256"]:
+                problem = "its contents do not match the manifest's SHA-256 (damaged or changed)"
+            if problem is None:
+                continue
+            if f.match(RNG_GLOB) and f.parent.name == "accelerate":
+                notes.append(f"{f}: {problem}")
+                continue
+            raise CheckpointError(f"{f}: {problem}; {_WAY_OUT}")
+        if STATE_FILE not in manifest["files"]:
+            raise CheckpointError(f"{ckpt / MANIFEST} does not list {STATE_FILE}; {_WAY_OUT}")
+    else:
+        _verify_unlisted(ckpt, notes)
+    for meta in sorted((ckpt / "accelerate").rglob(".metadata")):
+        check_dcp_metadata(meta)
+    return notes
+
+
+def _verify_unlisted(ckpt: Path, notes: list[str]) -> None:
+    """The reads that stand in for a manifest in a checkpoint written without one."""
+    from safetensors import SafetensorError, safe_open
+
+    state = _load_json(ckpt / STATE_FILE)
+    if not isinstance(state, dict) or "step" not in state:
+        raise CheckpointError(f"{ckpt / STATE_FILE}: holds no step; {_WAY_OUT}")
+    try:
+        OmegaConf.load(ckpt / "config.yaml")
+    except Exception as e:  # noqa: BLE001  (yaml raises many types; any of them means unreadable)
+        raise CheckpointError(f"{ckpt / 'config.yaml'}: cannot be read ({type(e).__name__}: {e}); {_WAY_OUT}") from None
+    load_data(ckpt / "scheduler.pt")
+    world = int(state.get("world_size") or 1)
+    expected = {ckpt / "loader" / f"rank{r:05d}.pt" for r in range(world)}  # present or not: each is read
+    for f in sorted({*(ckpt / "loader").glob("rank*.pt"), *expected}):
+        load_data(f)
+    acc_dir = ckpt / "accelerate"
+    try:
+        layout = saved_layout(acc_dir)
+    except FileNotFoundError as e:
+        raise CheckpointError(str(e)) from None
+    for f in sorted([*acc_dir.glob("*.safetensors"), *(ckpt / "model").glob("*.safetensors")]):
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                for key in list(sf.keys())[:1]:
+                    sf.get_slice(key)
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CheckpointError(f"{f}: cannot be read, truncated or damaged ({e}); {_WAY_OUT}") from None
+    if layout == "plain":
+        load_data(acc_dir / "optimizer.bin", mmap=True)
+    for f in sorted(acc_dir.glob(RNG_GLOB)):
+        try:
+            _load_rng(f)
+        except CheckpointError as e:
+            notes.append(_reason(e))
+
+
+def _load_rng(path: Path) -> dict:
+    """An accelerate RNG file read as accelerate reads it (weights_only with its numpy allowlist)."""
+    from accelerate.utils.other import load
+
+    try:
+        states = load(path)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(f"{path}: refused or damaged ({str(e).splitlines()[-3:]})") from None
+    except Exception as e:  # noqa: BLE001  (torch.load's errors for damaged files are of many types)
+        raise CheckpointError(f"{path}: cannot be read ({type(e).__name__})") from None
+    if not isinstance(states, dict) or "torch_manual_seed" not in states:
+        raise CheckpointError(f"{path}: not an accelerate RNG state")
+    return states
+
+
+def _reason(e: Exception) -> str:
+    """A CheckpointError's message without the way out (when it is listed with others)."""
+    return str(e).split("; " + _WAY_OUT)[0]
+
+
+def _checkpoint_dirs(ckpt_dir: Path) -> list[Path]:
+    """Every finished (renamed) step directory, complete or not, oldest first."""
     if not ckpt_dir.is_dir():
         return []
-    found = [p for p in ckpt_dir.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp") and is_checkpoint(p)]
+    found = [p for p in ckpt_dir.glob("step_*") if p.is_dir() and re.fullmatch(r"step_\d+", p.name)]
     return sorted(found, key=lambda p: int(p.name.split("_")[1]))
+
+
+def select_resume_checkpoint(ckpt_dir: Path) -> Path | None:
+    """The newest checkpoint of ckpt_dir that verifies (verify_checkpoint), warning about each newer one skipped and
+    why; None when ckpt_dir holds no checkpoint at all. Raises CheckpointError, naming every damaged file and the
+    way out, when it holds checkpoints and none verifies: a fresh start would mix two runs in one directory."""
+    ckpt_dir = Path(ckpt_dir)
+    candidates = _checkpoint_dirs(ckpt_dir)
+    skipped = []
+    for ckpt in reversed(candidates):
+        try:
+            notes = verify_checkpoint(ckpt)
+        except CheckpointError as e:
+            skipped.append(f"{ckpt.name}: {_reason(e)}")
+            warnings.warn(f"skipping checkpoint {ckpt}: {_reason(e)}", stacklevel=2)
+            continue
+        for note in notes:
+            warn_not_exact(note)
+        return ckpt
+    if skipped:
+        raise CheckpointError(
+            f"{ckpt_dir} holds {len(candidates)} checkpoint(s) and none can be resumed:\n  " + "\n  ".join(skipped)
+            + f"\nRepair or restore the damaged files and resume that checkpoint with "
+              f"trainer.resume={ckpt_dir}/step_XXXXXXXX, or start over as a new run with trainer.resume=none "
+              f"name=<new name> (this directory is left as it is)")
+    return None
+
+
+def warn_not_exact(why: str) -> None:
+    warnings.warn(f"{why}: the RNG state cannot be restored, so the resumed run will not be bit-exact (dropout and "
+                  f"any other random draws differ from an uninterrupted run)", stacklevel=3)
+
+
+# -- writing durably ---------------------------------------------------------------------------------------------
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    """path's new contents in full or not at all: a fsynced temporary, os.replace, then the directory fsynced."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_path(path.parent)
+
+
+def _fsync_tree(root: Path) -> None:
+    for p in sorted(root.rglob("*"), key=lambda q: -len(q.parts)):  # files and subdirectories before their parents
+        _fsync_path(p)
+    _fsync_path(root)
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _write_error(final: Path, err: BaseException) -> CheckpointWriteError:
+    """The error a failed save raises: 'disk full' when the OS said so (or when torch's writer hid the errno and the
+    disk has under 1 GiB free), always the checkpoint path and the free space."""
+    try:
+        free = shutil.disk_usage(final.parent).free
+    except OSError:
+        free = None
+    chain = [e for e in (err, err.__cause__, err.__context__) if e is not None]
+    errnos = [getattr(e, "errno", None) for e in chain]
+    # safetensors (Rust) says "os error 28"; torch's zip writer hides the errno behind "unexpected pos"
+    errnos += [int(n) for e in chain for n in re.findall(r"os error (\d+)", str(e))]
+    full = (any(n in _FULL for n in errnos) or any("unexpected pos" in str(e) for e in chain)
+            or (free is not None and free < 1 << 30))
+    where = getattr(err, "filename", None) or final.with_name(final.name + ".tmp")
+    free_text = "" if free is None else f" ({free / 2**20:.0f} MiB free on that file system)"
+    what = "disk full" if full else "write error"
+    first_line = str(err).splitlines()[0] if str(err) else ""
+    return CheckpointWriteError(
+        f"saving checkpoint {final.name} failed, {what}: {type(err).__name__}: {first_line} "
+        f"while writing {where}{free_text}. The partial checkpoint was removed and the earlier checkpoints are "
+        f"intact; free space (or fix the path) and continue with trainer.resume=auto")
+
+
+def _complete_checkpoints(ckpt_dir: Path) -> list[Path]:
+    return [p for p in _checkpoint_dirs(ckpt_dir) if is_checkpoint(p)]
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
@@ -93,50 +403,89 @@ class CheckpointManager:
         return None if latest is None else int(latest.name.split("_")[1])
 
     def resolve_resume(self, resume: str) -> Path | None:
-        """The checkpoint to continue from, or None for a fresh run; refuses to start a fresh run over a run
-        directory that already has checkpoints (it would mix two runs and prune the old checkpoints)."""
-        latest = self.latest()
+        """The checkpoint to continue from, or None for a fresh run.
+
+        auto: the newest checkpoint that verifies (select_resume_checkpoint), None if there is none at all; an error,
+        not a fresh start, if there are checkpoints and none verifies. none: a fresh run, refused over a directory
+        that already has checkpoints (it would mix two runs and prune the old checkpoints). A path: that checkpoint
+        (or that run directory's newest that verifies), verified. The main process verifies (it reads every file)
+        and tells the others."""
+        acc = self.acc
+        result: list = [None, None]
+        if acc is None or acc.is_main_process:
+            try:
+                result[0] = self._resolve_resume(resume)
+            except (CheckpointError, FileExistsError, FileNotFoundError) as e:
+                result[1] = e
+        if acc is not None and acc.num_processes > 1:
+            from accelerate.utils import broadcast_object_list
+
+            result = broadcast_object_list(result)
+        if result[1] is not None:
+            raise result[1]
+        return result[0]
+
+    def _resolve_resume(self, resume: str) -> Path | None:
         if resume == "auto":
-            return latest
+            return select_resume_checkpoint(self.dir)
         if resume in ("none", "null", "false"):
-            if latest is not None:
+            found = _checkpoint_dirs(self.dir)
+            if found:
                 raise FileExistsError(
-                    f"{self.dir} already holds checkpoints (newest: {latest.name}); continue it with "
+                    f"{self.dir} already holds checkpoints (newest: {found[-1].name}); continue it with "
                     f"trainer.resume=auto, or start a new run with name=<new name>")
             return None
-        return resolve_checkpoint(resume)
+        p = Path(resume).expanduser()
+        if p.is_dir() and not is_checkpoint(p) and not p.name.startswith("step_"):  # a run or checkpoints/ directory
+            ckpt_dir = p / "checkpoints" if (p / "checkpoints").is_dir() else p
+            if _checkpoint_dirs(ckpt_dir):
+                return select_resume_checkpoint(ckpt_dir)
+        ckpt = p if p.is_dir() and p.name.startswith("step_") else resolve_checkpoint(resume)
+        for note in verify_checkpoint(ckpt):
+            warn_not_exact(note)
+        return ckpt
 
     # -- writing -------------------------------------------------------------------------------------------
     def save(self, model, optimizer, scheduler, loader, state: dict, cfg, tokenizer) -> Path:
         acc = self.acc
         final = self.dir / f"step_{state['step']:08d}"
         tmp = final.with_name(final.name + ".tmp")
-        if acc.is_main_process:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            if tmp.exists():
-                shutil.rmtree(tmp)  # an earlier interrupted write of this step; the complete ones are untouched
-            tmp.mkdir()
-            (tmp / "loader").mkdir()
-        acc.wait_for_everyone()
+        try:
+            if acc.is_main_process:
+                self.dir.mkdir(parents=True, exist_ok=True)
+                if tmp.exists():
+                    shutil.rmtree(tmp)  # an earlier interrupted write of this step; the complete ones are untouched
+                tmp.mkdir()
+                (tmp / "loader").mkdir()
+            acc.wait_for_everyone()
 
-        acc.save_state(str(tmp / "accelerate"))
-        state_dict = acc.get_state_dict(model)  # collective under FSDP: every rank calls it
-        torch.save(loader.state_dict(), tmp / "loader" / f"rank{acc.process_index:05d}.pt")
+            acc.save_state(str(tmp / "accelerate"))
+            state_dict = acc.get_state_dict(model)  # collective under FSDP: every rank calls it
+            torch.save(loader.state_dict(), tmp / "loader" / f"rank{acc.process_index:05d}.pt")
+            if acc.is_main_process:
+                acc.unwrap_model(model).save_pretrained(tmp / "model", state_dict=state_dict, safe_serialization=True)
+                _save_tokenizer(tokenizer, tmp / "tokenizer")
+                torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+                OmegaConf.save(cfg, tmp / "config.yaml", resolve=True)
+                meta = dict(state, world_size=acc.num_processes)
+                (tmp / STATE_FILE).write_text(json.dumps(meta, indent=2))
+            acc.wait_for_everyone()
+            if acc.is_main_process:
+                write_manifest(tmp)  # last: a checkpoint is complete only if every file it lists verifies
+                _fsync_tree(tmp)
+                if final.exists():  # a checkpoint of the same step from an earlier attempt: replace it whole
+                    shutil.rmtree(final)
+                os.replace(tmp, final)
+                _fsync_path(self.dir)
+                _write_durably(self.dir / "latest", final.name.encode())
+        except Exception as e:  # noqa: BLE001  (OSError, torch's RuntimeError, SafetensorError "I/O error", ...)
+            if isinstance(e, CheckpointError):
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(e, (OSError, RuntimeError)) or "I/O error" in str(e) or "os error" in str(e):
+                raise _write_error(final, e) from e
+            raise
         if acc.is_main_process:
-            acc.unwrap_model(model).save_pretrained(tmp / "model", state_dict=state_dict, safe_serialization=True)
-            _save_tokenizer(tokenizer, tmp / "tokenizer")
-            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-            OmegaConf.save(cfg, tmp / "config.yaml", resolve=True)
-            meta = dict(state, world_size=acc.num_processes)
-            (tmp / STATE_FILE).write_text(json.dumps(meta, indent=2))
-        acc.wait_for_everyone()
-        if acc.is_main_process:
-            if final.exists():  # a checkpoint of the same step from an earlier attempt: replace it whole
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            latest_tmp = self.dir / "latest.tmp"
-            latest_tmp.write_text(final.name)
-            os.replace(latest_tmp, self.dir / "latest")
             for old in _complete_checkpoints(self.dir)[:-self.keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
         acc.wait_for_everyone()
@@ -145,27 +494,37 @@ class CheckpointManager:
     # -- reading -------------------------------------------------------------------------------------------
     def load(self, path: Path, *, model, optimizer, scheduler, loader) -> dict:
         acc = self.acc
-        meta = json.loads((path / STATE_FILE).read_text())
+        for dcp_meta in sorted((path / "accelerate").rglob(".metadata")):  # DCP unpickles these unrestricted
+            check_dcp_metadata(dcp_meta)
+        meta = _load_json(path / STATE_FILE)
         restored = {k: meta[k] for k in ("step", "tokens", "skipped_steps", "wandb_id") if k in meta}
         saved, here = saved_layout(path / "accelerate"), run_layout(acc)
         if saved == here:
-            acc.load_state(str(path / "accelerate"))
+            rng_file = path / "accelerate" / f"random_states_{acc.process_index}.pkl"
+            try:  # accelerate reports an RNG state it cannot restore only at INFO level
+                _load_rng(rng_file)
+            except CheckpointError as e:
+                warn_not_exact(str(e))
+            try:  # accelerate reads every file with weights_only=True (with a numpy allowlist for the RNG files)
+                acc.load_state(str(path / "accelerate"))
+            except Exception as e:  # noqa: BLE001  (name the file: accelerate's errors do not)
+                _raise_naming_file(path / "accelerate", e)
         else:
             load_across_layouts(path, saved, model, optimizer)
             warnings.warn(
                 f"checkpoint {path} holds {LAYOUTS[saved]} and this run uses {LAYOUTS[here]}: the model weights and "
                 f"the optimizer state are restored through full (unsharded) state dicts; the RNG states are not",
                 stacklevel=2)
-        scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+        scheduler.load_state_dict(load_data(path / "scheduler.pt"))
         loader_file = path / "loader" / f"rank{acc.process_index:05d}.pt"
         if meta.get("world_size") == acc.num_processes and loader_file.is_file():
-            loader.load_state_dict(torch.load(loader_file, weights_only=False))
+            loader.load_state_dict(load_data(loader_file))
             return restored
         why = "the data stream restarts from its beginning with a new shard assignment"
         first = path / "loader" / "rank00000.pt"
         if hasattr(loader, "load_global_state") and first.is_file():  # data.shard=rows: one stream for every size
             try:
-                loader.load_global_state(torch.load(first, weights_only=False))
+                loader.load_global_state(load_data(first))
                 why = None
             except (ValueError, KeyError) as e:
                 why = f"{why} ({e})"
@@ -174,6 +533,23 @@ class CheckpointManager:
                 f"checkpoint {path} was written by {meta.get('world_size')} process(es), this run has "
                 f"{acc.num_processes}: model, optimizer and schedule are restored, {why}", stacklevel=2)
         return restored
+
+
+def _raise_naming_file(acc_dir: Path, err: Exception):
+    """Re-raise an error of accelerate.load_state as a CheckpointError naming the file it came from (found by reading
+    each state file again as data), or unchanged when no file is at fault."""
+    from safetensors import SafetensorError, safe_open
+
+    for f in sorted(acc_dir.iterdir()):
+        if f.suffix == ".safetensors":
+            try:
+                with safe_open(str(f), framework="pt"):
+                    pass
+            except (SafetensorError, OSError) as e:
+                raise CheckpointError(f"{f}: cannot be read, truncated or damaged ({e}); {_WAY_OUT}") from err
+        elif f.suffix == ".bin":
+            load_data(f, mmap=True)  # raises naming the file
+    raise err
 
 
 # How accelerate.save_state wrote a checkpoint's model and optimizer, and how this run's load_state reads them.
@@ -191,8 +567,8 @@ def saved_layout(acc_dir: Path) -> str:
         return "fsdp-full"
     if any((acc_dir / name).is_file() for name in ("model.safetensors", "pytorch_model.bin")):
         return "plain"
-    raise FileNotFoundError(f"{acc_dir} holds no model state written by accelerate.save_state (the checkpoint is "
-                            f"incomplete or not hilo's); resume from another checkpoint")
+    raise FileNotFoundError(f"{acc_dir} holds no model state written by accelerate.save_state (model.safetensors "
+                            f"missing: the checkpoint is incomplete or not hilo's); resume from another checkpoint")
 
 
 def run_layout(acc) -> str:
@@ -236,7 +612,7 @@ def _full_optimizer_state(acc_dir: Path, layout: str, model, optimizer) -> dict:
         return state["optimizer"]
     # plain: optimizer.state_dict(), parameters numbered in param-group order; this run's optimizer has the same
     # groups in the same order (training.optim.build_optimizer), so number i is the same parameter
-    saved = torch.load(acc_dir / "optimizer.bin", map_location="cpu", weights_only=False)
+    saved = load_data(acc_dir / "optimizer.bin")
     # fully qualified names as get_optimizer_state_dict gives them: no DDP wrapper prefix
     names = {id(p): n.removeprefix("module.") for n, p in model.named_parameters()}
     if [len(g["params"]) for g in saved["param_groups"]] != [len(g["params"]) for g in optimizer.param_groups]:
