@@ -59,6 +59,9 @@ _OPTIONAL_CHECKS = {
     "trainer.compile": (lambda v: v is None or isinstance(v, bool), "true or false"),
     "trainer.compile_mode": (lambda v: v is None or v in COMPILE_MODES, "null, " + " or ".join(COMPILE_MODES)),
     "trainer.data_hashes": (lambda v: v is None or isinstance(v, bool), "true or false"),
+    "trainer.max_nonfinite_steps": (lambda v: v is None or (_is_int(v) and v >= 1), "null or an integer >= 1"),
+    "trainer.resume_override": (lambda v: v is None or isinstance(v, str) or (
+        OmegaConf.is_list(v) and all(isinstance(k, str) for k in v)), "null, all, or a list of keys such as [optim.lr]"),
 }
 
 

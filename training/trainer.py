@@ -41,6 +41,8 @@ from training.guards import NonFiniteGuard
 from training.logging import MetricsLogger, peak_flops_per_device, read_metrics
 from training.optim import build_lr_schedule, build_optimizer, local_grad_norm
 from training.phase_timing import PhaseTimer
+from training.resume_check import check_resume_config
+from training.run_lock import RunLock
 from training.validation import evaluate_loss, heldout_rows
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -106,6 +108,7 @@ class Trainer:
                  run_name: str | None = None):
         self.cfg, self.tr = cfg, cfg.trainer
         self.run_dir_arg, self.group, self.run_name = run_dir, group, run_name
+        self.lock = None
 
     # ---- setup -------------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -128,9 +131,17 @@ class Trainer:
         self.world = acc.num_processes
         set_seed(int(cfg.seed), device_specific=False)
 
+        # one live process per run directory (rank 0 holds it for the run's life; docs/robustness.md)
+        self.lock = RunLock(self.run_dir).acquire() if acc.is_main_process else None
         self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep_last=int(tr.keep_last), accelerator=acc)
         self.nonfinite = NonFiniteGuard(tr.get("max_nonfinite_steps", 20), acc.device)
         resume_from = self.ckpt.resolve_resume(str(tr.resume))  # raises before any work if a run would be overwritten
+        self.saved_cfg = None
+        if resume_from is not None:  # settings that change what the run computes must match the checkpoint's
+            self.saved_cfg = OmegaConf.to_container(OmegaConf.load(resume_from / "config.yaml"), resolve=True)
+            for line in check_resume_config(self.saved_cfg, OmegaConf.to_container(cfg, resolve=True),
+                                            tr.get("resume_override")):
+                acc.print(f"resume: {line}")
 
         with acc.main_process_first():  # rank 0 trains/caches the tokenizer, the others then load it
             self.tokenizer = load_tokenizer(OmegaConf.to_container(cfg.tokenizer, resolve=True))
@@ -166,6 +177,7 @@ class Trainer:
         self.stopped_by_signal = self.early_stopped = False
         if resume_from is not None:
             self.resume(resume_from)
+            self._apply_new_lr()
 
         if acc.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -206,17 +218,21 @@ class Trainer:
     # ---- the loop ----------------------------------------------------------------------------------------------
     def fit(self) -> dict:
         """Train to trainer.max_steps (or a stop signal, or an early stop); return the run's summary."""
-        self.setup()
-        if self.state["step"] == 0:
-            self._record(self.validate(), step=0)
-        self.model.train()
-        self.window = self._new_window()  # after the first validation: its time is not the first window's
-        with StopRequested() as stop:
-            while self.state["step"] < self.max_steps:
-                self.step()
-                if self._end_of_step(stop):
-                    break
-        return self.finish()
+        try:
+            self.setup()
+            if self.state["step"] == 0:
+                self._record(self.validate(), step=0)
+            self.model.train()
+            self.window = self._new_window()  # after the first validation: its time is not the first window's
+            with StopRequested() as stop:
+                while self.state["step"] < self.max_steps:
+                    self.step()
+                    if self._end_of_step(stop):
+                        break
+            return self.finish()
+        finally:
+            if self.lock is not None:
+                self.lock.release()
 
     def _end_of_step(self, stop: StopRequested) -> bool:
         """After an optimizer step: log, validate and save on their schedules; True when the run stops here (a stop
@@ -395,6 +411,17 @@ class Trainer:
         device = self.accelerator.device
         return {"loss": torch.zeros((), device=device), "updates": torch.zeros((), dtype=torch.long, device=device),
                 "steps": 0, "data_wait": 0.0, "t0": time.perf_counter(), "tokens": 0}
+
+    def _apply_new_lr(self) -> None:
+        """A resumed schedule keeps the checkpoint's base rate; an optim.lr accepted by trainer.resume_override
+        replaces it from this step on (every group scaled alike, the schedule's multiplier unchanged)."""
+        old = float(self.saved_cfg.get("optim", {}).get("lr", self.cfg.optim.lr))
+        new = float(self.cfg.optim.lr)
+        if old == new or old == 0:
+            return
+        self.scheduler.base_lrs = [base * new / old for base in self.scheduler.base_lrs]
+        for group in getattr(self.optimizer, "optimizer", self.optimizer).param_groups:
+            group["lr"] *= new / old
 
     def _check_nonfinite(self) -> None:
         latest = self.ckpt.latest()
