@@ -230,7 +230,8 @@ def test_generate_timing_is_reported_only_when_asked(rows):
     assert all(r["generate_ms_per_token"] is None for r in rows)
     timed = main(["--size", "tiny", "--contexts", "8", "--steps", "6", "--warmup", "0", "--verify-tokens", "0",
                   "--families", "hla_transformer", "--device", "cpu", "--time-generate"])
-    assert len(timed) == 1 and timed[0]["generate_ms_per_token"] > 0 and timed[0]["generate_matches"] is None
+    # a difference of two timings: finite, but its sign is noise on a loaded machine at this tiny size
+    assert len(timed) == 1 and math.isfinite(timed[0]["generate_ms_per_token"]) and timed[0]["generate_matches"] is None
     assert f"| {timed[0]['generate_ms_per_token']:.3f} |" in table(timed)
 
 
