@@ -1,9 +1,16 @@
 """Checks of the composed training config: a bad value fails at start-up with the key, the value and the fix."""
 from __future__ import annotations
 
+import difflib
+from pathlib import Path
+
 from omegaconf import DictConfig, OmegaConf
 
 from .compile import COMPILE_MODES
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+# groups whose keys are fixed by their one config file: a key added behind `+` that the file lacks is a typo
+_FIXED_GROUPS = {"trainer": CONF_DIR / "trainer" / "default.yaml", "optim": CONF_DIR / "optim" / "adamw.yaml"}
 
 
 class ConfigError(ValueError):
@@ -92,6 +99,17 @@ def validate_train_config(cfg: DictConfig) -> None:
                 if suite not in SUITES:
                     problems.append(f"trainer.final_evals.{name} has suite={suite!r}: expected an eval config with "
                                     f"suite one of {', '.join(SUITES)} (+eval@trainer.final_evals.{name}=<suite>)")
+    for group, path in _FIXED_GROUPS.items():
+        section = cfg.get(group)
+        if not isinstance(section, DictConfig) or not path.is_file():
+            continue
+        known = set(OmegaConf.load(path).keys())
+        for key in section.keys():
+            if key not in known:
+                near = difflib.get_close_matches(str(key), sorted(known), n=1)
+                hint = f"did you mean {group}.{near[0]}?" if near else f"the keys are listed in {path.name}"
+                problems.append(f"{group}.{key} is not a setting ({hint}); a key added with `+` that hilo does not "
+                                f"read would be ignored")
     for key, (ok, expected) in _CHECKS.items():
         if OmegaConf.select(cfg, key, default="__missing__") == "__missing__":
             problems.append(f"{key} is missing (expected {expected})")

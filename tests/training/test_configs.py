@@ -90,3 +90,13 @@ def test_fsdp_precision_policy_reduces_in_fp32(monkeypatch):
     assert fsdp_plugin(tr, "bf16", use_cpu=False).mixed_precision_policy.param_dtype == torch.bfloat16
     with pytest.raises(ConfigError, match="fsdp_param_dtype"):
         validate_train_config(_compose(["trainer.fsdp_param_dtype=fp16"]))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("+trainer.max_step=2", r"trainer\.max_step is not a setting \(did you mean trainer\.max_steps\?\)"),
+    ("+optim.warmup=10", r"optim\.warmup is not a setting \(did you mean optim\.warmup_steps\?\)"),
+])
+def test_a_typo_behind_plus_is_refused_with_the_near_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        validate_train_config(_compose([override]))
+    validate_train_config(_compose(["trainer.max_steps=2"]))  # the real keys pass
