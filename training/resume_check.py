@@ -1,7 +1,7 @@
 """Resuming with changed settings: which differences between a checkpoint's config and the new one stop the run.
 
 Settings that decide what the run computes (the model, the data, the tokenizer, the optimiser and its schedule, the
-seed, and every trainer setting not listed in MAY_CHANGE: batch size, sequence length, precision, ...) must match
+seed, and every trainer setting not listed in MAY_CHANGE: sequence length, precision, ...) must match
 the checkpoint's: a difference is blocking, and the run stops with the list unless the user accepts it with
 `trainer.resume_override=[key, ...]` (a key or a prefix: `optim.lr`, `optim`) or `trainer.resume_override=all`.
 Settings in MAY_CHANGE (how long to train, how often to log, validate and save, the logger, the progress bar, the
@@ -19,6 +19,10 @@ MAY_CHANGE = (
     "trainer.early_stop_metric", "trainer.early_stop_threshold", "trainer.max_nonfinite_steps",
     "trainer.peak_tflops", "trainer.time_phases", "trainer.data_hashes", "trainer.resume", "trainer.resume_override",
     "logger", "eval", "name", "run_dir", "paths", "hydra",
+    # how the same global batch is computed: its split over processes and micro steps (a resume may change the
+    # number of processes: docs/robustness.md), the device, compilation, activation checkpointing, CPU threads
+    "trainer.batch_size", "trainer.grad_accum", "trainer.device", "trainer.compile", "trainer.compile_mode",
+    "trainer.gradient_checkpointing", "trainer.num_threads",
 )
 _MISSING = object()
 

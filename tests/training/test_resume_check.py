@@ -24,8 +24,8 @@ def test_same_config_has_no_differences(saved):
 @pytest.mark.parametrize("override,key", [
     ("optim.lr=1e-4", "optim.lr"), ("optim.warmup_steps=5", "optim.warmup_steps"), ("seed=1", "seed"),
     ("model.hidden_size=96", "model.hidden_size"), ("data.max_document_chars=1000", "data.max_document_chars"),
-    ("tokenizer.vocab_size=512", "tokenizer.vocab_size"), ("trainer.batch_size=2", "trainer.batch_size"),
-    ("trainer.seq_len=32", "trainer.seq_len"),
+    ("tokenizer.vocab_size=512", "tokenizer.vocab_size"), ("trainer.seq_len=32", "trainer.seq_len"),
+    ("trainer.mixed_precision=bf16", "trainer.mixed_precision"),
 ])
 def test_run_changing_settings_block(saved, override, key):
     blocking, applied = compare_configs(saved, _new(override))
@@ -38,6 +38,8 @@ def test_run_changing_settings_block(saved, override, key):
 @pytest.mark.parametrize("override,key", [
     ("trainer.max_steps=12", "trainer.max_steps"), ("trainer.log_every=2", "trainer.log_every"),
     ("trainer.val_every=4", "trainer.val_every"), ("trainer.save_every=2", "trainer.save_every"),
+    ("trainer.batch_size=2", "trainer.batch_size"), ("trainer.device=cpu", "trainer.device"),
+    ("trainer.compile=true", "trainer.compile"),
     ("logger=wandb", "logger.name"), ("trainer.progress_bar=true", "trainer.progress_bar"),
     ("trainer.final_eval=true", "trainer.final_eval"),
 ])
