@@ -28,7 +28,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 
-import mqar_table  # noqa: E402
+import mqar_table
 
 
 def split_list(text: str, kind=str) -> list:
@@ -67,7 +67,7 @@ def run_grid(points: list[tuple], out: Path, jobs: int, gpus: list[str] | None, 
             env = dict(os.environ)
             if gpus:
                 env["CUDA_VISIBLE_DEVICES"] = gpus[launched % len(gpus)]
-            log = open(run_dir / "sweep.log", "w")
+            log = open(run_dir / "sweep.log", "w")  # noqa: SIM115 (open for the point's life, closed when it ends)
             running.append((subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT),
                             run_dir, log))
             launched += 1

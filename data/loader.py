@@ -34,8 +34,16 @@ import numpy as np
 
 from .packing import PACKERS, TokenBuffer
 from .prefetch import PrefetchingLoader, RowShardedLoader
-from .sources import (DEFAULT_MAX_DOCUMENT_CHARS, MAX_WARNINGS, HubSource, Malformed, _plain, build_source,
-                      expand_paths, iter_file_records)
+from .sources import (
+    DEFAULT_MAX_DOCUMENT_CHARS,
+    MAX_WARNINGS,
+    HubSource,
+    Malformed,
+    _plain,
+    build_source,
+    expand_paths,
+    iter_file_records,
+)
 
 log = logging.getLogger(__name__)
 STATE_VERSION = 1

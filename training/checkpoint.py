@@ -478,7 +478,7 @@ class CheckpointManager:
                 os.replace(tmp, final)
                 _fsync_path(self.dir)
                 _write_durably(self.dir / "latest", final.name.encode())
-        except Exception as e:  # noqa: BLE001  (OSError, torch's RuntimeError, SafetensorError "I/O error", ...)
+        except Exception as e:
             if isinstance(e, CheckpointError):
                 raise
             shutil.rmtree(tmp, ignore_errors=True)

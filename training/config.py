@@ -104,7 +104,7 @@ def validate_train_config(cfg: DictConfig) -> None:
         if not isinstance(section, DictConfig) or not path.is_file():
             continue
         known = set(OmegaConf.load(path).keys())
-        for key in section.keys():
+        for key in section:
             if key not in known:
                 near = difflib.get_close_matches(str(key), sorted(known), n=1)
                 hint = f"did you mean {group}.{near[0]}?" if near else f"the keys are listed in {path.name}"

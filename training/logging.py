@@ -162,9 +162,34 @@ def read_metrics(jsonl: Path) -> list[dict]:
             raise ValueError(f"{jsonl}: line {number} is not valid JSON ({e}); the file is damaged in the middle: "
                              f"delete or fix that line") from None
         if not isinstance(record, dict):
-            raise ValueError(f"{jsonl}: line {number} is a JSON {type(record).__name__}, not an object")
+            raise ValueError(f"{jsonl}: line {number} is a JSON {type(record).__name__}, not an object")  # noqa: TRY004
         records.append(record)
     return records
+
+
+def supersede_after(jsonl: Path, step: int) -> int:
+    """Before a run resumed at `step` appends to metrics.jsonl: move the records of later steps (logged by the
+    training that the resume discards: after the checkpoint it continues from) to metrics.superseded.jsonl beside
+    it, so each step is logged once in metrics.jsonl and nothing logged is lost. Returns how many moved."""
+    jsonl = Path(jsonl)
+    records = read_metrics(jsonl)
+    later = [r for r in records if isinstance(r.get("step"), int) and r["step"] > step]
+    if not later:
+        return 0
+    keep = [r for r in records if r not in later]
+    with open(jsonl.with_name("metrics.superseded.jsonl"), "a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in later)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp = jsonl.with_name(jsonl.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in keep)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, jsonl)
+    log.warning("%s: %d records after step %d (training the resume discards) moved to %s", jsonl, len(later), step,
+                jsonl.with_name("metrics.superseded.jsonl").name)
+    return len(later)
 
 
 def plot_loss_curve(jsonl: Path, out_png: Path) -> Path | None:

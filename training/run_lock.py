@@ -71,7 +71,7 @@ class RunLock:
         finally:
             os.close(fd)
 
-    def __enter__(self) -> RunLock:
+    def __enter__(self) -> RunLock:  # noqa: PYI034 (a final class: acquire() returns this lock)
         return self.acquire()
 
     def __exit__(self, *exc) -> None:

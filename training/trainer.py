@@ -38,7 +38,7 @@ from training.config import model_kwargs, validate_train_config
 from training.data_hashes import DataHashWriter
 from training.evaluation import eval_summary, evaluate_checkpoint, final_eval_configs
 from training.guards import NonFiniteGuard
-from training.logging import MetricsLogger, peak_flops_per_device, read_metrics
+from training.logging import MetricsLogger, peak_flops_per_device, read_metrics, supersede_after
 from training.optim import build_lr_schedule, build_optimizer, local_grad_norm
 from training.phase_timing import PhaseTimer
 from training.resume_check import check_resume_config
@@ -211,6 +211,8 @@ class Trainer:
         self.state.update(self.ckpt.load(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
                                          loader=self.loader))
         self.accelerator.print(f"resumed from {path} at step {self.state['step']}")
+        if self.accelerator.is_main_process:
+            supersede_after(self.run_dir / "metrics.jsonl", self.state["step"])
         for row in read_metrics(self.run_dir / "metrics.jsonl"):
             if row.get("step") is not None and row["step"] <= self.state["step"]:
                 self._record(row, row["step"], log=False)

@@ -7,7 +7,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-import mqar_sweep  # noqa: E402
+import mqar_sweep
 
 TINY = ["trainer.max_steps=3", "trainer.batch_size=4", "trainer.val_every=2", "trainer.seq_len=32", "logger=none",
         "trainer.device=cpu", "data.train=[{seq_len:32,num_kv_pairs:2,num_examples:16}]",

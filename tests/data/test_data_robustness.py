@@ -60,8 +60,7 @@ def test_truncated_zst_raises_naming_file_and_offset(tmp_path, kind):
         path.write_bytes(payload[:cut])
         got = []
         with pytest.raises(ValueError, match=rf"cut{cut}\.jsonl\.zst: truncated.*byte {cut}\b"):
-            for item in iter_file_records(str(path)):
-                got.append(item)
+            got.extend(iter_file_records(str(path)))
         # what came before the error is a clean prefix: no half record passed off as a malformed one
         assert got == DOCS[:len(got)], cut
         # a source stops too, instead of cycling over the prefix (or calling a small file "no records")
@@ -123,7 +122,7 @@ def long_file(tmp_path, name="long.jsonl"):
 
 
 def test_long_records_split_counted_and_warned_once_per_file(tmp_path, caplog):
-    path, docs = long_file(tmp_path)
+    path, _ = long_file(tmp_path)
     source = FilesSource(str(path), max_document_chars=10)
     with caplog.at_level(logging.WARNING, logger="data.sources"):
         got = [source.next_text() for _ in range(9)]
@@ -134,7 +133,7 @@ def test_long_records_split_counted_and_warned_once_per_file(tmp_path, caplog):
 
 
 def test_long_records_skipped_by_option(tmp_path):
-    path, docs = long_file(tmp_path)
+    path, _ = long_file(tmp_path)
     source = FilesSource(str(path), max_document_chars=10, long_documents="skip")
     assert [source.next_text() for _ in range(4)] == ["short", "tiny", "x" * 10, "short"]
     assert source.stats["long_documents"] == 2

@@ -211,7 +211,7 @@ def test_loss_at_targets_only_equals_plain_loss_on_fewer_rows(num_items, monkeyp
     labels[0, 5], labels[1, 2], labels[1, 12] = 3, 7, 11  # three targets, as MQAR's queries
     kwargs = {"input_ids": x, "labels": labels, "num_items_in_batch": num_items}
     plain, plain_grads = loss_and_grads(model, **kwargs)
-    import models.lm as lm
+    from models import lm
     head_rows = []
     real = lm.chunked_cross_entropy
     monkeypatch.setattr(lm, "chunked_cross_entropy", lambda h, *a, **k: head_rows.append(len(h)) or real(h, *a, **k))

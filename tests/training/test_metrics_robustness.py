@@ -80,3 +80,24 @@ def test_each_line_is_one_write(tmp_path, monkeypatch):
     monkeypatch.setattr(metrics_logging.os, "write", lambda fd, data: calls.append(bytes(data)) or real_write(fd, data))
     logger.log({"train/loss": 1.0, "blob": "y" * 20000}, step=7)  # longer than any stdio buffer
     assert len(calls) == 1 and calls[0].endswith(b"\n") and json.loads(calls[0])["step"] == 7
+
+
+def test_a_resume_moves_the_discarded_steps_records_aside(tmp_path):
+    """A run that falls back to an older checkpoint (here: its newest one removed) logs each step once in
+    metrics.jsonl; the records of the discarded training go to metrics.superseded.jsonl, not lost."""
+    import shutil
+
+    from tests.training.helpers import metrics, run_train, small_cfg
+
+    run_dir = tmp_path / "run"
+    run_train(small_cfg("trainer.max_steps=6", "trainer.save_every=3", "trainer.val_every=0"), run_dir)
+    first = metrics(run_dir)
+    shutil.rmtree(run_dir / "checkpoints" / "step_00000006")
+    (run_dir / "checkpoints" / "latest").write_text("step_00000003")
+    run_train(small_cfg("trainer.max_steps=6", "trainer.save_every=3", "trainer.val_every=0"), run_dir)
+    steps = [r["step"] for r in metrics(run_dir) if "train/loss" in r]
+    assert steps == [1, 2, 3, 4, 5, 6]
+    from training.logging import read_metrics
+
+    superseded = read_metrics(run_dir / "metrics.superseded.jsonl")
+    assert superseded == [r for r in first if r["step"] > 3]

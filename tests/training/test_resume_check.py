@@ -61,8 +61,8 @@ def test_override_accepts_named_keys_prefixes_or_all(saved):
         check_resume_config(saved, new, override=["optim.lr"])
     assert "optim.lr" not in str(info.value)
     lines = check_resume_config(saved, new, override=["optim", "seed"])
-    assert lines == ["trainer.max_steps: 6 -> 9 (the lr schedule's decay is recomputed for the new length from this "
-                     "step on)", "optim.lr: 0.003 -> 0.0001 (accepted by trainer.resume_override)",
+    assert lines == [("trainer.max_steps: 6 -> 9 (the lr schedule's decay is recomputed for the new length from this "
+                      "step on)"), "optim.lr: 0.003 -> 0.0001 (accepted by trainer.resume_override)",
                      "seed: 0 -> 3 (accepted by trainer.resume_override)"]
     assert check_resume_config(saved, new, override="all") == lines
     assert check_resume_config(saved, new, override="optim.lr,seed") == lines
