@@ -544,7 +544,7 @@ def _raise_naming_file(acc_dir: Path, err: Exception):
         if f.suffix == ".safetensors":
             try:
                 with safe_open(str(f), framework="pt"):
-                    pass
+                    pass  # opening parses the header: what a truncated or garbled file fails
             except (SafetensorError, OSError) as e:
                 raise CheckpointError(f"{f}: cannot be read, truncated or damaged ({e}); {_WAY_OUT}") from err
         elif f.suffix == ".bin":

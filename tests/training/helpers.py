@@ -34,3 +34,21 @@ def metrics(run_dir) -> list[dict]:
     from training.logging import read_metrics
 
     return read_metrics(Path(run_dir) / "metrics.jsonl")
+
+
+def nan_training_losses(monkeypatch, steps) -> None:
+    """Make the loss of the training forwards numbered in `steps` (1-based, a container) NaN."""
+    from models import HiloForCausalLM
+
+    original = HiloForCausalLM.forward
+    calls = {"n": 0}
+
+    def forward(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        if self.training:
+            calls["n"] += 1
+            if calls["n"] in steps:
+                out.loss = out.loss * float("nan")
+        return out
+
+    monkeypatch.setattr(HiloForCausalLM, "forward", forward)

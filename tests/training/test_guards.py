@@ -64,22 +64,10 @@ def test_training_stops_after_consecutive_non_finite_steps_keeping_the_last_good
     """The loop wires the guard in: from step 3 on every loss is NaN; with trainer.max_nonfinite_steps=4 the run
     raises at the step-6 log window instead of running to max_steps; the step-6 checkpoint is never written, the
     earlier ones stay and the message names the newest."""
-    from models import HiloForCausalLM
-    from tests.training.helpers import run_train, small_cfg
+    from tests.training.helpers import nan_training_losses, run_train, small_cfg
     from training.guards import NonFiniteLossError
 
-    original = HiloForCausalLM.forward
-    calls = {"n": 0}
-
-    def forward(self, *args, **kwargs):
-        out = original(self, *args, **kwargs)
-        if self.training:
-            calls["n"] += 1
-            if calls["n"] >= 3:
-                out.loss = out.loss * float("nan")
-        return out
-
-    monkeypatch.setattr(HiloForCausalLM, "forward", forward)
+    nan_training_losses(monkeypatch, range(3, 1000))
     run_dir = tmp_path / "run"
     cfg = small_cfg("trainer.max_steps=12", "trainer.save_every=2", "trainer.log_every=1",
                     "trainer.max_nonfinite_steps=4")

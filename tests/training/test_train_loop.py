@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.training.helpers import metrics, run_train, small_cfg
+from tests.training.helpers import metrics, nan_training_losses, run_train, small_cfg
 
 
 def _weights(ckpt):
@@ -72,20 +72,7 @@ def test_missing_resume_checkpoint_is_a_clear_error(tmp_path):
 
 @pytest.mark.parametrize("fused", [False, True])  # fused AdamW skips on the device (found_inf), no host sync
 def test_non_finite_step_is_skipped_and_counted(tmp_path, monkeypatch, fused):
-    from models import HiloForCausalLM
-
-    original = HiloForCausalLM.forward
-    calls = {"n": 0}
-
-    def forward(self, *args, **kwargs):
-        out = original(self, *args, **kwargs)
-        if self.training:
-            calls["n"] += 1
-            if calls["n"] == 2:  # the second training step's loss is NaN
-                out.loss = out.loss * float("nan")
-        return out
-
-    monkeypatch.setattr(HiloForCausalLM, "forward", forward)
+    nan_training_losses(monkeypatch, {2})  # the second training step's loss is NaN
     summary = run_train(small_cfg("trainer.max_steps=4", "trainer.save_every=0", f"optim.fused={fused}"),
                         tmp_path / "run")
     assert summary["skipped_steps"] == 1 and summary["step"] == 4
