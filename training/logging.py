@@ -173,10 +173,11 @@ def supersede_after(jsonl: Path, step: int) -> int:
     it, so each step is logged once in metrics.jsonl and nothing logged is lost. Returns how many moved."""
     jsonl = Path(jsonl)
     records = read_metrics(jsonl)
-    later = [r for r in records if isinstance(r.get("step"), int) and r["step"] > step]
+    is_later = [isinstance(r.get("step"), int) and r["step"] > step for r in records]
+    later = [r for r, x in zip(records, is_later) if x]
     if not later:
         return 0
-    keep = [r for r in records if r not in later]
+    keep = [r for r, x in zip(records, is_later) if not x]
     with open(jsonl.with_name("metrics.superseded.jsonl"), "a") as f:
         f.writelines(json.dumps(r) + "\n" for r in later)
         f.flush()
