@@ -1,0 +1,111 @@
+"""Peer implementations of hilo's layers and models, with hilo's weights copied in (for parity tests and the
+language-model comparison, benchmarks/lm_parity.py).
+
+    fla_gated_deltanet_layer(mixer, config)    fla's GatedDeltaNet layer == hilo's GatedDeltaNetMixer
+    fla_loglinear_mamba2_layer(mixer, config)  fla's LogLinearMamba2 layer == hilo's LogLinearMamba2Mixer
+    fla_gated_deltanet_model(model)            fla's GatedDeltaNetForCausalLM == a hilo gated_deltanet model
+    llama_model(model)                          transformers' LlamaForCausalLM == a hilo transformer
+
+fla (flash-linear-attention, its kernels need CUDA) is imported when a builder is called, never by hilo itself.
+Each builder makes the peer with the same sizes as the hilo module, loads the mapped state dict strictly (every
+peer parameter is set from a hilo one) and returns it on the hilo module's device and dtype. The mappings are key
+renames: fla's layers hold the same parameters under other names (q_conv1d for q_conv.conv, o_norm for norm,
+embeddings for embed_tokens, attn / attn_norm for mixer / mixer_norm, split gate and up projections).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+# hilo GatedDeltaNetMixer key -> fla GatedDeltaNet key (keys not listed keep their name)
+GDN_LAYER_KEYS = {"q_conv.conv.weight": "q_conv1d.weight", "k_conv.conv.weight": "k_conv1d.weight",
+                  "v_conv.conv.weight": "v_conv1d.weight", "norm.weight": "o_norm.weight"}
+# hilo Mamba2Mixer / LogLinearMamba2Mixer key -> fla LogLinearMamba2 key
+LOGLINEAR_MAMBA2_LAYER_KEYS = {"conv.conv.weight": "conv1d.weight", "conv.conv.bias": "conv1d.bias"}
+
+
+def renamed(state_dict: dict[str, torch.Tensor], keys: dict[str, str], prefix: str = "",
+            new_prefix: str = "") -> dict[str, torch.Tensor]:
+    """state_dict's entries under prefix, renamed by keys (the rest keep their name) and put under new_prefix."""
+    out = {}
+    for key, value in state_dict.items():
+        if key.startswith(prefix):
+            rest = key[len(prefix):]
+            out[new_prefix + keys.get(rest, rest)] = value
+    return out
+
+
+def _load(peer: nn.Module, state_dict: dict[str, torch.Tensor], like: nn.Module) -> nn.Module:
+    peer.load_state_dict(state_dict, strict=True)
+    param = next(like.parameters())
+    return peer.to(device=param.device, dtype=param.dtype)
+
+
+def fla_gated_deltanet_layer(mixer: nn.Module, config) -> nn.Module:
+    """fla's GatedDeltaNet with the sizes and weights of a hilo GatedDeltaNetMixer (q, k and v heads equal)."""
+    from fla.layers import GatedDeltaNet
+
+    peer = GatedDeltaNet(hidden_size=config.hidden_size, expand_v=mixer.head_v_dim / mixer.head_dim,
+                         head_dim=mixer.head_dim, num_heads=mixer.num_heads, mode="chunk", use_gate=True,
+                         use_short_conv=True, conv_size=mixer.q_conv.kernel_size, conv_bias=False,
+                         layer_idx=mixer.layer_idx, norm_eps=config.norm_eps)
+    return _load(peer, renamed(mixer.state_dict(), GDN_LAYER_KEYS), mixer)
+
+
+def fla_loglinear_mamba2_layer(mixer: nn.Module, config) -> nn.Module:
+    """fla's LogLinearMamba2 with the sizes and weights of a hilo LogLinearMamba2Mixer. fla fixes the level count
+    at 15 (sequences up to 16K): the hilo model needs max_position_embeddings = 16384 for the same in_proj."""
+    from fla.layers import LogLinearMamba2
+    from fla.layers.log_linear_mamba2 import MAX_NUM_LEVELS
+
+    if mixer.num_levels != MAX_NUM_LEVELS:
+        raise ValueError(f"fla's LogLinearMamba2 has {MAX_NUM_LEVELS} levels, the hilo mixer {mixer.num_levels}: "
+                         f"build the hilo model with max_position_embeddings=16384")
+    peer = LogLinearMamba2(num_heads=mixer.num_heads, head_dim=mixer.head_dim, hidden_size=config.hidden_size,
+                           state_size=mixer.state_size, expand=mixer.d_inner // config.hidden_size,
+                           n_groups=mixer.n_groups, conv_kernel=mixer.conv.kernel_size,
+                           use_conv_bias=mixer.conv.conv.bias is not None, rmsnorm=True, norm_before_gate=False,
+                           chunk_size=64, use_bias=False, norm_eps=config.norm_eps, layer_idx=mixer.layer_idx,
+                           backend="triton")
+    return _load(peer, renamed(mixer.state_dict(), LOGLINEAR_MAMBA2_LAYER_KEYS), mixer)
+
+
+def fla_gated_deltanet_model(model: nn.Module) -> nn.Module:
+    """fla's GatedDeltaNetForCausalLM with the sizes and weights of a hilo gated_deltanet model (every layer a
+    GatedDeltaNetMixer with an MLP, pre-norm blocks, final norm, LM head)."""
+    from fla.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM
+
+    config = model.config
+    mixer = model.model.layers[0].mixer
+    peer_config = GatedDeltaNetConfig(
+        hidden_size=config.hidden_size, expand_v=mixer.head_v_dim / mixer.head_dim, head_dim=mixer.head_dim,
+        num_heads=mixer.num_heads, use_gate=True, use_short_conv=True, conv_size=mixer.q_conv.kernel_size,
+        max_position_embeddings=config.max_position_embeddings, intermediate_size=config.intermediate_size,
+        hidden_act="swish", num_hidden_layers=config.num_layers, norm_eps=config.norm_eps,
+        vocab_size=config.vocab_size, tie_word_embeddings=config.tie_word_embeddings,
+        initializer_range=config.initializer_range, fuse_cross_entropy=False, use_cache=False,
+        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id)
+    state = model.state_dict()
+    mapped = {"model.embeddings.weight": state["model.embed_tokens.weight"],
+              "model.norm.weight": state["model.norm.weight"], "lm_head.weight": state["lm_head.weight"]}
+    for i in range(config.num_layers):
+        src, dst = f"model.layers.{i}.", f"model.layers.{i}."
+        mapped.update(renamed(state, GDN_LAYER_KEYS, f"{src}mixer.", f"{dst}attn."))
+        mapped[f"{dst}attn_norm.weight"] = state[f"{src}mixer_norm.weight"]
+        mapped[f"{dst}mlp_norm.weight"] = state[f"{src}mlp_norm.weight"]
+        gate, up = state[f"{src}mlp.gate_up_proj.weight"].chunk(2, dim=0)
+        mapped[f"{dst}mlp.gate_proj.weight"], mapped[f"{dst}mlp.up_proj.weight"] = gate, up
+        mapped[f"{dst}mlp.down_proj.weight"] = state[f"{src}mlp.down_proj.weight"]
+    return _load(GatedDeltaNetForCausalLM(peer_config), mapped, model)
+
+
+def llama_model(model: nn.Module) -> nn.Module:
+    """transformers' LlamaForCausalLM with the weights of a hilo transformer (models.convert's mapping)."""
+    from transformers import LlamaForCausalLM
+
+    from models import convert
+
+    peer_config = convert.llama_config_from_hilo(model.config)
+    peer_config._attn_implementation = "sdpa"
+    peer = LlamaForCausalLM(peer_config)
+    return _load(peer, convert.hilo_to_llama_state_dict(model.config, model.state_dict()), model)

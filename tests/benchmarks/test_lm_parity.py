@@ -1,0 +1,50 @@
+"""benchmarks/lm_parity.py: the same recipe trains hilo's model and its peer from equal weights to equal losses
+(fp32 on CPU, where the transformer pair runs), and the table reads the seed spread beside the difference."""
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from benchmarks import lm_parity, peer_models
+from models import build_model
+
+
+def tiny_transformer(seed: int):
+    torch.manual_seed(seed)
+    return build_model({"vocab_size": 97, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "mixer": "attention",
+                        "max_position_embeddings": 64})
+
+
+def test_schedule_warms_up_then_decays_to_a_tenth():
+    lrs = [lm_parity.lr_at(s, 100, 1e-3) for s in range(100)]
+    assert lrs[0] == 1e-4 and lrs[9] == 1e-3
+    assert all(a >= b for a, b in itertools.pairwise(lrs[10:]))
+    assert abs(lrs[-1] - 1e-4) < 2e-6
+
+
+def test_hilo_and_peer_train_alike_from_equal_weights():
+    gen = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, 97, (2, 33), generator=gen) for _ in range(6)]
+    val = torch.randint(0, 97, (4, 33), generator=gen)
+    results = []
+    for seed in (0, 1):
+        hilo = tiny_transformer(seed)
+        peer = peer_models.llama_model(hilo)
+        for impl, model in (("hilo", hilo), ("peer", peer)):
+            results.append({"family": "transformer", "impl": impl, "seed": seed, "status": "ok",
+                            **lm_parity.train(model, batches, val, 3e-3, "cpu")})
+    by = {(r["impl"], r["seed"]): r for r in results}
+    seed_spread = abs(by[("hilo", 0)]["val_loss"] - by[("hilo", 1)]["val_loss"])
+    for seed in (0, 1):
+        assert abs(by[("hilo", seed)]["val_loss"] - by[("peer", seed)]["val_loss"]) < min(1e-5, seed_spread / 10)
+        assert by[("hilo", seed)]["train_loss_tail"] < by[("hilo", seed)]["train_loss_curve"][0]  # it learned
+    text = lm_parity.table(results)
+    assert "| transformer | hilo | 0 |" in text and "spread between seeds" in text
+    # a peer whose LM head is not hilo's trains to another loss: the comparison can tell them apart
+    hilo = tiny_transformer(0)
+    peer = peer_models.llama_model(hilo)
+    with torch.no_grad():
+        peer.lm_head.weight.mul_(-1.0)
+    bad = lm_parity.train(peer, batches, val, 3e-3, "cpu")
+    assert abs(bad["val_loss"] - by[("hilo", 0)]["val_loss"]) > 1e-4
