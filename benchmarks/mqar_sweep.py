@@ -8,8 +8,10 @@ MQAR models are tiny (2 layers, width 16-64): one run leaves a GPU mostly idle, 
 launches. Running --jobs points as separate processes on the same GPU (round-robin over --gpus when given) fills
 it. Every point is one `train.py experiment=mqar_sweep` run with its own directory under --out
 (<model>-d<width>-lr<lr>-s<seed>/: config.yaml, metrics.jsonl, summary.json, train.log); overrides after `--` go
-to every point. A point whose directory already holds a summary.json is skipped, so an interrupted grid continues
-where it stopped. At the end the sweep's throughput (optimizer steps of all points per second of wall time) and the
+to every point. A point whose run finished (its summary.json says it was not stopped by a signal) is skipped; one
+stopped by a signal is started again and resumes from its checkpoint. SIGTERM or SIGINT to the sweep stops it:
+no new point starts, each running point gets SIGTERM (it saves a checkpoint at its next step and exits), and the
+same command later continues the grid where it stopped. At the end the sweep's throughput (optimizer steps of all points per second of wall time) and the
 table (best lr per model and width, mean +- std over seeds, beside the paper's numbers) are printed and written to
 <out>/mqar_table.md and .csv (the throughput to <out>/sweep_result.json).
 """
@@ -20,6 +22,7 @@ import argparse
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -48,20 +51,72 @@ def point_command(model: str, width: int, lr: float, seed: int, run_dir: Path, e
             f"name={run_dir.name}", "trainer.progress_bar=false", *extra]
 
 
+def read_summary(run_dir: Path) -> dict | None:
+    path = run_dir / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def finished(summary: dict | None) -> bool:
+    """Whether a point's run ended (max_steps or its early stop), not stopped by a signal to be resumed."""
+    return summary is not None and not summary.get("stopped_by_signal")
+
+
+class StopFlag:
+    """SIGTERM / SIGINT set the flag while the grid runs (the previous handlers are restored after)."""
+
+    def __init__(self):
+        self.set, self._old = False, {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.set = True
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
 def run_grid(points: list[tuple], out: Path, jobs: int, gpus: list[str] | None, extra: list[str]) -> dict:
-    """Run every (model, width, lr, seed) point, at most `jobs` at a time; return counts, wall time and steps."""
-    todo = []
+    """Run every (model, width, lr, seed) point not yet finished, at most `jobs` at a time; return counts, wall
+    time, the optimizer steps this call ran and whether a signal interrupted it."""
+    todo, start_step = [], {}
     for model, width, lr, seed in points:
         run_dir = out / point_name(model, width, lr, seed)
-        if (run_dir / "summary.json").is_file():
+        summary = read_summary(run_dir)
+        if finished(summary):
             continue
+        start_step[run_dir] = int(summary.get("step", 0)) if summary else 0  # a resumed point counts its new steps
         todo.append((run_dir, point_command(model, width, lr, seed, run_dir, extra)))
     running: list[tuple[subprocess.Popen, Path, object]] = []
     failed: list[Path] = []
     start = time.perf_counter()
-    launched, ran = 0, [run_dir for run_dir, _ in todo]
-    while todo or running:
-        while todo and len(running) < jobs:
+    ran = [run_dir for run_dir, _ in todo]
+    with StopFlag() as stop:
+        launched = _loop(todo, running, failed, jobs, gpus, stop)
+    wall = time.perf_counter() - start
+    steps = 0
+    for run_dir in ran:
+        summary = read_summary(run_dir)
+        if summary is not None:
+            steps += max(int(summary.get("step", 0)) - start_step[run_dir], 0)
+    return {"launched": launched, "failed": [str(f) for f in failed], "wall_s": wall, "steps": steps,
+            "interrupted": stop.set}
+
+
+def _loop(todo, running, failed, jobs, gpus, stop: StopFlag) -> int:
+    """Launch points while slots are free until todo is empty and every point has exited; on a stop signal,
+    launch nothing more and pass SIGTERM to the running points, then wait for them. Returns the points launched."""
+    launched, forwarded = 0, False
+    while running or (todo and not stop.set):
+        if stop.set and not forwarded:
+            for proc, _, _ in running:
+                proc.send_signal(signal.SIGTERM)
+            forwarded = True
+        while todo and len(running) < jobs and not stop.set:
             run_dir, cmd = todo.pop(0)
             run_dir.mkdir(parents=True, exist_ok=True)
             env = dict(os.environ)
@@ -81,13 +136,7 @@ def run_grid(points: list[tuple], out: Path, jobs: int, gpus: list[str] | None, 
             if proc.returncode != 0:
                 failed.append(run_dir)
                 print(f"point failed (exit {proc.returncode}): {run_dir}/sweep.log", file=sys.stderr)
-    wall = time.perf_counter() - start
-    steps = 0
-    for run_dir in ran:
-        summary = run_dir / "summary.json"
-        if summary.is_file():
-            steps += int(json.loads(summary.read_text()).get("step", 0))
-    return {"launched": launched, "failed": [str(f) for f in failed], "wall_s": wall, "steps": steps}
+    return launched
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         md, csv_path = mqar_table.write_table(rows, args.out / "mqar_table")
         print(mqar_table.to_markdown(rows))
         print(f"{len(runs)} runs ({skipped} without an accuracy) -> {md}, {csv_path}")
+    if result["interrupted"]:
+        print("interrupted: the running points saved a checkpoint; the same command continues the grid",
+              file=sys.stderr)
+        return 130
     return 1 if result["failed"] else 0
 
 

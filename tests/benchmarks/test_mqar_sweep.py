@@ -38,3 +38,42 @@ def test_a_failing_point_is_reported_and_unknown_models_refused(tmp_path, capsys
     with pytest.raises(SystemExit):
         mqar_sweep.main(["--out", str(tmp_path), "--models", "no_such_model"])
     assert "unknown MQAR model" in capsys.readouterr().err
+
+
+def test_a_point_stopped_by_a_signal_is_resumed_not_skipped(tmp_path):
+    argv = ["--out", str(tmp_path), "--models", "transformer", "--widths", "16", "--lrs", "1e-3", "--", *TINY]
+    assert mqar_sweep.main(argv) == 0
+    summary_path = tmp_path / "transformer-d16-lr0.001-s0" / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary_path.write_text(json.dumps({**summary, "stopped_by_signal": True}))  # as a SIGTERM'd run leaves it
+    assert mqar_sweep.main([*argv, "trainer.max_steps=5"]) == 0
+    result = json.loads((tmp_path / "sweep_result.json").read_text())
+    assert result["launched"] == 1 and result["steps"] == 2  # resumed at step 3, ran steps 4 and 5
+    resumed = json.loads(summary_path.read_text())
+    assert resumed["step"] == 5 and not resumed["stopped_by_signal"]
+
+
+def test_sigterm_stops_the_grid_and_its_points_save(tmp_path):
+    """SIGTERM to the sweep: no point is left running, each running point saves and records stopped_by_signal,
+    and the sweep exits 130."""
+    import signal
+    import subprocess
+    import time
+
+    out = tmp_path / "grid"
+    cmd = [sys.executable, str(Path(mqar_sweep.__file__)), "--out", str(out), "--models", "transformer,mamba2",
+           "--widths", "16", "--lrs", "1e-3", "--jobs", "1", "--", *TINY, "trainer.max_steps=100000",
+           "trainer.val_every=0", "trainer.log_every=1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = out / "transformer-d16-lr0.001-s0" / "metrics.jsonl"
+    deadline = time.time() + 240
+    while not (metrics.is_file() and metrics.read_text().count("\n") >= 2) and time.time() < deadline:
+        time.sleep(0.5)
+    assert metrics.is_file(), "the first point never started training"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 130, err
+    summary = json.loads((out / "transformer-d16-lr0.001-s0" / "summary.json").read_text())
+    assert summary["stopped_by_signal"] and summary["step"] < 100000
+    assert not (out / "mamba2-d16-lr0.001-s0").exists()  # the second point was never started
+    assert "continues the grid" in err
