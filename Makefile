@@ -53,6 +53,8 @@ bench: setup
 	$(PY) benchmarks/train_throughput.py $(ARGS)
 	$(PY) benchmarks/decode.py $(DECODE_ARGS)
 	$(PY) benchmarks/hla_numerics.py
+	@if $(PY) -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then \
+	  $(PY) benchmarks/peers.py; else echo "benchmarks/peers.py skipped: it needs a CUDA GPU"; fi
 
 # ruff is pinned (as in pyproject's dev extra): a new release adds rules; bump it together with their fixes
 lint: setup

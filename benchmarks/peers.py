@@ -1,0 +1,302 @@
+"""hilo's operators beside every installed peer, in one process on one GPU: a correctness cross-check, then times.
+
+    python benchmarks/peers.py                                   # every op, T = 2K ... 32K at 32K tokens a call
+    python benchmarks/peers.py --ops linear_attn delta_rule --seqlens 4096 16384
+
+Peers (found if installed, never imported by hilo itself; the run lists the missing ones):
+  linear_attn     fla's chunk_simple_gla (H = 16, K = V = 128); mamba_ssm's mamba_chunk_scan_combined at Mamba-2's
+                  heads (48 heads, head dim 64, state 128, B and C shared by the heads)
+  delta_rule      fla's chunk_gated_delta_rule
+  loglinear_attn  fla's chunk_log_linear_attn
+  softmax_attn    torch's SDPA on its flash and cuDNN backends; flash-attn's flash_attn_func when installed
+Each peer computes the same function as the hilo op on the same values (mamba_ssm takes x and dt with
+v = x * dt and g = A * dt; A = -1 here, so dt = -g). Correctness: hilo's GPU backend and the peer on bf16 inputs,
+each against hilo's fp32 oracle (its "naive" or "torch" backend) on a small odd-length batch: the output and the
+gradient of every input the two share, as error ratios (docs/kernels.md); a peer is an independent oracle too, and
+a peer that refuses the call (a version check) is a row that says so. Times: median ms of
+triton.testing.do_bench for the forward and for forward + backward, at B * T = 32,768 tokens, and hilo's time over
+the fastest peer's.
+
+On a GPU machine without network, wheels from the registry carry the peers: fla-core and flash-linear-attention
+(pure Python), einops; mamba_ssm's Triton SSD code is pure Python too (its package builds CUDA extensions, so copy
+its `mamba_ssm/ops/triton` directory or install with MAMBA_SKIP_CUDA_BUILD=TRUE).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from kernels.common.checks import CASES
+from kernels.common.metrics import error_ratio
+
+SEQLENS = (2048, 4096, 8192, 16384, 32768)
+TOKENS = 32768
+
+
+@dataclass
+class Shape:
+    """Heads and head dims of one benchmark shape; grouped: q and k have one head shared by every value head."""
+    label: str
+    heads: int
+    dim_k: int
+    dim_v: int
+    grouped: bool = False
+
+
+H16 = Shape("H16 K128 V128", 16, 128, 128)
+MAMBA2 = Shape("Mamba-2: H48 P64 N128, B/C shared", 48, 128, 64, grouped=True)
+
+
+@dataclass
+class Peer:
+    """A peer of a hilo op: call(inputs) -> output [B, T, H, V] on the inputs in hilo's layout."""
+    name: str
+    op: str
+    package: str | None  # the import that must succeed (None: always there)
+    call: Callable[[dict], torch.Tensor]
+    shapes: tuple[Shape, ...] = (H16,)
+
+
+def installed(package: str | None) -> bool:
+    return package is None or importlib.util.find_spec(package) is not None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# inputs and hilo's calls
+
+def make_inputs(op: str, shape: Shape, b: int, t: int, device: str, seed: int = 0) -> dict:
+    """fp32 inputs of op in hilo's layout ([B, T, H, D]; g [B, T, H] log decays; beta; level_scales)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    h, hk = shape.heads, 1 if shape.grouped else shape.heads
+    if op == "softmax_attn":
+        return {n: torch.randn(b, t, h, shape.dim_k, device=device, generator=gen) for n in ("q", "k", "v")}
+    x = {"q": torch.randn(b, t, hk, shape.dim_k, device=device, generator=gen),
+         "k": torch.randn(b, t, hk, shape.dim_k, device=device, generator=gen),
+         "v": torch.randn(b, t, h, shape.dim_v, device=device, generator=gen),
+         "g": -0.01 - 0.29 * torch.rand(b, t, h, device=device, generator=gen)}
+    if op == "delta_rule":
+        x["k"] = torch.nn.functional.normalize(x["k"], dim=-1)
+        x["beta"] = torch.rand(b, t, h, device=device, generator=gen).sigmoid()
+    if op == "loglinear_attn":
+        from kernels.loglinear_attn import num_levels
+
+        x["level_scales"] = 0.5 + torch.rand(b, t, h, num_levels(t), device=device, generator=gen)
+    return x
+
+
+def hilo_call(op: str, backend: str) -> Callable[[dict], torch.Tensor]:
+    """hilo's op on backend: the output only (no initial or final state)."""
+    if op == "softmax_attn":
+        from kernels import softmax_attn
+
+        return lambda x: softmax_attn(x["q"], x["k"], x["v"], causal=True, backend=backend)
+    call = CASES[op].call
+    return lambda x: call(x, None, backend)[0]
+
+
+def oracle_backend(op: str) -> str:
+    return "naive" if op == "softmax_attn" else CASES[op].oracle
+
+
+def hilo_backend(op: str) -> str | None:
+    """The backend hilo's layers use on a GPU (softmax_attn: its own pick, flash-attn or SDPA)."""
+    return None if op == "softmax_attn" else CASES[op].backend
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the peers, each on hilo's inputs
+
+def _fla_simple_gla(x):
+    from fla.ops.simple_gla import chunk_simple_gla
+
+    return chunk_simple_gla(x["q"], x["k"], x["v"], g=x["g"], scale=x["q"].shape[-1] ** -0.5)[0]
+
+
+def _fla_gated_delta_rule(x):
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    return chunk_gated_delta_rule(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"],
+                                  scale=x["q"].shape[-1] ** -0.5)[0]
+
+
+def _fla_log_linear_attn(x):
+    from fla.ops.log_linear_attn import chunk_log_linear_attn
+
+    return chunk_log_linear_attn(x["q"], x["k"], x["v"], g=x["g"], level_scales=x["level_scales"],
+                                 scale=x["q"].shape[-1] ** -0.5)[0]
+
+
+def _mamba_ssm_ssd(x):
+    """SSD with A = -1: dt = -g, x_ssd = v / dt, so that x_ssd * dt = v and A * dt = g (C = q, B = k)."""
+    from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+
+    dt = -x["g"]
+    a = -torch.ones(x["v"].shape[2], device=dt.device, dtype=torch.float32)
+    y = mamba_chunk_scan_combined((x["v"] / dt.unsqueeze(-1)).to(x["v"].dtype), dt, a, x["k"], x["q"],
+                                  chunk_size=256)
+    return y * x["q"].shape[-1] ** -0.5  # hilo's linear_attn scales by K ** -0.5 (its default scale)
+
+
+def _sdpa(kind: str):
+    def call(x):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[kind]
+        q, k, v = (x[n].transpose(1, 2) for n in ("q", "k", "v"))
+        with sdpa_kernel(backend):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+    return call
+
+
+def _flash_attn(x):
+    from flash_attn import flash_attn_func
+
+    return flash_attn_func(x["q"], x["k"], x["v"], causal=True)
+
+
+PEERS = [
+    Peer("fla chunk_simple_gla", "linear_attn", "fla", _fla_simple_gla),
+    Peer("mamba_ssm mamba_chunk_scan_combined", "linear_attn", "mamba_ssm", _mamba_ssm_ssd, (MAMBA2,)),
+    Peer("fla chunk_gated_delta_rule", "delta_rule", "fla", _fla_gated_delta_rule),
+    Peer("fla chunk_log_linear_attn", "loglinear_attn", "fla", _fla_log_linear_attn),
+    Peer("SDPA flash", "softmax_attn", None, _sdpa("flash")),
+    Peer("SDPA cuDNN", "softmax_attn", None, _sdpa("cudnn")),
+    Peer("flash-attn flash_attn_func", "softmax_attn", "flash_attn", _flash_attn),
+]
+OPS = tuple(dict.fromkeys(p.op for p in PEERS))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# correctness and timing
+
+def leaves(inputs: dict, dtype: torch.dtype) -> dict:
+    """Leaves requiring grad: activations in dtype, gates and level scales in fp32 (as the layers pass them)."""
+    return {n: v.detach().to(torch.float32 if n in ("g", "level_scales") else dtype).requires_grad_()
+            for n, v in inputs.items()}
+
+
+def output_and_grads(call, inputs: dict, dtype: torch.dtype, seed: int = 11):
+    x = leaves(inputs, dtype)
+    o = call(x)
+    do = torch.randn(o.shape, device=o.device, generator=torch.Generator(device=o.device).manual_seed(seed))
+    grads = torch.autograd.grad((o.float() * do).sum(), list(x.values()), allow_unused=True)
+    return o.detach(), dict(zip(x, grads))
+
+
+def cross_check(op: str, peer: Peer, shape: Shape, device: str, backend: str | None, b: int = 2, t: int = 777,
+                dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Error ratios against hilo's fp32 oracle of hilo's backend and of the peer: {quantity: (hilo, peer)},
+    or {"refused": message} when the peer raises."""
+    inputs = make_inputs(op, shape, b, t, device)
+    ro, rg = output_and_grads(hilo_call(op, oracle_backend(op)), inputs, torch.float32)
+    ho, hg = output_and_grads(hilo_call(op, backend), inputs, dtype)
+    try:
+        po, pg = output_and_grads(peer.call, inputs, dtype)
+    except (RuntimeError, ValueError, NotImplementedError) as err:
+        return {"refused": str(err).splitlines()[0]}
+    errors = {"o": (error_ratio(ho, ro), error_ratio(po, ro))}
+    for name, ref in rg.items():
+        if ref is not None and hg.get(name) is not None and pg.get(name) is not None:
+            errors[f"d{name}"] = (error_ratio(hg[name], ref), error_ratio(pg[name], ref))
+    return errors
+
+
+def median_ms(fn: Callable[[], object], device: str) -> float:
+    if device == "cuda":
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        fn()
+        times.append(1e3 * (time.perf_counter() - start))
+    return sorted(times)[1]
+
+
+def timings(op: str, call, shape: Shape, t: int, device: str, tokens: int = TOKENS) -> tuple[float, float]:
+    """(forward ms, forward + backward ms) of call at B = tokens // t, bf16."""
+    x = leaves(make_inputs(op, shape, max(tokens // t, 1), t, device), torch.bfloat16)
+    with torch.no_grad():
+        fwd = median_ms(lambda: call(x), device)
+    o = call(x)
+    do = torch.randn_like(o)
+
+    def fwd_bwd():
+        torch.autograd.grad(call(x), list(x.values()), do, allow_unused=True)
+    return fwd, median_ms(fwd_bwd, device)
+
+
+def run(ops, seqlens, device: str, peers=None, check_t: int = 777, tokens: int = TOKENS,
+        backend: Callable[[str], str | None] = hilo_backend) -> tuple[list[dict], list[dict], list[str]]:
+    """(correctness rows, timing rows, names of the missing peers); backend(op) is the hilo backend checked and
+    timed (on a GPU, the one hilo's layers use)."""
+    peers = PEERS if peers is None else peers
+    present = [p for p in peers if p.op in ops and installed(p.package)]
+    missing = [f"{p.name} ({p.package})" for p in peers if p.op in ops and not installed(p.package)]
+    checks, times = [], []
+    for peer in present:
+        for shape in peer.shapes:
+            errors = cross_check(peer.op, peer, shape, device, backend(peer.op), t=check_t)
+            checks.append({"op": peer.op, "peer": peer.name, "shape": shape.label, **errors})
+            if "refused" in errors:
+                continue
+            for t in seqlens:
+                hilo = timings(peer.op, hilo_call(peer.op, backend(peer.op)), shape, t, device, tokens)
+                theirs = timings(peer.op, peer.call, shape, t, device, tokens)
+                times.append({"op": peer.op, "peer": peer.name, "shape": shape.label, "T": t,
+                              "hilo_fwd": hilo[0], "hilo_fwd_bwd": hilo[1], "peer_fwd": theirs[0],
+                              "peer_fwd_bwd": theirs[1]})
+    return checks, times, missing
+
+
+def tables(checks: list[dict], times: list[dict], missing: list[str]) -> str:
+    lines = ["| op | peer | shape | quantity | hilo error | peer error |", "|---|---|---|---|---|---|"]
+    for row in checks:
+        head = f"| {row['op']} | {row['peer']} | {row['shape']} |"
+        if "refused" in row:
+            lines.append(f"{head} refused | {row['refused']} | - |")
+            continue
+        for quantity, value in row.items():
+            if isinstance(value, tuple):
+                lines.append(f"{head} {quantity} | {value[0]:.2e} | {value[1]:.2e} |")
+    lines += ["", ("| op | peer | shape | T | hilo fwd ms | peer fwd ms | hilo fwd+bwd ms | peer fwd+bwd ms | "
+              "hilo / peer (fwd+bwd) |"), "|---|---|---|---|---|---|---|---|---|"]
+    for r in times:
+        lines.append(f"| {r['op']} | {r['peer']} | {r['shape']} | {r['T']} | {r['hilo_fwd']:.3f} | "
+                     f"{r['peer_fwd']:.3f} | {r['hilo_fwd_bwd']:.3f} | {r['peer_fwd_bwd']:.3f} | "
+                     f"{r['hilo_fwd_bwd'] / r['peer_fwd_bwd']:.2f}x |")
+    lines += ["", "Missing peers (not installed): " + (", ".join(missing) if missing else "none")]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
+    ap.add_argument("--seqlens", nargs="+", type=int, default=list(SEQLENS))
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmarks/peers.py needs a CUDA GPU (the peers' kernels are CUDA-only)", file=sys.stderr)
+        return 2
+    bad = [t for t in args.seqlens if t <= 0 or TOKENS % t]
+    if bad:
+        ap.error(f"--seqlens must divide {TOKENS} (tokens per call), got {bad}")
+    checks, times, missing = run(args.ops, args.seqlens, "cuda")
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print(tables(checks, times, missing))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
