@@ -165,3 +165,15 @@ def test_a_shrunken_paper_run_ends_with_every_final_eval(tmp_path, monkeypatch):
     saved = OmegaConf.load(run_dir / "config.yaml")
     assert list(saved.trainer.final_evals) == ["ppl_T16384", "ppl_T32768", "ruler"]
     assert os.path.isdir(summary["checkpoint"])
+
+
+@pytest.mark.parametrize("model", ["transformer", "mamba2", "loglinear_mamba2", "gated_deltanet",
+                                   "loglinear_gated_deltanet"])
+def test_longctx_small_trains_at_4k_and_reports_ppl_and_ruler(model):
+    cfg = _compose(["experiment=longctx_small", f"model={model}"])
+    validate_train_config(cfg)
+    assert cfg.model.name == model and cfg.model.size_name == "125m"
+    assert cfg.trainer.seq_len == cfg.model.max_position_embeddings == 4096
+    reports = final_eval_configs(cfg)
+    assert {name: r.get("seq_len", r.get("lengths")) for name, r in reports} == {
+        "ppl_T4096": 4096, "ppl_T8192": 8192, "ruler": [2048, 4096, 8192]}
