@@ -1,0 +1,72 @@
+"""A multi-node launch (docs/distributed.md) as two "nodes" of one CPU process each on this machine, over gloo with a
+localhost rendezvous: `accelerate launch --num_machines 2 --machine_rank 0|1 --main_process_ip 127.0.0.1 ...` and
+its torchrun equivalent (`--nnodes 2 --node_rank 0|1 --master_addr ...`) train like one process at the same global
+batch. data.shard=rows gives both runs the same global batches; the row hashes show that the two nodes' ranks
+read different halves of each one (ranks that saw the same rows would also change the losses)."""
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from tests.training.helpers import REPO, SMALL, metrics
+
+ENV = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+STEPS = 3
+COMMON = [*SMALL, f"trainer.max_steps={STEPS}", "trainer.val_every=0", "trainer.save_final=false", "data.shard=rows",
+          "trainer.data_hashes=true"]
+
+
+def _losses(run_dir):
+    return [r["train/loss"] for r in metrics(run_dir) if "train/loss" in r]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _node_command(launcher: str, rank: int, port: int) -> list[str]:
+    """What a user runs on node `rank` of two (one process per node here; GPUs: one per GPU)."""
+    if launcher == "accelerate":
+        return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "conf/accelerate/cpu.yaml",
+                "--num_machines", "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1",
+                "--main_process_port", str(port), "--num_processes", "2"]  # the total over the machines
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(rank),
+            "--master_addr", "127.0.0.1", "--master_port", str(port), "--nproc_per_node", "1"]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The reference: one process, 4 rows a step (run once for every launcher's test)."""
+    run_dir = tmp_path_factory.mktemp("one")
+    one = subprocess.run([sys.executable, "train.py", *COMMON, "trainer.batch_size=4", f"hydra.run.dir={run_dir}"],
+                         cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300, check=False)
+    assert one.returncode == 0, one.stderr[-3000:]
+    return run_dir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["accelerate", "torchrun"])
+def test_two_nodes_match_one_process_at_the_same_global_batch(tmp_path, one_process, launcher):
+    from training.data_hashes import cross_rank_overlap, read_hashes
+
+    port, run_dir = _free_port(), tmp_path / "two_nodes"
+    nodes = [subprocess.Popen([*_node_command(launcher, rank, port), "train.py", *COMMON, "trainer.device=cpu",
+                               "trainer.batch_size=2", f"hydra.run.dir={run_dir}"], cwd=REPO, env=ENV,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(2)]
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(out[-3000:] for out in outputs)
+    assert "2 process(es)" in outputs[0]  # one world of two ranks, not two one-process runs
+    a, b = _losses(one_process), _losses(run_dir)
+    assert len(a) == len(b) == STEPS
+    assert b == pytest.approx(a, abs=1e-4), (a, b)
+    assert a[-1] < a[0]
+    # each node's rank trained on its own half of every global batch, and together on the one process's rows
+    hashes = read_hashes(run_dir)
+    assert cross_rank_overlap(hashes) == {"rows": {0: 2 * STEPS, 1: 2 * STEPS},
+                                          "distinct": {0: 2 * STEPS, 1: 2 * STEPS}, "shared": 0}
+    one_rows = [h for r in read_hashes(one_process)[0] for h in r["rows"]]
+    assert sorted(one_rows) == sorted(h for recs in hashes.values() for r in recs for h in r["rows"])
