@@ -1,4 +1,4 @@
-"""A multi-node launch (docs/distributed.md) as two "nodes" of one CPU process each on this machine, over gloo with a
+"""A multi-node launch (docs/distributed.md, scripts/slurm_train.sbatch) as two "nodes" of one CPU process each on this machine, over gloo with a
 localhost rendezvous: `accelerate launch --num_machines 2 --machine_rank 0|1 --main_process_ip 127.0.0.1 ...` and
 its torchrun equivalent (`--nnodes 2 --node_rank 0|1 --master_addr ...`) train like one process at the same global
 batch. data.shard=rows gives both runs the same global batches; the row hashes show that the two nodes' ranks
@@ -70,3 +70,27 @@ def test_two_nodes_match_one_process_at_the_same_global_batch(tmp_path, one_proc
                                           "distinct": {0: 2 * STEPS, 1: 2 * STEPS}, "shared": 0}
     one_rows = [h for r in read_hashes(one_process)[0] for h in r["rows"]]
     assert sorted(one_rows) == sorted(h for recs in hashes.values() for r in recs for h in r["rows"])
+
+
+def test_the_slurm_script_launches_each_node_as_the_accelerate_test_does(tmp_path):
+    """scripts/slurm_train.sbatch under stand-ins for srun (one task per node, SLURM_NODEID 0 and 1) and scontrol
+    (the allocation's hosts): each node runs the accelerate command above, rank and rendezvous filled in."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shims = {"srun": 'while [[ $1 == --* ]]; do shift; done\nfor id in 0 1; do SLURM_NODEID=$id "$@"; done\n',
+             "scontrol": 'echo 127.0.0.1\necho node-b\n',
+             "python": f'printf "%s\\n" "$@" > {tmp_path}/node$SLURM_NODEID.args\n'}
+    for name, body in shims.items():
+        (bin_dir / name).write_text("#!/bin/bash\n" + body)
+        (bin_dir / name).chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_NUM_NODES="2",
+               SLURM_JOB_NODELIST="127.0.0.1,node-b", GPUS_PER_NODE="1", MAIN_PORT="29611",
+               ACCELERATE_CONFIG="conf/accelerate/cpu.yaml", PYTHON=str(bin_dir / "python"))
+    overrides = ["trainer.device=cpu", "name=two nodes"]  # an argument with a space stays one argument
+    out = subprocess.run(["bash", "scripts/slurm_train.sbatch", *overrides], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "2 nodes x 1 GPUs, rendezvous 127.0.0.1:29611" in out.stdout
+    for rank in range(2):
+        args = (tmp_path / f"node{rank}.args").read_text().splitlines()
+        assert args == [*_node_command("accelerate", rank, 29611)[1:], "train.py", *overrides]
