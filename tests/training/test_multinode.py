@@ -1,8 +1,9 @@
-"""A multi-node launch (docs/distributed.md, scripts/slurm_train.sbatch) as two "nodes" of one CPU process each on this machine, over gloo with a
+"""A multi-node launch (docs/distributed.md) as two "nodes" of one CPU process each on this machine, over gloo with a
 localhost rendezvous: `accelerate launch --num_machines 2 --machine_rank 0|1 --main_process_ip 127.0.0.1 ...` and
 its torchrun equivalent (`--nnodes 2 --node_rank 0|1 --master_addr ...`) train like one process at the same global
 batch. data.shard=rows gives both runs the same global batches; the row hashes show that the two nodes' ranks
-read different halves of each one (ranks that saw the same rows would also change the losses)."""
+read different halves of each one (ranks that saw the same rows would also change the losses). The SLURM script
+(scripts/slurm_train.sbatch) is checked to launch each node with the same accelerate command."""
 import os
 import socket
 import subprocess
