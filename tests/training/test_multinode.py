@@ -95,3 +95,39 @@ def test_the_slurm_script_launches_each_node_as_the_accelerate_test_does(tmp_pat
     for rank in range(2):
         args = (tmp_path / f"node{rank}.args").read_text().splitlines()
         assert args == [*_node_command("accelerate", rank, 29611)[1:], "train.py", *overrides]
+
+
+def test_the_scaling_script_plans_the_gpu_runs_at_one_global_batch(tmp_path):
+    """scripts/scaling_runs.sh (docs/distributed.md) with DRY_RUN=1: every run at the global batch of 8 rows, the
+    resumed runs from the saving run's middle checkpoint."""
+    import shlex
+
+    def plan(**env):
+        out = subprocess.run(["bash", "scripts/scaling_runs.sh"], cwd=REPO, capture_output=True, text=True, timeout=60,
+                             env=dict(os.environ, DRY_RUN="1", GPUS="8", OUT=str(tmp_path), PYTHON="py", **env),
+                             check=False)
+        assert out.returncode == 0, out.stderr
+        runs = {}
+        for line in out.stdout.splitlines():
+            args = shlex.split(line)
+            overrides = dict(a.split("=", 1) for a in args[args.index("train.py") + 1:])
+            procs = int(args[args.index("--num_processes") + 1]) if "--num_processes" in args else 1
+            runs[overrides["name"]] = (procs, args[args.index("--config_file") + 1] if procs > 1 else None, overrides)
+        return runs
+
+    runs = plan()
+    assert list(runs) == ["1gpu-a", "1gpu-b", "ddp8", "fsdp8", "fsdp8-param_bf16", "fsdp8-prefetch1",
+                          "fsdp8-prefetch2", "fsdp8-reduce_bf16", "fsdp8-save", "fsdp4-resumed", "1gpu-resumed"]
+    for name, (procs, config, o) in runs.items():
+        assert procs * int(o["trainer.batch_size"]) * int(o.get("trainer.grad_accum", 1)) == 8, name
+        assert o["data.shard"] == "rows" and o["hydra.run.dir"] == f"{tmp_path}/{name}"
+        assert config == (None if procs == 1 else "conf/accelerate/ddp.yaml" if name.startswith("ddp")
+                          else "conf/accelerate/fsdp.yaml"), name
+    assert runs["fsdp8-save"][2]["trainer.save_every"] == "25"
+    for name in ("fsdp4-resumed", "1gpu-resumed"):
+        assert runs[name][2]["trainer.resume"] == f"{tmp_path}/fsdp8-save/checkpoints/step_00000025"
+    assert runs["fsdp8-reduce_bf16"][2]["trainer.fsdp_reduce_dtype"] == "bf16"
+    assert list(plan(SKIP_ONE_GPU="1", EXTRA="trainer.gradient_checkpointing=true")) == [
+        n for n in runs if not n.startswith(("1gpu", "ddp"))]
+    assert all(o["trainer.gradient_checkpointing"] == "true"
+               for _, _, o in plan(EXTRA="trainer.gradient_checkpointing=true").values())
