@@ -1,7 +1,8 @@
 """The trainer.fsdp_* settings (training.fsdp): validated at start-up, passed to accelerate, and, in two CPU processes
 over gloo wrapped by accelerate's own FSDP2 preparation (fsdp2_prepare_model, which the GPU trainer runs), the
 same losses as one unsharded process at the same global batch: full sharding, hybrid sharding on a 2x1 mesh
-(replicated over two "nodes", sharded within each), explicit prefetching, and activation checkpointing per block;
+(replicated over two "nodes" of one process) and, in four processes, on the 2x2 mesh accelerate builds from
+hybrid's ParallelismConfig (two "nodes" of two), explicit prefetching, and activation checkpointing per block;
 bf16 gradient reduction drifts from the fp32 reduction by a measured amount."""
 import os
 import types
@@ -67,13 +68,15 @@ def test_plugin_and_mesh_settings_reach_accelerate(monkeypatch):
 
 
 # ---- two processes over gloo -------------------------------------------------------------------------------------
-VARIANTS = {  # name -> (trainer overrides, mesh shape or None for 1-D)
+VARIANTS = {  # name -> (trainer overrides, mesh: None for 1-D, a shape, or "accelerate" for parallelism_config's)
     "full": ({}, None),
     "hybrid_2x1": ({"fsdp_sharding": "hybrid"}, (2, 1)),
     "prefetch_2_2": ({"fsdp_forward_prefetch": 2, "fsdp_backward_prefetch": 2}, None),
     "checkpointing": ({"gradient_checkpointing": True}, None),
     "bf16_reduce": ({"fsdp_reduce_dtype": "bf16"}, None),
 }
+# four processes as two "nodes" of two: hybrid sharding on the mesh accelerate builds from training.fsdp's config
+VARIANTS_4 = {"hybrid_2x2": ({"fsdp_sharding": "hybrid"}, "accelerate")}
 
 
 def _model(gradient_checkpointing=False):
@@ -111,7 +114,7 @@ def _train(model, rows_of, reduce=None):
     return losses, norms
 
 
-def _worker(rank, world, init, out):
+def _worker(rank, world, init, out, variants):
     import torch.distributed as dist
     from accelerate.utils.fsdp_utils import fsdp2_prepare_model
     from omegaconf import OmegaConf
@@ -119,7 +122,7 @@ def _worker(rank, world, init, out):
 
     from models.blocks import Block
 
-    os.environ.update(FSDP_ENV)
+    os.environ.update(FSDP_ENV, WORLD_SIZE=str(world), LOCAL_WORLD_SIZE="2")  # "nodes" of two processes
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
 
@@ -128,14 +131,17 @@ def _worker(rank, world, init, out):
         return t.item() / world
 
     results = {}
-    for name, (overrides, mesh_shape) in VARIANTS.items():
+    for name, (overrides, mesh_kind) in variants.items():
         tr = OmegaConf.merge(small_cfg().trainer, overrides)
         model = _model(bool(tr.gradient_checkpointing))
         plugin = fsdp_plugin(tr, "no", use_cpu=False)
         mesh, dims = None, None
-        if mesh_shape is not None:  # what accelerate builds from parallelism_config (dp_replicate x dp_shard)
+        if mesh_kind == "accelerate":  # as Accelerator(parallelism_config=...) builds it
+            config = parallelism_config(tr, use_cpu=False)
+            mesh, dims = config.build_device_mesh("cpu"), config.fsdp_dim_names
+        elif mesh_kind is not None:  # the same dimensions, of a shape accelerate refuses (nothing sharded)
             dims = ["dp_replicate", "dp_shard_cp"]
-            mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=tuple(dims))
+            mesh = init_device_mesh("cpu", mesh_kind, mesh_dim_names=tuple(dims))
         acc = types.SimpleNamespace(state=types.SimpleNamespace(fsdp_plugin=plugin), torch_device_mesh=mesh,
                                     parallelism_config=types.SimpleNamespace(fsdp_dim_names=dims),
                                     mixed_precision="no", is_main_process=rank == 0, device=torch.device("cpu"))
@@ -147,7 +153,8 @@ def _worker(rank, world, init, out):
         per_rank = ROWS // world
         losses, norms = _train(model, lambda ids: ids[rank * per_rank:(rank + 1) * per_rank], mean)
         results[name] = {"losses": losses, "norms": norms, "prefetch_set": n_set, "wiring": wiring,
-                         "mesh": list(mesh.shape) if mesh is not None else None}
+                         "mesh": list(mesh[tuple(dims)].shape) if mesh is not None else None,
+                         "local_numel": sum(p.to_local().numel() for p in model.parameters())}
     if rank == 0:
         torch.save(results, out)
     dist.destroy_process_group()
@@ -157,14 +164,12 @@ def _index(blocks, state):
     return next(i for i, b in enumerate(blocks) if b._get_fsdp_state() is state)
 
 
-@pytest.fixture(scope="module")
-def gloo_runs(tmp_path_factory):
-    """Every variant trained once by two gloo processes (rank 0's view of the averaged losses)."""
+def _spawn(tmp, world, variants):
     import torch.multiprocessing as mp
 
-    tmp = tmp_path_factory.mktemp("fsdp")
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(r, 2, f"file://{tmp / 'store'}", tmp / "out.pt")) for r in range(2)]
+    procs = [ctx.Process(target=_worker, args=(r, world, f"file://{tmp / 'store'}", tmp / "out.pt", variants))
+             for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
@@ -174,13 +179,21 @@ def gloo_runs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def gloo_runs(tmp_path_factory):
+    """Every variant trained once by two gloo processes (rank 0's view of the averaged losses), and the hybrid one
+    by four."""
+    return {**_spawn(tmp_path_factory.mktemp("fsdp2"), 2, VARIANTS),
+            **_spawn(tmp_path_factory.mktemp("fsdp4"), 4, VARIANTS_4)}
+
+
+@pytest.fixture(scope="module")
 def one_process():
     """The same STEPS steps by one unsharded process on the whole global batch."""
     return _train(_model(), lambda ids: ids)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["full", "hybrid_2x1", "prefetch_2_2", "checkpointing"])
+@pytest.mark.parametrize("name", ["full", "hybrid_2x1", "hybrid_2x2", "prefetch_2_2", "checkpointing"])
 def test_two_process_fsdp_matches_one_process(gloo_runs, one_process, name):
     losses, norms = one_process
     run = gloo_runs[name]
@@ -192,6 +205,10 @@ def test_two_process_fsdp_matches_one_process(gloo_runs, one_process, name):
 @pytest.mark.slow
 def test_hybrid_used_the_two_dimensional_mesh_and_prefetch_wired_neighbours(gloo_runs):
     assert gloo_runs["hybrid_2x1"]["mesh"] == [2, 1] and gloo_runs["full"]["mesh"] is None
+    assert gloo_runs["hybrid_2x2"]["mesh"] == [2, 2]  # replicated over the two "nodes", sharded within each
+    # a rank holds half the parameters under hybrid 2x2 as under full sharding over two, all of them under 2x1
+    full, hybrid = gloo_runs["full"]["local_numel"], gloo_runs["hybrid_2x2"]["local_numel"]
+    assert hybrid == pytest.approx(full, rel=0.01) and gloo_runs["hybrid_2x1"]["local_numel"] > 1.9 * full
     assert gloo_runs["full"]["prefetch_set"] == 0  # the defaults leave FSDP2's own prefetching
     wiring, n = gloo_runs["prefetch_2_2"]["wiring"], gloo_runs["prefetch_2_2"]["prefetch_set"]
     assert n == len(wiring) >= 2
