@@ -107,9 +107,10 @@ class Trainer:
         mp = tr.mixed_precision
         if mp == "auto":
             mp = "no" if self.use_cpu else "bf16"
+        parallelism = parallelism_config(tr, self.use_cpu)  # hybrid sharding only (accelerate < 1.10 lacks it)
         acc = self.accelerator = Accelerator(cpu=self.use_cpu, mixed_precision=mp,
                                              fsdp_plugin=fsdp_plugin(tr, mp, self.use_cpu),
-                                             parallelism_config=parallelism_config(tr, self.use_cpu))
+                                             **({"parallelism_config": parallelism} if parallelism else {}))
         self.world = acc.num_processes
         set_seed(int(cfg.seed), device_specific=False)
 
@@ -150,7 +151,7 @@ class Trainer:
 
         optimizer = build_optimizer(model, cfg.optim, on_cuda=not self.use_cpu)
         self.model, self.optimizer = acc.prepare(model, optimizer)
-        if acc.is_fsdp2:  # the blocks' all-gather prefetching (training.fsdp)
+        if getattr(acc, "is_fsdp2", False):  # the blocks' all-gather prefetching (training.fsdp)
             set_prefetch(self.model, int(tr.get("fsdp_forward_prefetch", 0)), int(tr.get("fsdp_backward_prefetch", 1)))
         self.scheduler = build_lr_schedule(self.optimizer, cfg.optim, int(tr.max_steps))  # once per optimizer step
 

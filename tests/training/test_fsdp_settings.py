@@ -227,3 +227,11 @@ def test_bf16_reduce_drifts_from_fp32_reduce(gloo_runs):
     print(f"bf16-reduce loss drift per step: {drift}; relative grad-norm drift: {norm_drift}")
     assert drift[0] == 0.0
     assert 0.0 < max(drift[1:]) < 5e-3
+
+
+def test_the_trainer_refuses_hybrid_sharding_without_fsdp(tmp_path):
+    from tests.training.helpers import run_train
+
+    with pytest.raises(FSDPConfigError, match="needs an FSDP launch"):
+        run_train(small_cfg("trainer.fsdp_sharding=hybrid"), tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # refused before anything was written
