@@ -79,7 +79,8 @@ def test_the_slurm_script_launches_each_node_as_the_accelerate_test_does(tmp_pat
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     shims = {"srun": 'while [[ $1 == --* ]]; do shift; done\nfor id in 0 1; do SLURM_NODEID=$id "$@"; done\n',
-             "scontrol": 'echo 127.0.0.1\necho node-b\n',
+             # a large allocation's host list: a reader that stops at the first line must not fail the script
+             "scontrol": 'echo 127.0.0.1\nseq -f "node-%g" 100000\n',
              "python": f'printf "%s\\n" "$@" > {tmp_path}/node$SLURM_NODEID.args\n'}
     for name, body in shims.items():
         (bin_dir / name).write_text("#!/bin/bash\n" + body)
