@@ -67,7 +67,7 @@ def test_plugin_and_mesh_settings_reach_accelerate(monkeypatch):
     assert policy.reduce_dtype == torch.bfloat16 and policy.param_dtype is None
 
 
-# ---- two processes over gloo -------------------------------------------------------------------------------------
+# ---- gloo processes (two; four for the 2x2 mesh) ----------------------------------------------------------------
 VARIANTS = {  # name -> (trainer overrides, mesh: None for 1-D, a shape, or "accelerate" for parallelism_config's)
     "full": ({}, None),
     "hybrid_2x1": ({"fsdp_sharding": "hybrid"}, (2, 1)),
@@ -194,7 +194,7 @@ def one_process():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["full", "hybrid_2x1", "hybrid_2x2", "prefetch_2_2", "checkpointing"])
-def test_two_process_fsdp_matches_one_process(gloo_runs, one_process, name):
+def test_sharded_runs_match_one_process(gloo_runs, one_process, name):
     losses, norms = one_process
     run = gloo_runs[name]
     assert run["losses"] == pytest.approx(losses, abs=2e-5), (name, run["losses"], losses)
