@@ -7,6 +7,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from .compile import COMPILE_MODES
+from .fsdp import REDUCE_DTYPES, SHARDINGS
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 # groups whose keys are fixed by their one config file: a key added behind `+` that the file lacks is a typo
@@ -66,6 +67,15 @@ _OPTIONAL_CHECKS = {
     "trainer.compile": (lambda v: v is None or isinstance(v, bool), "true or false"),
     "trainer.compile_mode": (lambda v: v is None or v in COMPILE_MODES, "null, " + " or ".join(COMPILE_MODES)),
     "trainer.data_hashes": (lambda v: v is None or isinstance(v, bool), "true or false"),
+    "trainer.fsdp_reduce_dtype": (lambda v: v is None or v in REDUCE_DTYPES, "fp32 or bf16"),
+    "trainer.fsdp_sharding": (lambda v: v is None or v in SHARDINGS, " or ".join(SHARDINGS)),
+    "trainer.fsdp_shard_size": (lambda v: v is None or (_is_int(v) and v >= 2),
+                                "null (the processes of one node) or an integer >= 2"),
+    "trainer.fsdp_forward_prefetch": (lambda v: v is None or (_is_int(v) and v >= 0),
+                                      "an integer >= 0 (0: FSDP2's default)"),
+    "trainer.fsdp_backward_prefetch": (lambda v: v is None or (_is_int(v) and v >= 1),
+                                       "an integer >= 1 (1: FSDP2's default)"),
+    "trainer.gradient_checkpointing": (lambda v: v is None or isinstance(v, bool), "true or false"),
     "trainer.max_nonfinite_steps": (lambda v: v is None or (_is_int(v) and v >= 1), "null or an integer >= 1"),
     "trainer.resume_override": (lambda v: v is None or isinstance(v, str) or (
         OmegaConf.is_list(v) and all(isinstance(k, str) for k in v)), "null, all, or a list of keys such as [optim.lr]"),
@@ -86,6 +96,10 @@ def validate_train_config(cfg: DictConfig) -> None:
             is None:
         problems.append("trainer.early_stop_metric is set but trainer.early_stop_threshold is null: give the value "
                         "at which to stop (e.g. trainer.early_stop_threshold=0.99)")
+    if OmegaConf.select(cfg, "trainer.fsdp_shard_size") is not None and \
+            (OmegaConf.select(cfg, "trainer.fsdp_sharding") or "full") != "hybrid":
+        problems.append("trainer.fsdp_shard_size is set but trainer.fsdp_sharding is not hybrid: add "
+                        "trainer.fsdp_sharding=hybrid (or drop the size)")
     final_evals = OmegaConf.select(cfg, "trainer.final_evals")
     if final_evals is not None:  # checked at start-up, not after the training steps
         from training.evaluation import SUITES

@@ -23,6 +23,9 @@ MAY_CHANGE = (
     # number of processes: docs/robustness.md), the device, compilation, activation checkpointing, CPU threads
     "trainer.batch_size", "trainer.grad_accum", "trainer.device", "trainer.compile", "trainer.compile_mode",
     "trainer.gradient_checkpointing", "trainer.num_threads",
+    # how FSDP shards and gathers the same computation (not its reduce and gather dtypes: they change the numbers)
+    "trainer.fsdp_sharding", "trainer.fsdp_shard_size", "trainer.fsdp_forward_prefetch",
+    "trainer.fsdp_backward_prefetch",
 )
 _MISSING = object()
 

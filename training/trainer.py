@@ -15,7 +15,6 @@ it. The options are described in docs/configuration.md.
 from __future__ import annotations
 
 import math
-import os
 import resource
 import signal
 import time
@@ -23,7 +22,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator, FullyShardedDataParallelPlugin
+from accelerate import Accelerator
 from accelerate.utils import set_seed
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
@@ -37,6 +36,7 @@ from training.compile import compile_blocks
 from training.config import model_kwargs, validate_train_config
 from training.data_hashes import DataHashWriter
 from training.evaluation import eval_summary, evaluate_checkpoint, final_eval_configs
+from training.fsdp import fsdp_plugin, parallelism_config, set_prefetch
 from training.guards import NonFiniteGuard
 from training.logging import MetricsLogger, peak_flops_per_device, read_metrics, supersede_after
 from training.optim import build_lr_schedule, build_optimizer, local_grad_norm
@@ -69,25 +69,6 @@ class StopRequested:
     def __exit__(self, *exc):
         for sig, old in self._old.items():
             signal.signal(sig, old)
-
-
-def fsdp_plugin(tr, mixed_precision: str, use_cpu: bool):
-    """Under `accelerate launch` with an FSDP config, its plugin with hilo's precision policy; None otherwise.
-
-    accelerate's own policy for mixed_precision=bf16 keeps every parameter in bf16 and reduces gradients in bf16: the
-    norms' and gates' elementwise math and the gradient sums then round to bf16, and a two-H200 run drifted from
-    the one-GPU loss (5.34 against 5.05 at step 50, where DDP gave 5.10). Here gradients reduce in fp32, and
-    trainer.fsdp_param_dtype=fp32 (the default) gathers fp32 parameters so autocast computes exactly as on one GPU;
-    bf16 halves the all-gather traffic. accelerate wraps a DDP or single-device model's forward in autocast but not
-    an FSDP2 model's (it relies on param_dtype), so the loop enters accelerator.autocast() itself: without it the
-    fp32-gather run computed in fp32, ten times slower (5.5K tokens/s on two H200s)."""
-    if use_cpu or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true":
-        return None
-    from torch.distributed.fsdp import MixedPrecisionPolicy  # here: older torch has it elsewhere, used under FSDP only
-
-    param_dtype = torch.bfloat16 if tr.get("fsdp_param_dtype", "fp32") == "bf16" and mixed_precision == "bf16" else None
-    return FullyShardedDataParallelPlugin(
-        mixed_precision_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32))
 
 
 def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = None,
@@ -126,8 +107,10 @@ class Trainer:
         mp = tr.mixed_precision
         if mp == "auto":
             mp = "no" if self.use_cpu else "bf16"
+        parallelism = parallelism_config(tr, self.use_cpu)  # hybrid sharding only (accelerate < 1.10 lacks it)
         acc = self.accelerator = Accelerator(cpu=self.use_cpu, mixed_precision=mp,
-                                             fsdp_plugin=fsdp_plugin(tr, mp, self.use_cpu))
+                                             fsdp_plugin=fsdp_plugin(tr, mp, self.use_cpu),
+                                             **({"parallelism_config": parallelism} if parallelism else {}))
         self.world = acc.num_processes
         set_seed(int(cfg.seed), device_specific=False)
 
@@ -168,6 +151,8 @@ class Trainer:
 
         optimizer = build_optimizer(model, cfg.optim, on_cuda=not self.use_cpu)
         self.model, self.optimizer = acc.prepare(model, optimizer)
+        if getattr(acc, "is_fsdp2", False):  # the blocks' all-gather prefetching (training.fsdp)
+            set_prefetch(self.model, int(tr.get("fsdp_forward_prefetch", 0)), int(tr.get("fsdp_backward_prefetch", 1)))
         self.scheduler = build_lr_schedule(self.optimizer, cfg.optim, int(tr.max_steps))  # once per optimizer step
 
         self.state = {"step": 0, "tokens": 0, "skipped_steps": 0, "wandb_id": None}
@@ -320,7 +305,7 @@ class Trainer:
             batch = {k: v.to(acc.device, non_blocking=True) for k, v in batch.items()}
             sync = micro == accum - 1
             with (nullcontext() if sync else acc.no_sync(model)):
-                with phases("forward"), acc.autocast():  # explicit: see fsdp_plugin
+                with phases("forward"), acc.autocast():  # explicit: see training.fsdp.fsdp_plugin
                     loss = model(**batch, return_logits=False).loss  # fused LM-head loss: no [tokens, V] logits
                 with phases("backward"):
                     acc.backward(loss / accum)
