@@ -311,3 +311,49 @@ def test_unknown_task_and_bad_include_path_are_named(model_and_tokenizer, tmp_pa
     with pytest.raises(FileNotFoundError, match="eval.include_path"):
         lm_harness.evaluate(model, tokenizer, tasks=["tiny_mc"], max_length=MAX_LENGTH,
                             include_path=str(tmp_path / "missing"))
+
+
+def test_wandb_gets_the_metrics(report):
+    result, _ = report
+    logged = {}
+
+    class Run:
+        summary = {}
+
+        def log(self, values):
+            logged.update(values)
+
+    run = Run()
+    lm_harness.log_to_wandb(result, run, prefix="lm_harness")
+    assert run.summary == {f"lm_harness/{key}": value for key, value in result["metrics"].items()}
+    assert len(logged["lm_harness/table"].data) == len(result["metrics"])
+    lm_harness.log_to_wandb(result, None)
+
+
+def _distributed_worker(rank, world_size, init_file, checkpoint, task_dir, out_dir):
+    import torch.distributed as dist
+    from lm_eval.tasks import TaskManager
+
+    from training.checkpoint import load_checkpoint_model, load_checkpoint_tokenizer
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        model, tokenizer = load_checkpoint_model(checkpoint).eval(), load_checkpoint_tokenizer(checkpoint)
+        result = lm_harness.evaluate(model, tokenizer, tasks=["tiny_mc", "tiny_ppl", "tiny_gen"],
+                                     max_length=MAX_LENGTH, batch_size=2, bootstrap_iters=0,
+                                     task_manager=TaskManager(include_path=task_dir, include_defaults=False))
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result["metrics"]))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_distributed_ranks_share_the_documents_and_agree(report, checkpoint, tmp_path):
+    import torch.multiprocessing as mp
+
+    task_dir = str(write_tasks(tmp_path / "tasks"))
+    mp.spawn(_distributed_worker, args=(2, str(tmp_path / "init"), str(checkpoint), task_dir, str(tmp_path)),
+             nprocs=2, join=True)
+    single = {key: value for key, value in report[0]["metrics"].items() if not key.startswith("tiny_cloze")}
+    for rank in range(2):
+        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == pytest.approx(single, rel=1e-5)
