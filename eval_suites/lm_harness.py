@@ -116,7 +116,8 @@ class HiloLM(TemplateLM):
     # -- requests --------------------------------------------------------------------------------------------------
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         """(sum of log p(continuation tokens), whether each is the argmax) for (key, context, continuation)
-        token requests, longest first in batches of batch_size right-padded rows."""
+        token requests, longest first in batches of batch_size right-padded rows. The model is called with
+        ``input_ids``, ``use_cache=False`` and ``logits_to_keep`` (the last positions whose logits it returns)."""
         results: list[tuple[float, bool] | None] = [None] * len(requests)
         order = sorted(range(len(requests)), key=lambda i: -len(requests[i][1]) - len(requests[i][2]))
         for start in range(0, len(order), self.batch_size):
@@ -136,10 +137,14 @@ class HiloLM(TemplateLM):
             ids = torch.full((len(rows), width), self.eot_token_id, dtype=torch.long)
             for j, row in enumerate(rows):
                 ids[j, :len(row)] = torch.tensor(row, dtype=torch.long)
+            # logits only from the first continuation position of the batch on (HF's logits_to_keep): a
+            # multiple-choice batch needs a few positions per row, not [B, T, V]
+            first = min(len(row) - len(continuation) for row, continuation in zip(rows, continuations, strict=True))
             with torch.no_grad():
-                logits = self.model(input_ids=ids.to(self.device), use_cache=False).logits
+                logits = self.model(input_ids=ids.to(self.device), use_cache=False,
+                                    logits_to_keep=width - first).logits
             for j, (i, row, continuation) in enumerate(zip(batch, rows, continuations, strict=True)):
-                positions = slice(len(row) - len(continuation), len(row))
+                positions = slice(len(row) - len(continuation) - first, len(row) - first)
                 logprobs = F.log_softmax(logits[j, positions].float(), dim=-1)
                 targets = torch.tensor(continuation, dtype=torch.long, device=logprobs.device)
                 total = float(logprobs.gather(-1, targets[:, None]).sum())
