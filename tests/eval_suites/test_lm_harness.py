@@ -300,11 +300,14 @@ def test_loglikelihood_does_not_depend_on_batch_size(model_and_tokenizer):
         assert [greedy for _, greedy in result] == [greedy for _, greedy in direct], batch
 
 
-def test_unknown_task_and_bad_include_path_are_named(model_and_tokenizer, tmp_path):
+def test_default_tasks_are_lm_evals_and_unknown_ones_are_named(model_and_tokenizer, tmp_path):
     from lm_eval.tasks import TaskManager
+    from omegaconf import OmegaConf
 
     model, tokenizer = model_and_tokenizer
-    manager = TaskManager(include_path=str(write_tasks(tmp_path / "tasks")), include_defaults=False)
+    assert list(OmegaConf.load(REPO / "conf" / "eval" / "lm_harness.yaml").tasks) == list(lm_harness.DEFAULT_TASKS)
+    manager = TaskManager(include_path=str(write_tasks(tmp_path / "tasks")))
+    assert set(lm_harness.DEFAULT_TASKS) | {"tiny_mc"} <= set(manager.all_tasks)
     with pytest.raises(ValueError, match="unknown lm-eval task.*no_such_task.*eval.include_path"):
         lm_harness.evaluate(model, tokenizer, tasks=["tiny_mc", "no_such_task"], max_length=MAX_LENGTH,
                             task_manager=manager)
