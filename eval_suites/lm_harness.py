@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from tqdm.auto import tqdm
 
 from transformers import StoppingCriteria, StoppingCriteriaList
 
@@ -120,6 +121,7 @@ class HiloLM(TemplateLM):
         ``input_ids``, ``use_cache=False`` and ``logits_to_keep`` (the last positions whose logits it returns)."""
         results: list[tuple[float, bool] | None] = [None] * len(requests)
         order = sorted(range(len(requests)), key=lambda i: -len(requests[i][1]) - len(requests[i][2]))
+        bar = tqdm(total=len(requests), desc="log-likelihoods", disable=disable_tqdm or self.rank != 0)
         for start in range(0, len(order), self.batch_size):
             batch = order[start:start + self.batch_size]
             rows, continuations = [], []
@@ -153,6 +155,8 @@ class HiloLM(TemplateLM):
                 key = requests[i][0]
                 if key is not None:
                     self.cache_hook.add_partial("loglikelihood", key, results[i])
+            bar.update(len(batch))
+        bar.close()
         return results
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
@@ -168,7 +172,7 @@ class HiloLM(TemplateLM):
                 windows.append((None, context, continuation))
                 owners.append(index)
         totals = [0.0] * len(requests)
-        for index, (logprob, _) in zip(owners, self._loglikelihood_tokens(windows), strict=True):
+        for index, (logprob, _) in zip(owners, self._loglikelihood_tokens(windows, disable_tqdm), strict=True):
             totals[index] += logprob
         for req, total in zip(requests, totals, strict=True):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
@@ -184,6 +188,7 @@ class HiloLM(TemplateLM):
         for i, req in enumerate(requests):
             groups[json.dumps(req.args[1], sort_keys=True, default=str)].append(i)
         rows_per_call = self.batch_size if self.batched_generation else 1
+        bar = tqdm(total=len(requests), desc="generations", disable=disable_tqdm or self.rank != 0)
         for indices in groups.values():
             kwargs = normalize_gen_kwargs(requests[indices[0]].args[1], self.max_gen_toks)
             until = handle_stop_sequences(kwargs.pop("until", None), eos=None)
@@ -204,6 +209,8 @@ class HiloLM(TemplateLM):
                                    strict=True):
                     results[i] = postprocess_generated_text(text, until, None)
                     self.cache_hook.add_partial("generate_until", requests[i].args, results[i])
+                bar.update(len(batch))
+        bar.close()
         return results
 
     def _generate(self, prompts: list[list[int]], until: list[str], max_new_tokens: int, kwargs: dict) -> list[str]:
