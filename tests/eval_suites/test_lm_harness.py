@@ -360,3 +360,14 @@ def test_distributed_ranks_share_the_documents_and_agree(report, checkpoint, tmp
     single = {key: value for key, value in report[0]["metrics"].items() if not key.startswith("tiny_cloze")}
     for rank in range(2):
         assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == pytest.approx(single, rel=1e-5)
+
+
+def test_the_trainer_takes_lm_harness_as_a_final_evaluation():
+    from tests.training.helpers import small_cfg
+    from training.config import validate_train_config
+    from training.evaluation import final_eval_configs
+
+    cfg = small_cfg("+eval@trainer.final_evals.downstream=lm_harness", "trainer.final_evals.downstream.limit=10")
+    validate_train_config(cfg)
+    [(name, eval_cfg)] = [pair for pair in final_eval_configs(cfg) if pair[0] is not None]
+    assert name == "downstream" and eval_cfg.suite == "lm_harness" and eval_cfg.limit == 10
