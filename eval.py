@@ -3,6 +3,7 @@
     python eval.py checkpoint=runs/<name> eval=ppl_by_position [eval.seq_len=4096 eval.num_documents=32]
     python eval.py checkpoint=runs/<name> eval=ruler eval.lengths=[4096,8192,16384] [eval.num_samples=25]
     python eval.py checkpoint=runs/<mqar run> eval=mqar            # a run trained with data=mqar
+    python eval.py checkpoint=runs/<name> eval=lm_harness [eval.tasks=[piqa,arc_easy] eval.batch_size=16]
 
 Loads the checkpoint's model (AutoModelForCausalLM after `import models`) and tokenizer, the held-out data of its
 training config (or `data=...`), runs the suite and writes JSON + PNG beside the checkpoint, and to the run's
@@ -53,6 +54,10 @@ def run(cfg: DictConfig) -> dict:
 
         print(f"ruler: string_match_all (%), {cfg.eval.num_samples} samples per task and length")
         print(ruler.format_table(result))
+    elif cfg.eval.suite == "lm_harness":
+        from eval_suites import lm_harness
+
+        print(lm_harness.format_table(result))
     elif cfg.eval.suite == "mqar":
         from eval_suites import mqar
 

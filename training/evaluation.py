@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from training.checkpoint import load_checkpoint_model, load_checkpoint_tokenizer, resolve_checkpoint
 
-SUITES = ("ppl_by_position", "ruler", "mqar")
+SUITES = ("ppl_by_position", "ruler", "mqar", "lm_harness")
 log = logging.getLogger(__name__)
 _SHOWN_KEYS = 20
 
@@ -57,9 +57,9 @@ def final_eval_configs(cfg) -> list[tuple[str | None, object]]:
 
 
 def eval_summary(result: dict) -> dict:
-    """The headline of an evaluation result for a training summary: ppl (ppl_by_position), average (ruler) or acc
-    (mqar), and the report paths."""
-    return {**{key: result[key] for key in ("ppl", "average", "acc") if key in result},
+    """The headline of an evaluation result for a training summary: ppl (ppl_by_position), average (ruler), acc
+    (mqar) or metrics (lm_harness), and the report paths."""
+    return {**{key: result[key] for key in ("ppl", "average", "acc", "metrics") if key in result},
             "json": result.get("json_path"), "png": result.get("png_path")}
 
 
@@ -85,6 +85,9 @@ def evaluate_checkpoint(checkpoint, eval_cfg, *, device: torch.device, dtype: to
     if eval_cfg.suite == "ruler":
         return _evaluate_ruler(ckpt, train_cfg, model, tokenizer, eval_cfg, device=device, wandb_run=wandb_run,
                                wandb_prefix=wandb_prefix or "ruler")
+    if eval_cfg.suite == "lm_harness":
+        return _evaluate_lm_harness(ckpt, train_cfg, model, tokenizer, eval_cfg, device=device, wandb_run=wandb_run,
+                                    wandb_prefix=wandb_prefix or "lm_harness")
     if eval_cfg.suite == "mqar":
         return _evaluate_mqar(ckpt, train_cfg, model, eval_cfg, data_cfg, device=device, wandb_run=wandb_run,
                               wandb_prefix=wandb_prefix or "eval")
@@ -149,4 +152,28 @@ def _evaluate_mqar(ckpt: Path, train_cfg, model, eval_cfg, data_cfg, *, device: 
         result["json_path"] = str(mqar.write_report(result, out_dir))
         if wandb_run is not None:
             wandb_run.summary.update(mqar.metrics(result, prefix=wandb_prefix))
+    return result
+
+
+def _evaluate_lm_harness(ckpt: Path, train_cfg, model, tokenizer, eval_cfg, *, device: torch.device, wandb_run,
+                         wandb_prefix: str) -> dict:
+    """lm-evaluation-harness tasks on a loaded checkpoint; rows are at most eval_cfg.max_length tokens (null: the
+    checkpoint's training length); the report goes to eval_cfg.out_dir or <run dir>/eval/lm_harness/."""
+    from eval_suites import lm_harness
+
+    max_length = eval_cfg.get("max_length") or int(train_cfg.trainer.seq_len)
+    include_path = eval_cfg.get("include_path")
+    result = lm_harness.evaluate(
+        model, tokenizer, tasks=list(eval_cfg.tasks), max_length=int(max_length), batch_size=int(eval_cfg.batch_size),
+        max_gen_toks=int(eval_cfg.max_gen_toks), num_fewshot=eval_cfg.get("num_fewshot"), limit=eval_cfg.get("limit"),
+        include_path=list(include_path) if OmegaConf.is_list(include_path) else include_path,
+        log_samples=bool(eval_cfg.get("log_samples", False)), bootstrap_iters=int(eval_cfg.bootstrap_iters),
+        seed=int(eval_cfg.seed), device=device)
+    result["checkpoint"] = str(ckpt)
+    out_dir = Path(eval_cfg.out_dir) if eval_cfg.get("out_dir") else ckpt.parent.parent / "eval" / "lm_harness"
+    is_main = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+    if is_main:
+        result["json_path"] = str(lm_harness.write_report(result, out_dir))
+        if wandb_run is not None:
+            lm_harness.log_to_wandb(result, wandb_run, prefix=wandb_prefix)
     return result
