@@ -221,8 +221,8 @@ def _verify_unlisted(ckpt: Path, notes: list[str]) -> None:
     except FileNotFoundError as e:
         raise CheckpointError(str(e)) from None
     if layout == "plain" and weights_in_model_dir(acc_dir) and not any((ckpt / "model").glob("*.safetensors")):
-        raise CheckpointError(f"{ckpt / 'model'}: holds no .safetensors weights, the model state of this "
-                              f"checkpoint; {_WAY_OUT}")
+        raise CheckpointError(f"{ckpt / 'model' / 'model.safetensors'}: missing (model/ holds no .safetensors "
+                              f"weights, the model state of this checkpoint); {_WAY_OUT}")
     for f in sorted([*acc_dir.glob("*.safetensors"), *(ckpt / "model").glob("*.safetensors")]):
         try:
             with safe_open(str(f), framework="pt") as sf:
@@ -610,8 +610,8 @@ def load_model_weights(model, path: Path) -> None:
 
     model_dir = path / "model"
     if not any(model_dir.glob("*.safetensors")):
-        raise CheckpointError(f"{model_dir}: holds no .safetensors weights, the model state of this checkpoint; "
-                              f"{_WAY_OUT}")
+        raise CheckpointError(f"{model_dir / 'model.safetensors'}: missing (model/ holds no .safetensors weights, "
+                              f"the model state of this checkpoint); {_WAY_OUT}")
     try:
         weights = _full_weights(path)
     except (SafetensorError, OSError) as e:
