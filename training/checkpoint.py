@@ -739,8 +739,8 @@ def write_hf_tokenizer(tok_dir: Path, out: Path) -> tuple[object, str]:
         rewrite = True
     elif spec["type"] == "hf":
         src = tok_dir / spec["file"]
-        for f in src.iterdir():
-            if f.is_file() and f.name != TOKENIZER_FILE:
+        for f in src.iterdir():  # beside a model's files (a checkpoint's model/), which are not replaced
+            if f.is_file() and f.name != TOKENIZER_FILE and not (out / f.name).exists():
                 shutil.copyfile(f, out / f.name)
         tok = AutoTokenizer.from_pretrained(out)
         note = "transformers tokenizer files, copied"
