@@ -111,49 +111,58 @@ def test_model_dir_holds_weights_tokenizer_and_remote_code(checkpoint):
     assert special["pad_token"] == special["eos_token"]
 
 
-def test_checkpoint_loads_with_transformers_alone(checkpoint, tmp_path):
+TEXTS = ["Hello,  world!\n\tindented 12345", "héllo wörld 🙂", "   leading spaces"]
+# padded batches are another matter (attention_mask): two prompts of the same token length need no padding
+PROMPTS = ["The cat sat on the mat", "The dog sat on the mat"]
+
+
+@pytest.fixture(scope="module")
+def fresh(checkpoint, tmp_path_factory):
+    """One fresh process, hilo installed, loads the checkpoint's model/ (with its tokenizer and a pipeline) and a
+    saved model of every family; (its result, its work dir, hilo's logits of each directory on the same ids)."""
+    root = tmp_path_factory.mktemp("fresh")
+    ids = torch.randint(0, TINY["vocab_size"], (2, 19), generator=torch.Generator().manual_seed(1))
+    dirs, expected = [checkpoint / "model"], [load_checkpoint_model(checkpoint).eval()]
+    for name, overrides in FAMILIES.items():
+        torch.manual_seed(0)
+        expected.append(models.build_model({**TINY, **overrides}).eval())
+        expected[-1].save_pretrained(root / name)
+        dirs.append(root / name)
+    with torch.no_grad():
+        logits = [model(ids).logits for model in expected]
+    result = run_fresh(root / "work", dirs, REPO, ids, TEXTS, PROMPTS)
+    return result, root / "work", logits
+
+
+def test_checkpoint_loads_with_transformers_alone(checkpoint, fresh):
     """trust_remote_code with hilo installed: hilo's logits and ids, and a batched pipeline() as generate()."""
-    model = load_checkpoint_model(checkpoint).eval()
-    tok = load_checkpoint_tokenizer(checkpoint)
-    ids = torch.randint(0, tok.vocab_size, (2, 23), generator=torch.Generator().manual_seed(0))
-    texts = ["Hello,  world!\n\tindented 12345", "héllo wörld 🙂", "   leading spaces"]
-    # padded batches are another matter (attention_mask): two prompts of the same token length need no padding
-    prompts = ["The cat sat on the mat", "The dog sat on the mat"]
-    assert len(tok.encode(prompts[0])) == len(tok.encode(prompts[1]))
-    result = run_fresh(tmp_path, [checkpoint / "model"], REPO, ids, texts, prompts)
-    assert result["hilo_before"] == [] and result["classes"] == ["models.lm.HiloForCausalLM"]
+    result, work, logits = fresh
+    assert result["hilo_before"] == [] and result["classes"][0] == "models.lm.HiloForCausalLM"
     assert [Path(f).parent.parent for f in result["module_files"]] == [REPO, REPO]
     # hilo's top-level `kernels` is not the hub's kernels package, and transformers does not take it for it
     assert result["is_kernels_available"] is False
     assert "trust_remote_code=True" in result["without_remote_code"]
-    with torch.no_grad():
-        assert error_ratio(torch.load(tmp_path / "logits0.pt"), model(ids).logits) <= 1e-6
-    assert result["ids"] == [tok.encode(t) for t in texts]
+    assert error_ratio(torch.load(work / "logits0.pt"), logits[0]) <= 1e-6
+    tok = load_checkpoint_tokenizer(checkpoint)
+    assert result["ids"] == [tok.encode(t) for t in TEXTS]
     assert result["special"] == [tok.bos_id, tok.eos_id, tok.eos_id, "left"]
-    for prompt, generated in zip(prompts, result["generated"], strict=True):
+    assert len(tok.encode(PROMPTS[0])) == len(tok.encode(PROMPTS[1]))
+    model = load_checkpoint_model(checkpoint).eval()
+    for prompt, generated in zip(PROMPTS, result["generated"], strict=True):
         with torch.no_grad():
             out = model.generate(torch.tensor([tok.encode(prompt)]), max_new_tokens=5, do_sample=False)
         assert generated == tok.decode(out[0, len(tok.encode(prompt)):].tolist())
 
 
-def test_every_family_loads_through_remote_code(tmp_path):
-    dirs, expected = [], []
-    ids = torch.randint(0, TINY["vocab_size"], (2, 19), generator=torch.Generator().manual_seed(1))
-    for name, overrides in FAMILIES.items():
-        torch.manual_seed(0)
-        model = models.build_model({**TINY, **overrides}).eval()
-        model.save_pretrained(tmp_path / name)
-        dirs.append(tmp_path / name)
-        with torch.no_grad():
-            expected.append(model(ids).logits)
-    result = run_fresh(tmp_path / "work", dirs, REPO, ids)
-    assert result["classes"] == ["models.lm.HiloForCausalLM"] * len(FAMILIES)
+def test_every_family_loads_through_remote_code(fresh):
+    result, work, logits = fresh
+    assert result["classes"] == ["models.lm.HiloForCausalLM"] * (1 + len(FAMILIES))
+    for i, name in enumerate(FAMILIES, start=1):
+        assert error_ratio(torch.load(work / f"logits{i}.pt"), logits[i]) <= 1e-6, name
     # saved again after a remote-code load: the same remote code and auto_map, not a copy of hilo's modules
-    resaved = tmp_path / "work" / "resaved"
+    resaved = work / "resaved"
     assert sorted(p.name for p in resaved.glob("*.py")) == ["modeling_hilo.py"]
     assert json.loads((resaved / "config.json").read_text())["auto_map"] == AUTO_MAP
-    for i, name in enumerate(FAMILIES):
-        assert error_ratio(torch.load(tmp_path / "work" / f"logits{i}.pt"), expected[i]) <= 1e-6, name
 
 
 def test_without_hilo_the_remote_code_says_what_to_install(tmp_path):
