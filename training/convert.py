@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from data.tokenizer import TokenizerConversionError
 from models.config import HiloConfig
 from models.convert import (
     ConversionError,
@@ -31,7 +32,6 @@ from models.convert import (
     mamba2_config_from_hilo,
     mamba2_to_hilo_state_dict,
 )
-from data.tokenizer import TokenizerConversionError
 from training.checkpoint import TOKENIZER_FILE, resolve_checkpoint, write_hf_tokenizer
 
 EXPORT_FORMATS = ("auto", "llama", "mamba2")
