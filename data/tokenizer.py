@@ -1,7 +1,8 @@
 """Tokenizers: a SentencePiece BPE model (trained on the local corpus once and cached) or any HF tokenizer.
 
 ``load_tokenizer(cfg)`` returns an object with ``encode(str) -> list[int]``, ``decode(list[int]) -> str``,
-``vocab_size``, ``eos_id``, ``bos_id`` and ``name``.
+``vocab_size``, ``eos_id``, ``bos_id``, ``pad_id`` and ``name``. ``sentencepiece_to_hf`` rebuilds a SentencePiece
+model as a transformers fast tokenizer with the same ids (what a checkpoint's model directory and an export carry).
 
 SentencePiece config (conf/tokenizer/sentencepiece.yaml)::
 
@@ -17,11 +18,11 @@ corpus or setting trains a new model and an unchanged one is reused. Training ru
 model is moved into place with an atomic rename, so concurrent processes (several ranks) never see a partial
 file. The model is deterministic: a seeded sample of lines, identity normalisation (text round-trips
 exactly, whitespace and indentation included) and byte fallback (any string encodes; newlines and rare
-characters become byte tokens). Ids: 0 unk, 1 bos, 2 eos.
+characters become byte tokens). Ids: 0 unk, 1 bos, 2 eos; the model has no pad piece, so ``pad_id`` is eos.
 
 HF config (conf/tokenizer/hf.yaml): ``{type: hf, name_or_path: gpt2}`` (a hub name or a local directory) through
 ``transformers.AutoTokenizer``; encode adds no special tokens; ``bos_id`` falls back to ``eos_id`` when the
-tokenizer has no BOS token (GPT-2 style).
+tokenizer has no BOS token (GPT-2 style), ``pad_id`` to ``eos_id`` when it has no pad token.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class SentencePieceTokenizer:
         if self.eos_id < 0 or self.bos_id < 0:
             raise ValueError(f"SentencePiece model {self.model_path} defines no eos/bos piece (eos {self.eos_id}, "
                              f"bos {self.bos_id}); train it with eos_id/bos_id set")
+        self.pad_id = int(self.sp.pad_id()) if self.sp.pad_id() >= 0 else self.eos_id
         self.name = f"sentencepiece:{Path(self.model_path).name}"
 
     def encode(self, text: str) -> list[int]:
@@ -87,12 +89,74 @@ class HFTokenizer:
                              f"pick a tokenizer that defines one")
         self.eos_id = int(eos)
         self.bos_id = int(self.tok.bos_token_id) if self.tok.bos_token_id is not None else self.eos_id
+        self.pad_id = int(self.tok.pad_token_id) if self.tok.pad_token_id is not None else self.eos_id
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode([int(i) for i in ids])
+
+
+class TokenizerConversionError(ValueError):
+    """A SentencePiece model that sentencepiece_to_hf cannot rebuild with the same ids."""
+
+
+def sentencepiece_to_hf(model_file: str | Path):
+    """A transformers fast tokenizer (PreTrainedTokenizerFast over a tokenizers BPE) that encodes and decodes as
+    hilo's SentencePiece BPE model does (identity normalisation, no dummy prefix, byte fallback, whitespace kept:
+    train_sentencepiece): spaces become U+2581 and the merges are ranked by the merged piece's score. The text is
+    split into SentencePiece's training words (a run of U+2581 and what follows it), which no piece crosses: the
+    ids are the same without the split, which only keeps each BPE word short. Needs no sentencepiece to load.
+
+    No BOS or EOS is added to an encoding (hilo trains on documents each followed by EOS, with no BOS); the model
+    has no pad piece, so pad is EOS; padding goes on the left, where generate() needs it for a decoder-only model.
+    Raises TokenizerConversionError for a model trained with other settings (unigram, normalisation, dummy prefix),
+    which this rebuild would encode differently."""
+    from sentencepiece import sentencepiece_model_pb2
+    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import BPE
+    from transformers import PreTrainedTokenizerFast
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(Path(model_file).read_bytes())
+    trainer, norm = proto.trainer_spec, proto.normalizer_spec
+    problems = []
+    if trainer.model_type != sentencepiece_model_pb2.TrainerSpec.BPE:
+        problems.append(f"model_type {sentencepiece_model_pb2.TrainerSpec.ModelType.Name(trainer.model_type)} "
+                        f"(only BPE)")
+    if norm.name != "identity" or norm.precompiled_charsmap:
+        problems.append(f"normalization {norm.name!r} (only identity)")
+    if norm.add_dummy_prefix or not norm.escape_whitespaces or norm.remove_extra_whitespaces:
+        problems.append("add_dummy_prefix / remove_extra_whitespaces set or escape_whitespaces unset")
+    if trainer.treat_whitespace_as_suffix or not trainer.split_by_whitespace:
+        problems.append("treat_whitespace_as_suffix or split_by_whitespace=false")
+    if problems:
+        raise TokenizerConversionError(f"SentencePiece model {str(model_file)!r} was not trained as hilo trains its "
+                                       f"tokenizer (data/tokenizer.py): {'; '.join(problems)} do not map")
+    pieces = proto.pieces
+    vocab = {p.piece: i for i, p in enumerate(pieces)}
+    normal = sentencepiece_model_pb2.ModelProto.SentencePiece.NORMAL
+    merges = []
+    for i, p in enumerate(pieces):
+        if p.type != normal:
+            continue
+        merges += [(p.piece[:k], p.piece[k:], i) for k in range(1, len(p.piece))
+                   if p.piece[:k] in vocab and p.piece[k:] in vocab]
+    merges.sort(key=lambda m: (-pieces[m[2]].score, m[2], vocab[m[0]]))
+
+    def piece(i: int) -> str | None:
+        return pieces[i].piece if 0 <= i < len(pieces) else None
+
+    unk, bos, eos = piece(trainer.unk_id), piece(trainer.bos_id), piece(trainer.eos_id)
+    pad = piece(trainer.pad_id) or eos
+    tok = Tokenizer(BPE(vocab=vocab, merges=[(a, b) for a, b, _ in merges], unk_token=unk, fuse_unk=True,
+                        byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("\u2581*[^\u2581]+|\u2581+"), behavior="isolated")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=unk, bos_token=bos, eos_token=eos,
+                                   pad_token=pad, padding_side="left", clean_up_tokenization_spaces=False)
 
 
 def _sample_lines(files: list[str], max_sentences: int, seed: int) -> list[str]:

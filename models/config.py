@@ -1,6 +1,8 @@
 """HiloConfig: the one configuration class of every hilo model (model_type "hilo")."""
 
 import math
+import shutil
+from pathlib import Path
 from typing import ClassVar
 
 from transformers import PretrainedConfig
@@ -17,6 +19,14 @@ CONFIG_KEYS = (
 def default_intermediate_size(hidden_size: int) -> int:
     """SwiGLU width: hidden * 4 * 2/3 rounded up to a multiple of 256."""
     return 256 * math.ceil(hidden_size * 8 / 3 / 256)
+
+
+# The remote code a saved model directory carries (models/modeling_hilo.py, which imports hilo's installed packages)
+# and config.json's auto_map naming its classes: AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)
+# then loads without `import models` (docs/checkpoints.md).
+REMOTE_CODE_FILE = "modeling_hilo.py"
+AUTO_MAP = {"AutoConfig": "modeling_hilo.HiloConfig", "AutoModel": "modeling_hilo.HiloModel",
+            "AutoModelForCausalLM": "modeling_hilo.HiloForCausalLM"}
 
 
 # Per shell (config.mixer) that takes config.operator: operator -> registered mixer that runs it there. The first
@@ -156,6 +166,21 @@ class HiloConfig(PretrainedConfig):
             pad_token_id=pad_token_id,
             **kwargs,
         )
+
+    def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
+        """PretrainedConfig.save_pretrained, with config.json's auto_map naming the remote code (AUTO_MAP) and that
+        code (models/modeling_hilo.py) copied beside it, so the directory (and every model saved through it) loads
+        with trust_remote_code=True and no `import models`."""
+        self.auto_map = dict(AUTO_MAP)
+        Path(save_directory).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(Path(__file__).with_name(REMOTE_CODE_FILE), Path(save_directory) / REMOTE_CODE_FILE)
+        return super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+
+    @classmethod
+    def register_for_auto_class(cls, auto_class="AutoConfig") -> None:
+        """Nothing to register: transformers calls this on a class loaded as remote code, and save_pretrained would
+        then copy this module in place of the remote code and rewrite auto_map; hilo's directories carry their own
+        (save_pretrained above)."""
 
     @property
     def main_mixer(self) -> str:

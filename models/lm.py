@@ -43,6 +43,11 @@ class HiloPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _is_stateful = False
 
+    @classmethod
+    def register_for_auto_class(cls, auto_class="AutoModel") -> None:
+        """Nothing to register (as HiloConfig.register_for_auto_class): a saved directory's remote code and auto_map
+        are HiloConfig.save_pretrained's, whichever way the model was loaded."""
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.initializer_range

@@ -1,8 +1,11 @@
 """Checkpoints of a run: written atomically, found again by `trainer.resume=auto` and by eval.py.
 
     <run_dir>/checkpoints/step_00000100/
-        accelerate/          model, optimizer and every rank's RNG state (accelerate.save_state; FSDP-aware)
-        model/               save_pretrained export: AutoModelForCausalLM.from_pretrained(this) after `import models`
+        accelerate/          optimizer and every rank's RNG state (accelerate.save_state; FSDP-aware); under FSDP
+                             also the sharded model state
+        model/               the weights (save_pretrained: what a plain or DDP resume reads), config.json with its
+                             remote code (modeling_hilo.py) and the tokenizer as transformers files:
+                             AutoModelForCausalLM / AutoTokenizer / pipeline(this), docs/checkpoints.md
         tokenizer/           what load_tokenizer needs to rebuild the run's tokenizer elsewhere
         loader/rank00000.pt  each rank's data-loader state (source position, leftover tokens, RNG, counts)
         scheduler.pt         the lr schedule's state
@@ -217,6 +220,9 @@ def _verify_unlisted(ckpt: Path, notes: list[str]) -> None:
         layout = saved_layout(acc_dir)
     except FileNotFoundError as e:
         raise CheckpointError(str(e)) from None
+    if layout == "plain" and weights_in_model_dir(acc_dir) and not any((ckpt / "model").glob("*.safetensors")):
+        raise CheckpointError(f"{ckpt / 'model' / 'model.safetensors'}: missing (model/ holds no .safetensors "
+                              f"weights, the model state of this checkpoint); {_WAY_OUT}")
     for f in sorted([*acc_dir.glob("*.safetensors"), *(ckpt / "model").glob("*.safetensors")]):
         try:
             with safe_open(str(f), framework="pt") as sf:
@@ -459,12 +465,19 @@ class CheckpointManager:
                 (tmp / "loader").mkdir()
             acc.wait_for_everyone()
 
-            acc.save_state(str(tmp / "accelerate"))
+            # the model's weights are written once, by save_pretrained into model/ below; accelerate's state holds
+            # the optimizer and RNG states (and, under FSDP, which saves before this hook, the sharded model)
+            handle = acc.register_save_state_pre_hook(lambda models, weights, output_dir: weights.clear())
+            try:
+                acc.save_state(str(tmp / "accelerate"))
+            finally:
+                handle.remove()
             state_dict = acc.get_state_dict(model)  # collective under FSDP: every rank calls it
             torch.save(loader.state_dict(), tmp / "loader" / f"rank{acc.process_index:05d}.pt")
             if acc.is_main_process:
                 acc.unwrap_model(model).save_pretrained(tmp / "model", state_dict=state_dict, safe_serialization=True)
                 _save_tokenizer(tokenizer, tmp / "tokenizer")
+                write_hf_tokenizer(tmp / "tokenizer", tmp / "model")
                 torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
                 OmegaConf.save(cfg, tmp / "config.yaml", resolve=True)
                 meta = dict(state, world_size=acc.num_processes)
@@ -505,10 +518,18 @@ class CheckpointManager:
                 _load_rng(rng_file)
             except CheckpointError as e:
                 warn_not_exact(str(e))
+            handle = None
+            if saved == "plain" and weights_in_model_dir(path / "accelerate"):
+                load_model_weights(acc.unwrap_model(model), path)
+                # accelerate then restores the optimizer and RNG states only (it reads no model file)
+                handle = acc.register_load_state_pre_hook(lambda models, input_dir: models.clear())
             try:  # accelerate reads every file with weights_only=True (with a numpy allowlist for the RNG files)
                 acc.load_state(str(path / "accelerate"))
             except Exception as e:  # noqa: BLE001  (name the file: accelerate's errors do not)
                 _raise_naming_file(path / "accelerate", e)
+            finally:
+                if handle is not None:
+                    handle.remove()
         else:
             load_across_layouts(path, saved, model, optimizer)
             warnings.warn(
@@ -559,16 +580,53 @@ LAYOUTS = {"plain": "whole model and optimizer states (one process, or DDP)",
 FSDP_MODEL_DIR, FSDP_OPTIMIZER_DIR = "pytorch_model_fsdp_0", "optimizer_0"
 
 
+_ACCELERATE_MODEL_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
 def saved_layout(acc_dir: Path) -> str:
     """Which of LAYOUTS accelerate.save_state wrote in acc_dir."""
     if (acc_dir / FSDP_MODEL_DIR).is_dir():
         return "fsdp-sharded"
     if (acc_dir / "pytorch_model_fsdp.bin").is_file():
         return "fsdp-full"
-    if any((acc_dir / name).is_file() for name in ("model.safetensors", "pytorch_model.bin")):
+    if any((acc_dir / name).is_file() for name in ("optimizer.bin", *_ACCELERATE_MODEL_FILES)):
         return "plain"
-    raise FileNotFoundError(f"{acc_dir} holds no model state written by accelerate.save_state (model.safetensors "
-                            f"missing: the checkpoint is incomplete or not hilo's); resume from another checkpoint")
+    raise FileNotFoundError(f"{acc_dir} holds no optimizer or model state written by accelerate.save_state "
+                            f"(optimizer.bin missing: the checkpoint is incomplete or not hilo's); resume from "
+                            f"another checkpoint")
+
+
+def weights_in_model_dir(acc_dir: Path) -> bool:
+    """Whether a plain checkpoint's model weights are only in model/ (save_pretrained), as hilo writes them; a
+    checkpoint written before that also holds them in accelerate/, and accelerate.load_state reads them there."""
+    return not any((acc_dir / name).is_file() for name in _ACCELERATE_MODEL_FILES)
+
+
+def load_model_weights(model, path: Path) -> None:
+    """Copy a checkpoint's model/ weights into model (unwrapped, on any device), every tensor of its state dict
+    exactly: a tensor save_pretrained leaves out because it is tied (the LM head) is set through the one it shares.
+    Raises CheckpointError naming the directory for a missing, damaged or mismatching file."""
+    from safetensors import SafetensorError
+
+    model_dir = path / "model"
+    if not any(model_dir.glob("*.safetensors")):
+        raise CheckpointError(f"{model_dir / 'model.safetensors'}: missing (model/ holds no .safetensors weights, "
+                              f"the model state of this checkpoint); {_WAY_OUT}")
+    try:
+        weights = _full_weights(path)
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{model_dir}: cannot be read, truncated or damaged ({e}); {_WAY_OUT}") from None
+    current = model.state_dict(keep_vars=True)
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except RuntimeError as e:  # shapes that differ
+        raise CheckpointError(f"{model_dir}: weights of another model ({str(e).splitlines()[-1].strip()}); "
+                              f"{_WAY_OUT}") from None
+    loaded = {current[k].data_ptr() for k in weights if k in current}
+    untied = [k for k in missing if current[k].data_ptr() not in loaded]
+    if untied or unexpected:
+        raise CheckpointError(f"{model_dir}: weights of another model (missing {untied[:4]}, unexpected "
+                              f"{unexpected[:4]}); {_WAY_OUT}")
 
 
 def run_layout(acc) -> str:
@@ -660,6 +718,51 @@ def _save_tokenizer(tokenizer, out: Path) -> None:
     else:
         raise TypeError(f"cannot save tokenizer {tokenizer!r}: expected a SentencePiece or HF tokenizer")
     (out / TOKENIZER_FILE).write_text(json.dumps({**spec, "name": getattr(tokenizer, "name", None)}))
+
+
+def write_hf_tokenizer(tok_dir: Path, out: Path) -> tuple[object, str]:
+    """Write a checkpoint's tokenizer (its tokenizer/ directory) as transformers tokenizer files in out, with bos,
+    eos and a pad token set (pad = eos when the tokenizer has none), so AutoTokenizer.from_pretrained(out) and
+    batched pipeline() calls work from out alone; returns (the transformers tokenizer, a note on what was written).
+    A SentencePiece model is rebuilt with the same ids (data.tokenizer.sentencepiece_to_hf, which raises
+    TokenizerConversionError for one it cannot rebuild); an HF tokenizer's files are copied as the run saved them
+    and rewritten only to add the pad token."""
+    from transformers import AutoTokenizer
+
+    from data.tokenizer import TokenizerConversionError, sentencepiece_to_hf
+
+    tok_dir, out = Path(tok_dir), Path(out)
+    spec = json.loads((tok_dir / TOKENIZER_FILE).read_text())
+    if spec["type"] == "sentencepiece":
+        tok = sentencepiece_to_hf(tok_dir / spec["file"])
+        note = "SentencePiece model -> tokenizer.json (pad = eos: the model has no pad piece)"
+        rewrite = True
+    elif spec["type"] == "hf":
+        src = tok_dir / spec["file"]
+        for f in src.iterdir():  # beside a model's files (a checkpoint's model/), which are not replaced
+            if f.is_file() and f.name != TOKENIZER_FILE and not (out / f.name).exists():
+                shutil.copyfile(f, out / f.name)
+        tok = AutoTokenizer.from_pretrained(out)
+        note = "transformers tokenizer files, copied"
+        rewrite = tok.pad_token is None
+        if rewrite:
+            tok.pad_token = tok.eos_token
+            note += " (pad = eos: the tokenizer has none)"
+    else:
+        raise TokenizerConversionError(f"{str(tok_dir)!r} holds a tokenizer of type {spec['type']!r}: only "
+                                       f"sentencepiece and hf tokenizers are written as transformers files")
+    if rewrite:
+        tok.save_pretrained(out)
+        # PreTrainedTokenizerFast is what transformers 4 and 5 both build from tokenizer.json (5 writes its own
+        # backend's class name, which 4 does not know)
+        cfg_file = out / "tokenizer_config.json"
+        cfg = json.loads(cfg_file.read_text())
+        if cfg.get("tokenizer_class") == "TokenizersBackend":
+            cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+            cfg_file.write_text(json.dumps(cfg, indent=2) + "\n")
+    if not (out / "special_tokens_map.json").is_file():  # transformers 5 keeps them in tokenizer_config.json only
+        (out / "special_tokens_map.json").write_text(json.dumps(tok.special_tokens_map, indent=2) + "\n")
+    return tok, note
 
 
 def load_checkpoint_tokenizer(path: str | os.PathLike):

@@ -139,11 +139,14 @@ def validate_train_config(cfg: DictConfig) -> None:
 
 def model_kwargs(model_cfg: DictConfig, vocab_size: int, tokenizer) -> dict:
     """models.build_model's keyword arguments from the model group: its HiloConfig keys (not Hydra's name and
-    size_name), the vocabulary size, and the tokenizer's eos / bos ids unless the config sets them."""
+    size_name), the vocabulary size, and the tokenizer's eos / bos / pad ids unless the config sets them (pad is
+    eos for a tokenizer without a pad token, as the checkpoint's transformers tokenizer files say:
+    docs/checkpoints.md)."""
     kwargs = OmegaConf.to_container(model_cfg, resolve=True)
     for hydra_only in ("name", "size_name"):
         kwargs.pop(hydra_only, None)
     kwargs["vocab_size"] = vocab_size
     kwargs.setdefault("eos_token_id", tokenizer.eos_id)
     kwargs.setdefault("bos_token_id", tokenizer.bos_id)
+    kwargs.setdefault("pad_token_id", tokenizer.pad_id)
     return kwargs

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from data.tokenizer import TokenizerConversionError
 from models.config import HiloConfig
 from models.convert import (
     ConversionError,
@@ -31,7 +32,7 @@ from models.convert import (
     mamba2_config_from_hilo,
     mamba2_to_hilo_state_dict,
 )
-from training.checkpoint import TOKENIZER_FILE, resolve_checkpoint
+from training.checkpoint import TOKENIZER_FILE, resolve_checkpoint, write_hf_tokenizer
 
 EXPORT_FORMATS = ("auto", "llama", "mamba2")
 EXPORTABLE = ("hilo exports two families, the ones with a transformers CausalLM of the same architecture: the "
@@ -113,95 +114,6 @@ def _export_format(config: HiloConfig, fmt: str) -> str:
     raise ConversionError(f"cannot export a model with {what}: {EXPORTABLE}; {why}")
 
 
-def sentencepiece_to_hf(model_file: str | Path):
-    """A transformers fast tokenizer (PreTrainedTokenizerFast over a tokenizers BPE) that encodes and decodes as
-    hilo's SentencePiece BPE model does (data/tokenizer.py: identity normalisation, no dummy prefix, byte
-    fallback, whitespace kept): spaces become U+2581 and the merges are ranked by the merged piece's score. The
-    text is split into SentencePiece's training words (a run of U+2581 and what follows it), which no piece
-    crosses: the ids are the same without the split, which only keeps each BPE word short. Needs no sentencepiece
-    to load.
-
-    No BOS or EOS is added to an encoding (hilo trains on documents each followed by EOS, with no BOS); the
-    tokenizer has no pad piece, so pad is EOS."""
-    from sentencepiece import sentencepiece_model_pb2
-    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
-    from tokenizers.models import BPE
-    from transformers import PreTrainedTokenizerFast
-
-    proto = sentencepiece_model_pb2.ModelProto()
-    proto.ParseFromString(Path(model_file).read_bytes())
-    trainer, norm = proto.trainer_spec, proto.normalizer_spec
-    problems = []
-    if trainer.model_type != sentencepiece_model_pb2.TrainerSpec.BPE:
-        problems.append(f"model_type {sentencepiece_model_pb2.TrainerSpec.ModelType.Name(trainer.model_type)} "
-                        f"(only BPE)")
-    if norm.name != "identity" or norm.precompiled_charsmap:
-        problems.append(f"normalization {norm.name!r} (only identity)")
-    if norm.add_dummy_prefix or not norm.escape_whitespaces or norm.remove_extra_whitespaces:
-        problems.append("add_dummy_prefix / remove_extra_whitespaces set or escape_whitespaces unset")
-    if trainer.treat_whitespace_as_suffix or not trainer.split_by_whitespace:
-        problems.append("treat_whitespace_as_suffix or split_by_whitespace=false")
-    if problems:
-        raise ConversionError(f"SentencePiece model {str(model_file)!r} was not trained as hilo trains its "
-                              f"tokenizer (data/tokenizer.py): {'; '.join(problems)} do not map")
-    pieces = proto.pieces
-    vocab = {p.piece: i for i, p in enumerate(pieces)}
-    normal = sentencepiece_model_pb2.ModelProto.SentencePiece.NORMAL
-    merges = []
-    for i, p in enumerate(pieces):
-        if p.type != normal:
-            continue
-        merges += [(p.piece[:k], p.piece[k:], i) for k in range(1, len(p.piece))
-                   if p.piece[:k] in vocab and p.piece[k:] in vocab]
-    merges.sort(key=lambda m: (-pieces[m[2]].score, m[2], vocab[m[0]]))
-
-    def piece(i: int) -> str | None:
-        return pieces[i].piece if 0 <= i < len(pieces) else None
-
-    unk, bos, eos = piece(trainer.unk_id), piece(trainer.bos_id), piece(trainer.eos_id)
-    pad = piece(trainer.pad_id) or eos
-    tok = Tokenizer(BPE(vocab=vocab, merges=[(a, b) for a, b, _ in merges], unk_token=unk, fuse_unk=True,
-                        byte_fallback=True))
-    tok.normalizer = normalizers.Replace(" ", "\u2581")
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("\u2581*[^\u2581]+|\u2581+"), behavior="isolated")
-    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=unk, bos_token=bos, eos_token=eos,
-                                   pad_token=pad, clean_up_tokenization_spaces=False)
-
-
-def _export_tokenizer(tok_dir: Path, out: Path) -> tuple[object, str]:
-    """Write the checkpoint's tokenizer as transformers tokenizer files in out; (tokenizer, a note on it)."""
-    from transformers import AutoTokenizer
-
-    spec = json.loads((tok_dir / TOKENIZER_FILE).read_text())
-    if spec["type"] == "sentencepiece":
-        tok = sentencepiece_to_hf(tok_dir / spec["file"])
-        note = "SentencePiece model -> tokenizer.json (pad = eos: the model has no pad piece)"
-    elif spec["type"] == "hf":  # the files as the run saved them; rewritten only to add a pad token
-        src = tok_dir / spec["file"]
-        for f in src.iterdir():
-            if f.is_file() and f.name != TOKENIZER_FILE:
-                shutil.copyfile(f, out / f.name)
-        tok = AutoTokenizer.from_pretrained(out)
-        note = "transformers tokenizer files, copied"
-        if tok.pad_token is not None:
-            return tok, note
-        tok.pad_token = tok.eos_token
-        note += " (pad = eos: the tokenizer has none)"
-    else:
-        raise ConversionError(f"{str(tok_dir)!r} holds a tokenizer of type {spec['type']!r}: only sentencepiece "
-                              f"and hf tokenizers export")
-    tok.save_pretrained(out)
-    # PreTrainedTokenizerFast is what transformers 4 and 5 both build from tokenizer.json (5 writes its own
-    # backend's class name, which 4 does not know)
-    cfg_file = out / "tokenizer_config.json"
-    cfg = json.loads(cfg_file.read_text())
-    if cfg.get("tokenizer_class") == "TokenizersBackend":
-        cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
-        cfg_file.write_text(json.dumps(cfg, indent=2) + "\n")
-    return tok, note
-
-
 def export_checkpoint(src: str | Path, out: str | Path, format: str = "auto", *, overwrite: bool = False) -> dict:
     """Write a hilo checkpoint (a run dir, its newest checkpoint; a step dir; or a model dir) as a plain
     transformers directory: LlamaForCausalLM (format "llama") or Mamba2ForCausalLM ("mamba2"; "auto" picks by the
@@ -230,7 +142,10 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str = "auto", *,
     _check_out_dir(out, overwrite)
     note = "none (no tokenizer beside the model)"
     if tok_dir is not None:
-        tok, note = _export_tokenizer(tok_dir, out)
+        try:
+            tok, note = write_hf_tokenizer(tok_dir, out)
+        except TokenizerConversionError as e:
+            raise ConversionError(f"cannot export the tokenizer: {e}") from None
         peer_config.bos_token_id, peer_config.eos_token_id = tok.bos_token_id, tok.eos_token_id
         peer_config.pad_token_id = tok.pad_token_id
     _save_model(model_cls, peer_config, state_dict, out)

@@ -31,7 +31,7 @@ from training.checkpoint import (
 )
 
 FOUR = ("trainer.max_steps=4", "trainer.save_every=2", "trainer.val_every=0", "trainer.final_eval=false")
-DAMAGEABLE = ["accelerate/model.safetensors", "accelerate/optimizer.bin", "trainer_state.json", "scheduler.pt",
+DAMAGEABLE = ["model/model.safetensors", "accelerate/optimizer.bin", "trainer_state.json", "scheduler.pt",
               "loader/rank00000.pt"]
 
 
@@ -143,7 +143,7 @@ def test_damaged_rng_file_resumes_with_a_not_exact_warning(run_copy):
 
 def test_resume_after_damage_trains_on_from_the_previous_checkpoint(run_copy):
     ckpts = run_copy / "checkpoints"
-    _damage(ckpts / "step_00000004" / "accelerate" / "model.safetensors", "truncated")
+    _damage(ckpts / "step_00000004" / "model" / "model.safetensors", "truncated")
     with pytest.warns(UserWarning, match="model.safetensors"):
         summary = run_train(small_cfg(*FOUR, "trainer.max_steps=6"), run_copy)
     assert summary["step"] == 6

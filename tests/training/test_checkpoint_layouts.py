@@ -65,8 +65,7 @@ def _assert_same(a, b):
 def _save_plain(ckpt, model, optimizer):
     acc = ckpt / "accelerate"
     acc.mkdir(parents=True)
-    model.save_pretrained(ckpt / "model", safe_serialization=True)
-    model.save_pretrained(acc, safe_serialization=True)  # accelerate's model.safetensors (same tensors)
+    model.save_pretrained(ckpt / "model", safe_serialization=True)  # the weights, stored once
     torch.save(optimizer.state_dict(), acc / "optimizer.bin")
 
 
@@ -125,9 +124,9 @@ def test_an_optimizer_of_another_model_is_refused(tmp_path):
         load_across_layouts(tmp_path / "plain", "plain", other, build_optimizer(other, OPTIM, on_cuda=False))
 
 
-def test_a_checkpoint_without_model_state_is_named(tmp_path):
+def test_a_checkpoint_without_optimizer_state_is_named(tmp_path):
     (tmp_path / "accelerate").mkdir()
-    with pytest.raises(FileNotFoundError, match="no model state"):
+    with pytest.raises(FileNotFoundError, match="no optimizer or model state"):
         saved_layout(tmp_path / "accelerate")
 
 

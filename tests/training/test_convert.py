@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM, Mamba2ForCausal
 
 from data import load_tokenizer
 from data.sources import iter_file_records
+from data.tokenizer import TokenizerConversionError, sentencepiece_to_hf
 from kernels.common import error_ratio
 from models import HiloConfig, HiloForCausalLM
 from tests.models.test_parity import randomize_
@@ -150,7 +151,7 @@ def test_sources_resolve_to_the_newest_checkpoint(tokenizer, tmp_path):
 
 def test_sentencepiece_tokenizer_encodes_as_hilo(tokenizer):
     """The exported tokenizer gives hilo's SentencePiece ids (and text back) on held-out documents."""
-    hf = convert.sentencepiece_to_hf(tokenizer.model_path)
+    hf = sentencepiece_to_hf(tokenizer.model_path)
     docs = list(iter_file_records(str(REPO / "data/corpus/heldout.jsonl.zst"), "text"))[:6] + TEXTS
     for doc in docs:
         ids = tokenizer.encode(doc)
@@ -257,8 +258,8 @@ def test_sentencepiece_trained_otherwise_is_refused(setting, tokenizer, tmp_path
     proto.ParseFromString(Path(tokenizer.model_path).read_bytes())
     setattr(proto.normalizer_spec, setting, True)
     (tmp_path / "other.model").write_bytes(proto.SerializeToString())
-    with pytest.raises(convert.ConversionError, match="was not trained as hilo trains its tokenizer"):
-        convert.sentencepiece_to_hf(tmp_path / "other.model")
+    with pytest.raises(TokenizerConversionError, match="was not trained as hilo trains its tokenizer"):
+        sentencepiece_to_hf(tmp_path / "other.model")
 
 
 def test_export_hf_tokenizer_with_pad_is_copied_unchanged(tmp_path):

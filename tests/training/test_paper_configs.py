@@ -34,7 +34,7 @@ VOCAB = 8192  # the default tokenizer's (conf/tokenizer/sentencepiece.yaml)
 
 
 class _Tokenizer:  # what training.config.model_kwargs reads of a tokenizer
-    eos_id = bos_id = 1
+    eos_id = bos_id = pad_id = 1
 
 
 def _compose(overrides):

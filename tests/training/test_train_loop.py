@@ -57,6 +57,26 @@ def test_resume_is_bit_exact(six_steps, tmp_path):
     assert state["tokens"] == 6 * 4 * 64
 
 
+def test_checkpoint_with_weights_in_accelerate_state_resumes_from_them(six_steps, tmp_path):
+    """A checkpoint of the earlier layout (the weights also in accelerate/model.safetensors) resumes bit for bit from
+    accelerate's copy; model/'s copy is spoiled here, so a resume that read it would differ."""
+    from safetensors.torch import save_file
+
+    from training.checkpoint import write_manifest
+
+    full_dir, _ = six_steps
+    step = tmp_path / "old" / "checkpoints" / "step_00000003"
+    shutil.copytree(full_dir / "checkpoints" / "step_00000003", step)
+    (step.parent / "latest").write_text(step.name)
+    weights = _weights(step)
+    save_file(weights, str(step / "accelerate" / "model.safetensors"))
+    save_file({k: v + 1 for k, v in weights.items()}, str(step / "model" / "model.safetensors"))
+    write_manifest(step)
+    assert run_train(small_cfg(), tmp_path / "old")["step"] == 6
+    a, b = _weights(full_dir / "checkpoints" / "step_00000006"), _weights(step.parent / "step_00000006")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_fresh_run_refuses_to_overwrite_checkpoints(six_steps):
     run_dir, _ = six_steps
     before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
