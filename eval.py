@@ -1,9 +1,13 @@
 """hilo evaluation entry point.
 
-    python eval.py checkpoint=runs/<name> eval=ppl_by_position [eval.seq_len=4096 eval.num_documents=32]
-    python eval.py checkpoint=runs/<name> eval=ruler eval.lengths=[4096,8192,16384] [eval.num_samples=25]
-    python eval.py checkpoint=runs/<mqar run> eval=mqar            # a run trained with data=mqar
-    python eval.py checkpoint=runs/<name> eval=lm_harness [eval.tasks=[piqa,arc_easy] eval.batch_size=16]
+    python eval.py checkpoint=<name> eval=ppl_by_position [eval.seq_len=4096 eval.num_documents=32]
+    python eval.py checkpoint=<name> eval=ruler eval.lengths=[4096,8192,16384] [eval.num_samples=25]
+    python eval.py checkpoint=<mqar run> eval=mqar                 # a run trained with data=mqar
+    python eval.py checkpoint=<name> eval=lm_harness [eval.tasks=[piqa,arc_easy] eval.batch_size=16]
+    python eval.py checkpoint=/path/to/run/checkpoints/step_00000300 ...
+
+checkpoint= is a path (absolute, or relative to the working directory) when one exists there, else a run name or a
+path under paths.runs (conf/paths/default.yaml), where train.py puts its runs.
 
 Loads the checkpoint's model (AutoModelForCausalLM after `import models`) and tokenizer, the held-out data of its
 training config (or `data=...`), runs the suite and writes JSON + PNG beside the checkpoint, and to the run's
@@ -24,12 +28,15 @@ REPO_ROOT = Path(__file__).resolve().parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from training.config import anchor_paths, locate_checkpoint, runs_dir  # registers ${hilo.root:} before Hydra composes
+
 
 def run(cfg: DictConfig) -> dict:
     from training import resolve_checkpoint, resolve_wandb_mode
     from training.evaluation import evaluate_checkpoint
 
-    ckpt = resolve_checkpoint(cfg.checkpoint)  # a clear FileNotFoundError when it is missing
+    anchor_paths(cfg)
+    ckpt = resolve_checkpoint(locate_checkpoint(cfg.checkpoint, runs_dir(cfg)))  # FileNotFoundError naming the fix
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device=cuda but CUDA is not available; use device=auto or device=cpu")
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())

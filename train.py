@@ -8,7 +8,8 @@
 Hydra composes conf/train.yaml (docs/configuration.md) and hands it to the trainer of training/trainer.py;
 `run(cfg)` is that trainer, callable in-process by tests and notebooks. Everything a checkpoint needs to continue
 bit for bit (model, optimizer, schedule, every rank's loader state and RNG, step, tokens, W&B id) is written
-atomically; `trainer.resume=auto` picks the newest one.
+atomically; `trainer.resume=auto` picks the newest one. The run directory is ${paths.runs}/<name>: absolute, the same
+from any working directory (conf/paths/default.yaml).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from training.config import anchor_paths  # registers ${hilo.root:} (conf/paths/default.yaml) before Hydra composes
 from training.trainer import run
 
 __all__ = ["main", "run"]
@@ -32,6 +34,7 @@ __all__ = ["main", "run"]
 
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
+    anchor_paths(cfg)
     hc = HydraConfig.get()
     group = run_name = None
     if hc.mode == RunMode.MULTIRUN:  # one W&B run per sweep point, grouped by sweep, named by its overrides

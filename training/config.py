@@ -1,4 +1,5 @@
-"""Checks of the composed training config: a bad value fails at start-up with the key, the value and the fix."""
+"""Checks of the composed training config (a bad value fails at start-up with the key, the value and the fix), the
+run directory's anchor (conf/paths/default.yaml) and the config the files give a launch (its defaults)."""
 from __future__ import annotations
 
 import difflib
@@ -9,7 +10,12 @@ from omegaconf import DictConfig, OmegaConf
 from .compile import COMPILE_MODES
 from .fsdp import REDUCE_DTYPES, SHARDINGS
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = REPO_ROOT / "conf"
+# ${hilo.root:} in conf/paths/default.yaml: the checkout, absolute. Registered at import, before Hydra composes
+# (train.py and eval.py import this module first).
+if not OmegaConf.has_resolver("hilo.root"):
+    OmegaConf.register_new_resolver("hilo.root", lambda: str(REPO_ROOT))
 # groups whose keys are fixed by their one config file: a key added behind `+` that the file lacks is a typo
 _FIXED_GROUPS = {"trainer": CONF_DIR / "trainer" / "default.yaml", "optim": CONF_DIR / "optim" / "adamw.yaml"}
 
@@ -150,3 +156,73 @@ def model_kwargs(model_cfg: DictConfig, vocab_size: int, tokenizer) -> dict:
     kwargs.setdefault("bos_token_id", tokenizer.bos_id)
     kwargs.setdefault("pad_token_id", tokenizer.pad_id)
     return kwargs
+
+
+def runs_dir(cfg: DictConfig) -> Path:
+    """The directory that holds the runs: cfg.paths.runs, absolute (a config without paths: <checkout>/runs)."""
+    runs = OmegaConf.select(cfg, "paths.runs")
+    return Path(runs).absolute() if runs is not None else REPO_ROOT / "runs"
+
+
+def anchor_paths(cfg: DictConfig) -> None:
+    """Make cfg.paths.runs absolute against the launch directory, once, at the entry point: Hydra took the run
+    directory (hydra.run.dir = ${paths.runs}/...) against the same directory, and the run's config.yaml then
+    records where the run lives. An empty value and a leading `~` (which Hydra never expands) are refused."""
+    runs = OmegaConf.select(cfg, "paths.runs")
+    if runs is None:
+        return
+    runs = str(runs)
+    if not runs.strip():
+        raise ConfigError("paths.runs is empty (from paths.runs= or an empty HILO_RUNS): give the directory that "
+                          "holds the runs, e.g. paths.runs=/scratch/me/runs, or unset HILO_RUNS for <checkout>/runs")
+    if runs.startswith("~"):
+        raise ConfigError(f"paths.runs={runs!r}: `~` is not expanded in a Hydra override; write the absolute path, "
+                          f"e.g. paths.runs=$HOME{runs[1:]}")
+    cfg.paths.runs = str(Path(runs).absolute())
+
+
+def locate_checkpoint(value: str, runs: str | Path) -> Path:
+    """eval.py's checkpoint=...: a path (absolute, or relative to the working directory) that exists, else a run name
+    or a path under `runs` (paths.runs). FileNotFoundError naming both places when neither exists."""
+    path = Path(str(value))
+    if path.is_absolute() or path.exists():
+        return path
+    under = Path(runs) / path
+    if under.exists():
+        return under
+    raise FileNotFoundError(f"checkpoint={value!r} does not exist: neither {path.absolute()} nor {under} (under "
+                            f"paths.runs); pass a run name, a run directory or a checkpoint directory "
+                            f"(<run dir>/checkpoints/step_XXXXXXXX)")
+
+
+def _is_group(key: str) -> bool:
+    return (CONF_DIR / key).is_dir()
+
+
+def composed_defaults(overrides: list[str], config_name: str = "train") -> dict:
+    """The config the files give a launch, resolved: `config_name` composed with the config-group choices among
+    `overrides` (model=..., model/size=..., data=..., experiment=..., +model/mqar=..., +eval@trainer.final_evals.x=...)
+    and none of its key=value overrides. Its values are the defaults of that launch's groups."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    groups = [o.input_line for o in OverridesParser.create().parse_overrides(list(overrides))
+              if _is_group(o.key_or_group)]
+    if GlobalHydra.instance().is_initialized():  # inside train.py's @hydra.main: its loader reads conf/
+        cfg = compose(config_name=config_name, overrides=groups)
+    else:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name=config_name, overrides=groups)
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def launch_defaults() -> dict | None:
+    """composed_defaults of the running Hydra launch (train.py: its group choices are in hydra.overrides.task);
+    None outside one (run(cfg) called in-process), where the choices behind cfg are unknown."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    hc = HydraConfig.get()
+    return composed_defaults(list(hc.overrides.task), config_name=hc.job.config_name or "train")

@@ -33,7 +33,7 @@ from data.mqar import build_test_sets
 from eval_suites import mqar
 from training.checkpoint import CheckpointManager
 from training.compile import compile_blocks
-from training.config import model_kwargs, validate_train_config
+from training.config import launch_defaults, model_kwargs, runs_dir, validate_train_config
 from training.data_hashes import DataHashWriter
 from training.evaluation import eval_summary, evaluate_checkpoint, final_eval_configs
 from training.fsdp import fsdp_plugin, parallelism_config, set_prefetch
@@ -44,8 +44,6 @@ from training.phase_timing import PhaseTimer
 from training.resume_check import check_resume_config
 from training.run_lock import RunLock
 from training.validation import evaluate_loss, heldout_rows
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 class StopRequested:
@@ -78,7 +76,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = 
 
 
 class Trainer:
-    """One training run of the composed config cfg, written to run_dir (default cfg.run_dir, else runs/<cfg.name>).
+    """One training run of the composed config cfg, written to run_dir (default cfg.run_dir, else
+    <cfg.paths.runs>/<cfg.name>).
 
     group and run_name name the W&B run (a sweep's points). Attributes set by setup() are the run's parts
     (accelerator, model, optimizer, scheduler, loader, ckpt, logger) and its state: state holds what a checkpoint
@@ -97,7 +96,7 @@ class Trainer:
         from the RNG that set_seed seeds (a resumed run then restores every RNG from its checkpoint)."""
         cfg, tr = self.cfg, self.tr
         validate_train_config(cfg)
-        self.run_dir = Path(self.run_dir_arg or cfg.get("run_dir") or REPO_ROOT / "runs" / cfg.name).resolve()
+        self.run_dir = Path(self.run_dir_arg or cfg.get("run_dir") or runs_dir(cfg) / cfg.name).resolve()
 
         if tr.num_threads:
             torch.set_num_threads(int(tr.num_threads))
@@ -123,7 +122,7 @@ class Trainer:
         if resume_from is not None:  # settings that change what the run computes must match the checkpoint's
             self.saved_cfg = OmegaConf.to_container(OmegaConf.load(resume_from / "config.yaml"), resolve=True)
             for line in check_resume_config(self.saved_cfg, OmegaConf.to_container(cfg, resolve=True),
-                                            tr.get("resume_override")):
+                                            tr.get("resume_override"), defaults=launch_defaults):
                 acc.print(f"resume: {line}")
 
         with acc.main_process_first():  # rank 0 trains/caches the tokenizer, the others then load it

@@ -95,7 +95,7 @@ def test_sweep_experiment_composes_for_every_model_and_width():
             cfg = _compose(["experiment=mqar_sweep", f"+model/mqar={name}", f"model.hidden_size={width}"], hydra=True)
             validate_train_config(cfg)
             assert cfg.model.name == name
-            assert cfg.hydra.run.dir == f"runs/mqar/{name}-d{width}-lr{cfg.optim.lr}-s0"
+            assert cfg.hydra.run.dir == f"{cfg.paths.runs}/mqar/{name}-d{width}-lr{cfg.optim.lr}-s0"
             kwargs = OmegaConf.to_container(cfg.model, resolve=True)
             with torch.device("meta"):
                 model = models.build_model({**kwargs, "vocab_size": 8192})

@@ -4,7 +4,7 @@ applied and listed."""
 import pytest
 from omegaconf import OmegaConf
 
-from tests.training.helpers import small_cfg
+from tests.training.helpers import CONF, small_cfg
 from training.resume_check import ResumeConfigError, check_resume_config, compare_configs
 
 
@@ -68,3 +68,43 @@ def test_override_accepts_named_keys_prefixes_or_all(saved):
     assert check_resume_config(saved, new, override="optim.lr,seed") == lines
     with pytest.raises(ResumeConfigError):
         check_resume_config(saved, new, override=["optim.lr_x"])  # a prefix matches whole key parts only
+
+
+def _without(cfg, section, key):
+    return {**cfg, section: {k: v for k, v in cfg[section].items() if k != key}}
+
+
+def test_a_setting_the_checkpoint_lacks_at_its_default_is_no_difference(saved):
+    old = _without(saved, "data", "max_document_chars")  # a checkpoint written before the setting existed
+    blocking, applied = compare_configs(old, saved, defaults=_new())
+    assert blocking == []
+    assert applied == ["data.max_document_chars: absent from the checkpoint's config, taken at its default 10000000"]
+    assert check_resume_config(old, saved, defaults=lambda: _new()) == applied  # a function: called when needed
+
+
+def test_a_setting_the_checkpoint_lacks_with_another_value_blocks(saved):
+    old = _without(saved, "data", "max_document_chars")
+    new = _new("data.max_document_chars=1000")
+    with pytest.raises(ResumeConfigError, match=r"data\.max_document_chars: \(not set\) -> 1000 \(absent from the "
+                                                r"checkpoint's config; its default is 10000000\)"):
+        check_resume_config(old, new, defaults=_new())
+    assert check_resume_config(old, new, override=["data"], defaults=_new())[0].endswith(
+        "(accepted by trainer.resume_override)")
+
+
+def test_defaults_are_asked_for_only_when_the_checkpoint_lacks_a_key(saved):
+    def fail():
+        raise AssertionError("defaults composed for a checkpoint that lacks no key")
+
+    assert compare_configs(saved, _new("trainer.max_steps=9"), defaults=fail)[0] == []
+
+
+def test_composed_defaults_keep_the_group_choices_and_drop_the_values():
+    from training.config import composed_defaults
+
+    d = composed_defaults(["data=mqar", "model/size=tiny", "+model/mqar=mamba2", "optim.lr=1e-4", "trainer.seq_len=32",
+                           "data.vocab_size=7", "hydra.run.dir=/elsewhere"])
+    assert d["data"]["type"] == "mqar" and d["model"]["name"] == "mamba2" and d["model"]["size_name"] == "tiny"
+    assert d["optim"]["lr"] == OmegaConf.load(CONF / "optim" / "adamw.yaml").lr
+    assert d["trainer"]["seq_len"] == OmegaConf.load(CONF / "trainer" / "default.yaml").seq_len
+    assert d["data"]["vocab_size"] == OmegaConf.load(CONF / "data" / "mqar.yaml").vocab_size
