@@ -18,6 +18,7 @@ import math
 import torch
 
 from models.levels import grow_cached_levels
+from models.padding import pad
 
 
 class HiloCache:
@@ -34,6 +35,13 @@ class HiloCache:
         self.step_index = None  # [1] long on the KV buffers' device: the prepared step's position
         # layer -> {name: tensor}: the recurrent states (all but "key"/"value") a compiled step updates in place
         self._static_states: dict[int, dict[str, torch.Tensor]] = {}
+        # padded batches (models/padding.py): whether the prefill's attention_mask had zeros (then every row's
+        # states are its own sequence's, KV caches keep the padded layout and later forwards need the mask), and,
+        # during one forward only, the packing of a padded prefill (attention layers store their keys through
+        # store_packed_kv) or the key mask [B, past + T] of a forward that continues padded rows
+        self.padded = False
+        self.unpadded = None
+        self.key_mask: torch.Tensor | None = None
 
     @classmethod
     def from_config(cls, config) -> "HiloCache":
@@ -64,6 +72,12 @@ class HiloCache:
         buffers[1][:, past:total] = value
         slot["key"], slot["value"] = buffers[0][:, :total], buffers[1][:, :total]
         return slot["key"], slot["value"]
+
+    def store_packed_kv(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        """A padded prefill run packed (self.unpadded set by the model): key/value [1, N, Hkv, D] of the real
+        tokens go into layer layer_idx's empty cache in the rows' padded layout [B, T, Hkv, D] (zeros at the pads,
+        which the key masks of later steps leave out)."""
+        self.update_kv(layer_idx, pad(key, self.unpadded), pad(value, self.unpadded))
 
     def _grow_kv(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor, total: int):
         """Layer layer_idx's (key, value) buffers with room for `total` tokens (and the slot's past copied in when
@@ -149,6 +163,7 @@ class HiloCache:
         """Called by the model after each forward through all layers."""
         self.seen_tokens += num_tokens
         self.step_prepared = False
+        self.unpadded = self.key_mask = None
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Select batch rows beam_idx in every state (beam search). KV buffers are reordered in place (their
