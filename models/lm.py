@@ -207,7 +207,7 @@ class HiloModel(HiloPreTrainedModel):
         all_hidden = [] if output_hidden_states else None
         # compiled single-token steps continue a cache (the first token, with empty slots, runs eagerly)
         if (self._decode_step is not None and cache is not None and past > 0 and t == 1 and cu_seqlens is None
-                and not cache.padded and all_hidden is None and not torch.is_grad_enabled()):
+                and all_hidden is None and not torch.is_grad_enabled()):
             cache.prepare_step(past + t)
             # CUDA graphs ("reduce-overhead"): a new step; the last one's outputs (consumed by then) may be reused
             torch.compiler.cudagraph_mark_step_begin()

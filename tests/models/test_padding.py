@@ -143,3 +143,20 @@ def test_padded_loss_is_the_packed_rows_loss(side):
     cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()])
     ref = model(packed, cu_seqlens=cu, labels=packed).loss
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_decoding_of_padded_rows():
+    """compile_decoding's steps (aot_eager: dynamo's capture without code generation) over a left-padded batch give
+    the eager tokens, across the KV buffers' doubling at 64 tokens (the padding mask beside them grows too)."""
+    model = tiny("hybrid_loglinear_gdn")  # softmax attention and a log-linear layer
+    ids, mask, _ = padded(rows(), "left")
+    kwargs = {"attention_mask": mask, "max_new_tokens": 60, "do_sample": False, "pad_token_id": 0}
+    with torch.no_grad():
+        eager = model.generate(ids, **kwargs)
+        torch._dynamo.reset()
+        model.compile_decoding(backend="aot_eager")
+        try:
+            compiled = model.generate(ids, **kwargs)
+        finally:
+            model.compile_decoding(enabled=False)
+    assert torch.equal(compiled, eager)
