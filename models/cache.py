@@ -3,7 +3,8 @@
 One slot (a dict of tensors) per layer. Attention layers keep "key"/"value" [B, T_past, Hkv, D]; recurrent
 mixers keep whatever they need under their own names (e.g. "conv_state", "recurrent_state", per-level
 states for log-linear mixers). The model counts processed tokens once per forward (advance), so
-get_seq_length() is right for models without any attention layer too.
+get_seq_length() is right for models without any attention layer too. After a padded prefill (models/padding.py)
+every row's states are its own sequence's and the KV caches keep the rows' padded layout (`padded`, `kv_valid`).
 
 It is not a transformers.Cache subclass: the Cache base class changes between transformers releases, while
 generate() only needs the methods below (HiloForCausalLM creates the cache itself and tells generate not to
