@@ -171,8 +171,8 @@ class HiloModel(HiloPreTrainedModel):
         past = cache.get_seq_length() if cache is not None else 0
         unpadded = key_mask = None  # a padded batch's packing, or the key mask of a forward continuing padded rows
         if attention_mask is not None:
-            unpadded, key_mask, position_ids = self._read_mask(attention_mask, b, t, past, cache, cu_seqlens,
-                                                               position_ids)
+            unpadded, key_mask, position_ids = self._read_mask(attention_mask.to(hidden.device), b, t, past, cache,
+                                                               cu_seqlens, position_ids)
         elif past and cache.padded:
             raise ValueError(f"this cache holds padded rows: pass the attention_mask of every token so far ([B, "
                              f"{past + t}] columns), as generate() does")
@@ -299,11 +299,12 @@ class HiloForCausalLM(HiloPreTrainedModel, GenerationMixin):
         labels [B, T] follow the HF convention: the model shifts them (logits at t predict labels[t + 1]) and
         ignores -100; the loss is the fp32 cross-entropy mean over the remaining targets (or their sum divided
         by num_items_in_batch when given, for gradient accumulation). With an attention_mask, labels at pads and
-        at a row's first real token are ignored too, so a padded batch's loss is that of its rows packed. With cu_seqlens the first token of every
-        document is never a target, so no loss term crosses a document boundary. return_logits=False (with labels:
-        training steps that only read .loss) returns logits None and, unless config.fused_loss_chunk is None,
-        computes the same loss with fused_loss, which never holds the logits of the whole batch. Other HF keyword
-        arguments (output_attentions, return_dict, ...) are accepted and ignored: outputs are always ModelOutputs.
+        at a row's first real token are ignored too, so a padded batch's loss is that of its rows packed. With
+        cu_seqlens the first token of every document is never a target, so no loss term crosses a document
+        boundary. return_logits=False (with labels: training steps that only read .loss) returns logits None and,
+        unless config.fused_loss_chunk is None, computes the same loss with fused_loss, which never holds the logits
+        of the whole batch. Other HF keyword arguments (output_attentions, return_dict, ...) are accepted and
+        ignored: outputs are always ModelOutputs.
         """
         out = self.model(
             input_ids=input_ids,
