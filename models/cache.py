@@ -3,7 +3,8 @@
 One slot (a dict of tensors) per layer. Attention layers keep "key"/"value" [B, T_past, Hkv, D]; recurrent
 mixers keep whatever they need under their own names (e.g. "conv_state", "recurrent_state", per-level
 states for log-linear mixers). The model counts processed tokens once per forward (advance), so
-get_seq_length() is right for models without any attention layer too.
+get_seq_length() is right for models without any attention layer too. After a padded prefill (models/padding.py)
+every row's states are its own sequence's and the KV caches keep the rows' padded layout (`padded`, `kv_valid`).
 
 It is not a transformers.Cache subclass: the Cache base class changes between transformers releases, while
 generate() only needs the methods below (HiloForCausalLM creates the cache itself and tells generate not to
@@ -18,6 +19,7 @@ import math
 import torch
 
 from models.levels import grow_cached_levels
+from models.padding import pad
 
 
 class HiloCache:
@@ -34,6 +36,16 @@ class HiloCache:
         self.step_index = None  # [1] long on the KV buffers' device: the prepared step's position
         # layer -> {name: tensor}: the recurrent states (all but "key"/"value") a compiled step updates in place
         self._static_states: dict[int, dict[str, torch.Tensor]] = {}
+        # padded batches (models/padding.py): whether the prefill's attention_mask had zeros (then every row's
+        # states are its own sequence's, KV caches keep the padded layout and later forwards need the mask), and,
+        # during one forward only, the packing of a padded prefill (attention layers store their keys through
+        # store_packed_kv) or the key mask [B, past + T] of a forward that continues padded rows
+        self.padded = False
+        self.unpadded = None
+        self.key_mask: torch.Tensor | None = None
+        # with padded rows: bool [B, capacity] beside the KV buffers, False at the prefill's pads (True elsewhere: the
+        # tokens after the prefill are real), which a compiled decoding step combines with its position's key mask
+        self.kv_valid: torch.Tensor | None = None
 
     @classmethod
     def from_config(cls, config) -> "HiloCache":
@@ -65,6 +77,24 @@ class HiloCache:
         slot["key"], slot["value"] = buffers[0][:, :total], buffers[1][:, :total]
         return slot["key"], slot["value"]
 
+    def store_packed_kv(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        """A padded prefill run packed (self.unpadded set by the model): key/value [1, N, Hkv, D] of the real
+        tokens go into layer layer_idx's empty cache in the rows' padded layout [B, T, Hkv, D] (zeros at the pads,
+        which the key masks of later steps leave out)."""
+        self.update_kv(layer_idx, pad(key, self.unpadded), pad(value, self.unpadded))
+        if self.kv_valid is None:
+            real = pad(key.new_ones(1, key.shape[1], dtype=torch.bool), self.unpadded)  # [B, T]
+            self._grow_kv_valid(self._kv_buffers[layer_idx][0].shape[1], real)
+
+    def _grow_kv_valid(self, capacity: int, prefix: torch.Tensor | None = None) -> None:
+        """kv_valid with `capacity` columns: the old columns (or `prefix` [B, T], the prefill's real tokens), then
+        True; a static address, as the KV buffers have (compiled steps read it)."""
+        old = self.kv_valid if prefix is None else prefix
+        valid = torch.ones(old.shape[0], capacity, dtype=torch.bool, device=old.device)
+        valid[:, :old.shape[1]] = old
+        torch._dynamo.mark_static_address(valid, guard=False)
+        self.kv_valid = valid
+
     def _grow_kv(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor, total: int):
         """Layer layer_idx's (key, value) buffers with room for `total` tokens (and the slot's past copied in when
         they are new); key / value only give the shape and dtype of one token's entries."""
@@ -86,6 +116,8 @@ class HiloCache:
                     buf[:, :past] = slot[name]
                 grown.append(buf)
             buffers = self._kv_buffers[layer_idx] = tuple(grown)
+            if self.kv_valid is not None and self.kv_valid.shape[1] < capacity:
+                self._grow_kv_valid(capacity)
         return buffers
 
     def prepare_step(self, total_tokens: int) -> None:
@@ -139,6 +171,8 @@ class HiloCache:
         key_buf.index_copy_(1, self.step_index, key)
         value_buf.index_copy_(1, self.step_index, value)
         visible = torch.arange(key_buf.shape[1], device=key_buf.device) <= self.step_index
+        if self.kv_valid is not None:  # padded rows: [B, capacity], without each row's pads
+            visible = visible & self.kv_valid[:, :key_buf.shape[1]]
         return key_buf, value_buf, visible
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -149,6 +183,7 @@ class HiloCache:
         """Called by the model after each forward through all layers."""
         self.seen_tokens += num_tokens
         self.step_prepared = False
+        self.unpadded = self.key_mask = None
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Select batch rows beam_idx in every state (beam search). KV buffers are reordered in place (their
@@ -169,6 +204,12 @@ class HiloCache:
             if in_place:
                 for buf in buffers:
                     buf.copy_(buf.index_select(0, beam_idx.to(buf.device)))
+        if self.kv_valid is not None:
+            rows = self.kv_valid.index_select(0, beam_idx.to(self.kv_valid.device))
+            if rows.shape == self.kv_valid.shape:
+                self.kv_valid.copy_(rows)
+            else:
+                self._grow_kv_valid(rows.shape[1], rows)
 
     def state_bytes(self) -> int:
         """Bytes of every tensor in every slot (numel * element size): the decoding state the cache holds, the
@@ -190,6 +231,8 @@ class HiloCache:
         for slot in self.layers:
             for name, t in slot.items():
                 slot[name] = t.repeat_interleave(repeats, dim=0)
+        if self.kv_valid is not None:
+            self._grow_kv_valid(self.kv_valid.shape[1], self.kv_valid.repeat_interleave(repeats, dim=0))
 
 
 def expected_state_shapes(config, seq_len: int, batch: int = 1,

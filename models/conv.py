@@ -16,7 +16,8 @@ class ShortConv(nn.Module):
     before x; zeros when None). forward returns (y [B, T, C], new_state [B, C, K-1]): the last K-1 inputs of
     cat(state, x), which is the state to pass with the next tokens (decoding). With cu_seqlens [N+1] (B == 1,
     packed documents) no tap reaches across a document boundary: each document starts from zeros, as if it ran
-    alone. activation is "silu" or None. Sequences of several tokens go through kernels.short_conv (its Triton
+    alone, and new_state is [N, C, K-1], each document's own last K-1 inputs (zeros before its start: what a
+    padded batch's prefill leaves for each row, models/padding.py). activation is "silu" or None. Sequences of several tokens go through kernels.short_conv (its Triton
     kernels on CUDA, ATen's conv1d elsewhere; `backend` picks one), in autocast's dtype where autocast is on.
     """
 
@@ -70,10 +71,13 @@ class ShortConv(nn.Module):
             if self.activation == "silu":
                 y = F.silu(y)
             return y, new_state
-        # the last K-1 inputs of cat(state, x), from the last K-1 columns of x only (a new tensor: no view keeps a
-        # prefill's whole input alive in the cache)
-        tail = torch.cat((state.to(x.dtype), xt[:, :, max(0, t - (k - 1)):]), dim=2)
-        new_state = tail[:, :, tail.shape[2] - (k - 1):].clone()
+        if cu_seqlens is not None:
+            new_state = document_tails(x[0], cu_seqlens, k - 1)
+        else:
+            # the last K-1 inputs of cat(state, x), from the last K-1 columns of x only (a new tensor: no view keeps
+            # a prefill's whole input alive in the cache)
+            tail = torch.cat((state.to(x.dtype), xt[:, :, max(0, t - (k - 1)):]), dim=2)
+            new_state = tail[:, :, tail.shape[2] - (k - 1):].clone()
         y = short_conv(x.to(autocast_dtype(x)), self.conv.weight[:, 0, :], self.conv.bias, initial_state=given_state,
                        cu_seqlens=cu_seqlens, activation=self.activation, backend=self.backend)
         return y, new_state
@@ -81,3 +85,13 @@ class ShortConv(nn.Module):
     def flops_per_token(self) -> float:
         """Training FLOPs per token: 2 * K * C forward (a multiply-add per tap and channel), 3x for fwd + bwd."""
         return 6.0 * self.kernel_size * self.channels
+
+
+def document_tails(x: torch.Tensor, cu_seqlens: torch.Tensor, width: int) -> torch.Tensor:
+    """[N, C, width]: the last `width` rows of each document of x [T, C] (packed by cu_seqlens [N+1]), zeros where a
+    document is shorter: each document's conv state after it, as if it ran alone."""
+    cu = cu_seqlens.to(device=x.device, dtype=torch.long)
+    rows = cu[1:, None] - width + torch.arange(width, device=x.device)  # [N, width]
+    inside = rows >= cu[:-1, None]
+    tails = torch.where(inside[..., None], x[rows.clamp(min=0)], 0)  # [N, width, C]
+    return tails.transpose(1, 2).contiguous()

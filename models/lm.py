@@ -15,6 +15,7 @@ from models.cache import HiloCache
 from models.config import HiloConfig
 from models.loss import IGNORE_INDEX, chunked_cross_entropy
 from models.norms import RMSNorm
+from models.padding import mask_positions, pad, target_mask, unpad, unpad_mask
 
 # transformers >= 5.2x renamed the outputs' cache field from past_key_values to cache (the old name still
 # works but warns); fill whichever this install declares.
@@ -99,6 +100,38 @@ class HiloModel(HiloPreTrainedModel):
             cache.commit_step()
         return self.norm(hidden)
 
+    @staticmethod
+    def _read_mask(mask, b, t, past, cache, cu_seqlens, position_ids):
+        """(unpadded, key_mask, position_ids) for a forward given attention_mask: the packing of a padded batch
+        that starts from nothing (None when the mask is all ones), or, continuing a cache of padded rows, the key
+        mask [B, past + T] and the rows' own positions (position_ids unless given)."""
+        if mask.ndim != 2 or mask.shape[0] != b or mask.shape[1] not in (t, past + t):
+            cols = f"{t}" if not past else f"{t} or {past + t} (the {past} cached tokens and the {t} new ones)"
+            raise ValueError(f"attention_mask must be [B, T] with B = {b} and T = {cols} columns, got "
+                             f"{tuple(mask.shape)}")
+        new = mask[:, mask.shape[1] - t:]
+        if past:
+            # generate() passes the mask of every token so far at each step: a decoding step reads O(t) columns
+            # for the check, not O(context), and an accelerator checks them without a host synchronisation
+            msg = ("the tokens that continue a cache must be real (attention_mask 1 in its last T columns): padding "
+                   "goes in the prompt, the forward that fills the cache")
+            if new.device.type != "cpu":
+                torch._assert_async(new.all(), msg)
+            elif not bool(new.all()):
+                raise ValueError(msg)
+            if not cache.padded:  # the cached tokens' columns were read when they went in
+                return None, None, position_ids
+            if mask.shape[1] != past + t:
+                raise ValueError(f"this cache holds padded rows: the attention_mask needs every token so far ([B, "
+                                 f"{past + t}] columns), as generate() passes it; got {tuple(mask.shape)}")
+            return None, mask.bool(), mask_positions(mask, t) if position_ids is None else position_ids
+        if bool(new.all()):  # all ones (one host read): the plain forward
+            return None, None, position_ids
+        if cu_seqlens is not None:
+            raise ValueError("pass either attention_mask with zeros (padded rows) or cu_seqlens (packed documents), "
+                             "not both")
+        return unpad_mask(new), None, position_ids
+
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens
 
@@ -122,8 +155,13 @@ class HiloModel(HiloPreTrainedModel):
         (use_cache defaults to config.use_cache in eval mode and to False in training mode).
 
         position_ids default to cache length + arange(T), or restart per document when cu_seqlens is given.
-        attention_mask may only be all ones (no padding): pack documents with cu_seqlens instead. With a cache that
-        has consumed P tokens, a mask of P + T columns (what generate() passes) is checked on its last T columns only.
+
+        attention_mask [B, T] (or [B, P + T] after a cache that has consumed P tokens: what generate() passes) marks
+        real tokens 1 and padding 0, on either side (docs/design.md, "Padded batches"). All ones is the plain
+        forward, unchanged. With zeros, the real tokens run as packed documents, one per row (models/padding.py):
+        outputs at the real tokens equal each row run alone, positions restart at each row's first real token, and
+        the outputs at the pads are zeros. A cache filled by such a forward holds each row's own states; the
+        forwards that continue it need the mask of every token so far, and their new tokens must be real.
         """
         if cache is None:
             cache = past_key_values
@@ -136,17 +174,13 @@ class HiloModel(HiloPreTrainedModel):
         hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         b, t = hidden.shape[:2]
         past = cache.get_seq_length() if cache is not None else 0
+        unpadded = key_mask = None  # a padded batch's packing, or the key mask of a forward continuing padded rows
         if attention_mask is not None:
-            no_padding = ("hilo models take no padding (attention_mask has zeros): pack documents with cu_seqlens "
-                          "(B == 1) or run unpadded rows")
-            if past and attention_mask.shape[-1] == past + t:
-                # generate() passes the mask of every token so far at each step; the cached tokens' columns were
-                # checked when those tokens went in, so a decode step reads O(t) columns, not O(context)
-                attention_mask = attention_mask[:, past:]
-            if attention_mask.device.type != "cpu":  # no host sync on an accelerator
-                torch._assert_async(attention_mask.all(), no_padding)
-            elif not bool(attention_mask.all()):
-                raise ValueError(no_padding)
+            unpadded, key_mask, position_ids = self._read_mask(attention_mask.to(hidden.device), b, t, past, cache,
+                                                               cu_seqlens, position_ids)
+        elif past and cache.padded:
+            raise ValueError(f"this cache holds padded rows: pass the attention_mask of every token so far ([B, "
+                             f"{past + t}] columns), as generate() does")
         if use_cache is None:  # training forwards never build a decoding cache unless asked to
             use_cache = self.config.use_cache and not self.training
         if cu_seqlens is not None:
@@ -159,6 +193,20 @@ class HiloModel(HiloPreTrainedModel):
                 position_ids = positions_from_cu_seqlens(cu_seqlens.to(hidden.device), t)
         if use_cache and cache is None:
             cache = HiloCache.from_config(self.config)
+        if cache is not None and past == 0:
+            cache.padded = unpadded is not None
+        if unpadded is not None:
+            # the real tokens as one packed row of documents, every mixer on its varlen path
+            hidden = unpad(hidden, unpadded)
+            cu_seqlens = unpadded.cu_seqlens
+            if position_ids is None:
+                position_ids = positions_from_cu_seqlens(cu_seqlens, hidden.shape[1])
+            else:
+                position_ids = unpad(position_ids.expand(b, t), unpadded)
+            if cache is not None:
+                cache.unpadded = unpadded
+        if cache is not None and key_mask is not None:
+            cache.key_mask = key_mask
         if position_ids is None:
             position_ids = torch.arange(past, past + t, device=hidden.device).unsqueeze(0).expand(b, t)
         all_hidden = [] if output_hidden_states else None
@@ -184,6 +232,10 @@ class HiloModel(HiloPreTrainedModel):
         hidden = self.norm(hidden)
         if all_hidden is not None:
             all_hidden.append(hidden)
+        if unpadded is not None:  # back to the rows' padded layout
+            hidden = pad(hidden, unpadded)
+            if all_hidden is not None:
+                all_hidden = [pad(h, unpadded) for h in all_hidden]
         if cache is not None:
             cache.advance(t)
         return BaseModelOutputWithPast(
@@ -251,11 +303,13 @@ class HiloForCausalLM(HiloPreTrainedModel, GenerationMixin):
 
         labels [B, T] follow the HF convention: the model shifts them (logits at t predict labels[t + 1]) and
         ignores -100; the loss is the fp32 cross-entropy mean over the remaining targets (or their sum divided
-        by num_items_in_batch when given, for gradient accumulation). With cu_seqlens the first token of every
-        document is never a target, so no loss term crosses a document boundary. return_logits=False (with labels:
-        training steps that only read .loss) returns logits None and, unless config.fused_loss_chunk is None,
-        computes the same loss with fused_loss, which never holds the logits of the whole batch. Other HF keyword
-        arguments (output_attentions, return_dict, ...) are accepted and ignored: outputs are always ModelOutputs.
+        by num_items_in_batch when given, for gradient accumulation). With an attention_mask, labels at pads and
+        at a row's first real token are ignored too, so a padded batch's loss is that of its rows packed. With
+        cu_seqlens the first token of every document is never a target, so no loss term crosses a document
+        boundary. return_logits=False (with labels: training steps that only read .loss) returns logits None and,
+        unless config.fused_loss_chunk is None, computes the same loss with fused_loss, which never holds the logits
+        of the whole batch. Other HF keyword arguments (output_attentions, return_dict, ...) are accepted and
+        ignored: outputs are always ModelOutputs.
         """
         out = self.model(
             input_ids=input_ids,
@@ -270,6 +324,9 @@ class HiloForCausalLM(HiloPreTrainedModel, GenerationMixin):
         )
         hidden = out.last_hidden_state
         loss = None
+        if labels is not None and attention_mask is not None and attention_mask.shape == labels.shape:
+            # padded rows: only the targets inside each row's own tokens count (models.padding.target_mask)
+            labels = labels.masked_fill(~target_mask(attention_mask.to(labels.device)), IGNORE_INDEX)
         if labels is not None:
             if not (isinstance(logits_to_keep, int) and logits_to_keep == 0):
                 raise ValueError("labels need logits at every position: leave logits_to_keep at 0")

@@ -63,14 +63,17 @@ def _check_inputs(q, k, v, causal, cu_seqlens) -> list[int] | None:
 
 
 def _check_key_mask(key_mask, q, k, causal, cu_seqlens) -> None:
-    if not isinstance(key_mask, torch.Tensor) or key_mask.dtype != torch.bool or key_mask.shape != (k.shape[1],):
+    b, tk = k.shape[:2]
+    if not isinstance(key_mask, torch.Tensor) or key_mask.dtype != torch.bool or key_mask.shape not in (
+        (tk,), (b, tk)
+    ):
         got = f"{key_mask.dtype} {tuple(key_mask.shape)}" if isinstance(key_mask, torch.Tensor) else type(key_mask)
-        raise ValueError(f"softmax_attn: key_mask must be a bool tensor [Tk={k.shape[1]}], got {got}")
+        raise ValueError(f"softmax_attn: key_mask must be a bool tensor [Tk={tk}] or [B={b}, Tk={tk}], got {got}")
     if key_mask.device != k.device:
         raise ValueError(f"softmax_attn: key_mask is on {key_mask.device}, k on {k.device}")
     if cu_seqlens is not None:
         raise ValueError("softmax_attn: key_mask (a preallocated cache) cannot be combined with cu_seqlens")
-    if causal and q.shape[1] != 1:
+    if causal and q.shape[1] != 1 and key_mask.ndim == 1:
         raise ValueError(f"softmax_attn: key_mask with causal=True takes one query (a decoding step), got Tq="
                          f"{q.shape[1]}; pass the filled keys without key_mask, or causal=False")
 
@@ -94,8 +97,9 @@ def softmax_attn(
     with B == 1 and Tq == Tk; no query attends to a key of another document.
     key_mask: bool [Tk], True for the keys that hold tokens (a preallocated KV cache whose first positions are
     filled: the compiled decoding step reads whole buffers). With causal=True it needs Tq == 1 (bottom-right
-    alignment would place several queries at the buffer's end, not after its filled prefix). Backend sdpa or
-    naive (None picks sdpa).
+    alignment would place several queries at the buffer's end, not after its filled prefix). Or bool [B, Tk]:
+    per row, the keys that are tokens and not padding (a padded batch's KV cache), combined with the causal mask
+    for any Tq; every query must see at least one key. Backend sdpa or naive (None picks sdpa).
     backend: "flash", "sdpa" or "naive"; None picks flash when importable on CUDA with fp16/bf16 inputs and
     D <= 256, else sdpa.
     """

@@ -41,7 +41,7 @@ def softmax_attn_naive(
 ) -> torch.Tensor:
     """o[b, i, h] = sum_j softmax_j(scale * q[b, i, h] . k[b, j, h // G]) v[b, j, h // G] over allowed j.
 
-    q [B, Tq, H, D], k/v [B, Tk, Hkv, D], G = H / Hkv; key_mask [Tk] (bool) drops the keys where it is False. Computed in fp32, returned in q's dtype.
+    q [B, Tq, H, D], k/v [B, Tk, Hkv, D], G = H / Hkv; key_mask [Tk] or [B, Tk] (bool) drops the keys where it is False. Computed in fp32, returned in q's dtype.
     """
     out_dtype = q.dtype
     groups = q.shape[2] // k.shape[2]
@@ -51,8 +51,9 @@ def softmax_attn_naive(
         vf = vf.repeat_interleave(groups, dim=2)
     scores = torch.einsum("bihd,bjhd->bhij", qf, kf) * scale
     mask = attention_mask(q.shape[1], k.shape[1], causal, doc_bounds, q.device)
-    if key_mask is not None:  # only the keys that hold tokens
-        mask = key_mask[None, :] if mask is None else mask & key_mask[None, :]
+    if key_mask is not None:  # only the keys that hold tokens ([Tk], or [B, Tk] per row)
+        keys = key_mask[None, :] if key_mask.ndim == 1 else key_mask[:, None, None, :]
+        mask = keys if mask is None else mask & keys
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1)

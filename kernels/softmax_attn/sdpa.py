@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool,
           key_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """One dense call on [B, T, H, D] tensors with bottom-right causal alignment (and key_mask [Tk], if any)."""
+    """One dense call on [B, T, H, D] tensors with bottom-right causal alignment (and key_mask [Tk] or [B, Tk], if
+    any)."""
     tq, tk = q.shape[1], k.shape[1]
     mask = None
     is_causal = False
@@ -24,7 +25,13 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causa
         j = torch.arange(tk, device=q.device)[None, :]
         mask = j <= i + (tk - tq)
     # causal with tq == 1: the single (last) query sees all keys, no mask needed.
-    if key_mask is not None:  # with causal, Tq == 1 (softmax_attn checks): no causal mask to combine
+    if key_mask is not None and key_mask.ndim == 2:  # per-row padding [B, Tk], with the causal mask if any
+        if is_causal:
+            mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril()
+            is_causal = False
+        rows = key_mask[:, None, None, :]  # [B, 1, 1, Tk] against SDPA's [B, H, Tq, Tk]
+        mask = rows if mask is None else rows & mask
+    elif key_mask is not None:  # with causal, Tq == 1 (softmax_attn checks): no causal mask to combine
         mask = key_mask[None, :]  # SDPA takes [Tq, Tk] masks
     o = F.scaled_dot_product_attention(
         q.transpose(1, 2),

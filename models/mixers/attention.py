@@ -14,7 +14,9 @@ class AttentionMixer(nn.Module):
     """Causal multi-head attention with num_kv_heads key/value heads and RoPE (theta = config.rope_theta).
 
     forward(hidden [B, T, C], position_ids [B, T], cu_seqlens, cache) -> [B, T, C]. With a cache, the new keys
-    and values are appended to the layer's slot and the T new queries attend to the whole cache.
+    and values are appended to the layer's slot and the T new queries attend to the whole cache. Padded rows
+    (models/padding.py): a packed prefill (cu_seqlens with a cache) stores the keys in the padded layout, and later
+    forwards attend with the cache's key mask, so no query sees a pad.
     """
 
     def __init__(self, config, layer_idx: int):
@@ -58,9 +60,18 @@ class AttentionMixer(nn.Module):
             o = softmax_attn(q, k, v, causal=True, key_mask=visible,
                              backend="naive" if self.backend == "naive" else "sdpa")
             return self.o_proj(o.reshape(b, t, self.num_heads * self.head_dim))
-        if cache is not None:
+        key_mask = None
+        if cache is not None and cu_seqlens is not None:
+            # a padded prefill run packed (models/padding.py): the cache keeps the keys in the rows' padded layout
+            cache.store_packed_kv(self.layer_idx, k, v)
+        elif cache is not None:
             k, v = cache.update_kv(self.layer_idx, k, v)
-        o = softmax_attn(q, k, v, causal=True, cu_seqlens=cu_seqlens, backend=self.backend)
+            key_mask = cache.key_mask  # [B, past + T] when continuing padded rows: no query reads a pad
+        if key_mask is not None:
+            o = softmax_attn(q, k, v, causal=True, key_mask=key_mask,
+                             backend="naive" if self.backend == "naive" else "sdpa")
+        else:
+            o = softmax_attn(q, k, v, causal=True, cu_seqlens=cu_seqlens, backend=self.backend)
         return self.o_proj(o.reshape(b, t, self.num_heads * self.head_dim))
 
     def flops_per_token(self, seq_len: int) -> float:

@@ -148,7 +148,7 @@ class GatedDeltaNetMixer(nn.Module):
         joining them again would cost a pass over the state and twice the launches.
         """
         b, t = q.shape[:2]
-        if state is None and t == 1 and output_final_state:
+        if state is None and t == 1 and output_final_state and cu_seqlens is None:
             state = q.new_zeros(b, self.num_heads, self.head_dim, self.head_v_dim, dtype=torch.float32)
         if t == 1 and state is not None and cu_seqlens is None:
             o, final = delta_rule_step(q[:, 0], k[:, 0], v[:, 0], beta[:, 0], g[:, 0], state)

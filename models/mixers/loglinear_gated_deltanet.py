@@ -65,7 +65,7 @@ class LogLinearGatedDeltaNetMixer(FlagsLevelParameter, GatedDeltaNetMixer):
             levels = max(levels, state.levels.shape[2])
             state = state.grow(levels)
         lam = level_scales(self.L, self.l_proj(x()), levels)
-        if slot is not None and t == 1:
+        if slot is not None and t == 1 and cu_seqlens is None:
             # the step is plain PyTorch with no head-dim limit: one call over all value columns (no slicing and
             # re-joining of the level states, a pass over all of them)
             if state is None:

@@ -60,7 +60,7 @@ class LogLinearMamba2Mixer(FlagsLevelParameter, Mamba2Mixer):
             levels = max(levels, state.levels.shape[2])
             state = state.grow(levels)
         lam = level_scales(self.L, dl, levels)
-        if slot is not None and t == 1:
+        if slot is not None and t == 1 and cu_seqlens is None:
             if state is None:
                 state = LogLinearState.empty(b, h, self.state_size, p, levels, device=v.device)
             y, state = loglinear_attn_step(cm[:, 0], bm[:, 0], v[:, 0], g[:, 0], lam[:, 0], state, scale=1.0)

@@ -91,7 +91,7 @@ class Mamba2Mixer(nn.Module):
         xbc, conv_state = self.conv(xbc, slot.get("conv_state") if slot else None, cu_seqlens)
         x, bm, cm = xbc.split([self.d_inner, gn, gn], dim=-1)
         x = x.reshape(b, t, h, p)
-        decode = slot is not None and t == 1
+        decode = slot is not None and t == 1 and cu_seqlens is None
         bm, cm = self._group_inputs(bm.unflatten(-1, (self.n_groups, self.state_size)),
                                     cm.unflatten(-1, (self.n_groups, self.state_size)))
         if decode or not self.GROUPED_OPERATOR:
@@ -133,7 +133,7 @@ class Mamba2Mixer(nn.Module):
         b, t, h, p = v.shape
         slot = cache[self.layer_idx] if cache is not None else None
         state = slot.get("recurrent_state") if slot is not None else None
-        if slot is not None and t == 1:
+        if slot is not None and t == 1 and cu_seqlens is None:
             if state is None:
                 state = v.new_zeros(b, h, self.state_size, p, dtype=torch.float32)
             y, state = linear_attn_step(cm[:, 0], bm[:, 0], v[:, 0], g[:, 0], state, scale=1.0)

@@ -139,6 +139,23 @@ def test_key_mask_reads_the_filled_prefix_of_a_buffer(tq, causal):
     assert err_ratio(softmax_attn(q, k_buf, v_buf, causal=causal, backend="sdpa"), ref) > 1e-2
 
 
+@pytest.mark.parametrize("tq", [1, 3, 5])
+def test_per_row_key_mask_leaves_out_each_rows_padding(tq):
+    """key_mask [B, Tk] (a padded batch's KV cache): row b's queries attend causally (bottom-right) to its keys
+    after its p_b left pads only, as if the row held those keys alone, whatever the pads hold."""
+    q, k, v = make(2, tq, 8, 4, 2, 16, seed=13)
+    pads = (0, 3)
+    keep = torch.arange(8)[None, :] >= torch.tensor(pads)[:, None]
+    k, v = (torch.where(keep[:, :, None, None], t, 50.0 * torch.randn_like(t)) for t in (k, v))
+    for backend in ("naive", "sdpa", None):
+        out = softmax_attn(q, k, v, causal=True, key_mask=keep, backend=backend)
+        for b, p in enumerate(pads):
+            ref = loop_reference(q[b:b + 1], k[b:b + 1, p:], v[b:b + 1, p:], causal=True)
+            assert err_ratio(out[b:b + 1], ref) <= 1e-5, (backend, b)
+    assert err_ratio(softmax_attn(q, k, v, causal=True, backend="sdpa")[1:],
+                     loop_reference(q[1:], k[1:, 3:], v[1:, 3:])) > 1e-2  # without the mask, the pads are read
+
+
 def test_low_precision_inputs_return_their_dtype():
     q, k, v = make(1, 19, 19, 4, 2, 32, seed=9)
     ref = softmax_attn(q, k, v, backend="naive")
@@ -190,6 +207,8 @@ def test_bad_inputs_raise_clear_errors():
         softmax_attn(q[:, :1], k, v, key_mask=torch.ones(8))
     with pytest.raises(ValueError, match=r"key_mask must be a bool tensor \[Tk=8\]"):
         softmax_attn(q[:, :1], k, v, key_mask=torch.ones(7, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"or \[B=1, Tk=8\]"):
+        softmax_attn(q, k, v, key_mask=torch.ones(2, 8, dtype=torch.bool))
     with pytest.raises(ValueError, match="takes one query"):
         softmax_attn(q, k, v, key_mask=torch.ones(8, dtype=torch.bool))
     with pytest.raises(ValueError, match="cannot be combined with cu_seqlens"):

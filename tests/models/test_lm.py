@@ -192,8 +192,10 @@ def test_build_model_errors_and_hydra_keys():
 def test_bad_forward_inputs_are_clear_errors():
     model = tiny()
     x = tokens(2, 8)
-    with pytest.raises(ValueError, match="padding"):
-        model(x, attention_mask=torch.tensor([[1] * 8, [0] + [1] * 7]))
+    with pytest.raises(ValueError, match=r"attention_mask must be \[B, T\]"):
+        model(x, attention_mask=torch.ones(2, 7, dtype=torch.long))
+    with pytest.raises(ValueError, match="not both"):
+        model(x[:1], attention_mask=torch.tensor([[0] + [1] * 7]), cu_seqlens=torch.tensor([0, 3, 7]))
     with pytest.raises(ValueError, match="batch size 1"):
         model(x, cu_seqlens=torch.tensor([0, 3, 8]))
     model(x, attention_mask=torch.ones(2, 8, dtype=torch.long))  # all-ones masks are fine
@@ -269,13 +271,21 @@ def test_kv_cache_appends_into_doubling_buffers():
     assert torch.equal(cache[0]["key"], full_k[1:])
 
 
-def test_padding_masks_are_refused_with_the_fix():
+def test_padding_mask_errors_name_the_fix():
     import models
 
     model = models.build_model({"vocab_size": 64, "hidden_size": 32, "num_layers": 1, "num_heads": 2})
     ids = torch.randint(0, 64, (2, 6))
     mask = torch.ones_like(ids)
-    model(input_ids=ids, attention_mask=mask)  # all ones: fine
     mask[0, :2] = 0
-    with pytest.raises(ValueError, match="cu_seqlens"):
-        model(input_ids=ids, attention_mask=mask)
+    with torch.no_grad():
+        cache = model(input_ids=ids, attention_mask=mask, use_cache=True).past_key_values
+        nxt = torch.randint(0, 64, (2, 1))
+        with pytest.raises(ValueError, match="every token so far"):
+            model(input_ids=nxt, cache=cache)
+        with pytest.raises(ValueError, match="every token so far"):
+            model(input_ids=nxt, attention_mask=torch.ones(2, 1, dtype=torch.long), cache=cache)
+        with pytest.raises(ValueError, match="must be real"):
+            model(input_ids=nxt, attention_mask=torch.cat([mask, torch.tensor([[1], [0]])], 1), cache=cache)
+        with pytest.raises(ValueError, match="no real token"):
+            model(input_ids=ids, attention_mask=torch.zeros_like(ids))
