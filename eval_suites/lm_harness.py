@@ -15,8 +15,8 @@ the model directly:
 - ``loglikelihood_rolling``: the document's log-likelihood in disjoint windows of ``max_length`` tokens, the first
   predicted from the end-of-document token (how hilo's training stream separates documents).
 - ``generate_until``: decoding through ``model.generate`` (hilo's cache) until a stop string, EOS or
-  ``max_gen_toks``. Prompts of a batch are left-padded with an ``attention_mask``, which needs a model that takes
-  padding (``takes_padding``); otherwise the prompts run one at a time.
+  ``max_gen_toks``. Prompts of a batch are left-padded with an ``attention_mask`` (hilo's models run padded
+  batches as packed documents: docs/design.md).
 
 Under torch.distributed every rank takes its share of each task's documents (lm-eval's data-parallel protocol) and
 every rank returns the same result.
@@ -49,16 +49,6 @@ except ImportError as e:  # the optional extra
 DEFAULT_TASKS = ("wikitext", "lambada_openai", "piqa", "hellaswag", "winogrande", "arc_easy", "arc_challenge")
 
 
-def takes_padding(model: Any) -> bool:
-    """Whether ``model.generate`` may be given left-padded prompts with an attention_mask. A model says so with a
-    ``supports_padding`` attribute; hilo models (model_type "hilo") that do not say so refuse padding, every other
-    transformers model takes it."""
-    flag = getattr(model, "supports_padding", None)
-    if flag is not None:
-        return bool(flag)
-    return getattr(getattr(model, "config", None), "model_type", None) != "hilo"
-
-
 class HiloLM(TemplateLM):
     """An lm-eval language model over a causal LM and hilo's tokenizer interface (encode / decode / eos_id).
 
@@ -78,7 +68,6 @@ class HiloLM(TemplateLM):
         self.model, self.tokenizer = model, tokenizer
         self.max_length, self.batch_size, self.max_gen_toks = max_length, batch_size, max_gen_toks
         self._device = torch.device(device)
-        self.batched_generation = takes_padding(model)
         if dist.is_available() and dist.is_initialized():
             self._rank, self._world_size = dist.get_rank(), dist.get_world_size()
         else:
@@ -187,7 +176,7 @@ class HiloLM(TemplateLM):
         groups: dict[str, list[int]] = defaultdict(list)  # one generate() setting per group
         for i, req in enumerate(requests):
             groups[json.dumps(req.args[1], sort_keys=True, default=str)].append(i)
-        rows_per_call = self.batch_size if self.batched_generation else 1
+        rows_per_call = self.batch_size
         bar = tqdm(total=len(requests), desc="generations", disable=disable_tqdm or self.rank != 0)
         for indices in groups.values():
             kwargs = normalize_gen_kwargs(requests[indices[0]].args[1], self.max_gen_toks)
@@ -261,8 +250,7 @@ def evaluate(model: Any, tokenizer: Any, *, tasks: Sequence[str] = DEFAULT_TASKS
     all). bootstrap_iters: resamples for the standard errors of non-mean metrics (0: none). seed: lm-eval's
     random, numpy, torch and few-shot seeds.
 
-    Returns suite, tasks, batch_size, max_length, max_gen_toks, num_fewshot, limit, batched_generation (whether
-    generate_until ran prompts in batches), metrics ({"<task>/<metric>": value}, a metric's filter appended as
+    Returns suite, tasks, batch_size, max_length, max_gen_toks, num_fewshot, limit, metrics ({"<task>/<metric>": value}, a metric's filter appended as
     "<metric>_<filter>" when it is not "none"; standard errors omitted), results / groups / versions / n-shot /
     n-samples / higher_is_better / configs (lm-eval's), and samples (lm-eval's per-document records) when
     ``log_samples``. Under torch.distributed every rank returns rank 0's result.
@@ -302,7 +290,7 @@ def evaluate(model: Any, tokenizer: Any, *, tasks: Sequence[str] = DEFAULT_TASKS
         output = json.loads(json.dumps(dict(output), default=handle_non_serializable))
         result = {"suite": "lm_harness", "tasks": tasks, "batch_size": batch_size, "max_length": max_length,
                   "max_gen_toks": max_gen_toks, "num_fewshot": num_fewshot, "limit": limit,
-                  "batched_generation": lm.batched_generation, "metrics": metrics(output)}
+                  "metrics": metrics(output)}
         result.update({key: output[key] for key in ("results", "groups", "versions", "n-shot", "n-samples",
                                                     "higher_is_better", "configs") if key in output})
         if log_samples:

@@ -1,7 +1,7 @@
 """eval_suites.lm_harness: eval.py eval=lm_harness on a trained tiny checkpoint with local task files (multiple
 choice, loglikelihood, rolling perplexity, generate_until), its numbers checked against log-likelihoods and greedy
-decodings computed here one unpadded row at a time in float64; generate_until batched with left padding for a
-model that takes padding and one prompt at a time for one that does not."""
+decodings computed here one unpadded row at a time in float64; generate_until batched with left padding, equal to
+one prompt at a time."""
 
 import json
 import math
@@ -146,7 +146,6 @@ def test_report_layout(report, checkpoint, model_and_tokenizer):
     assert result["suite"] == "lm_harness" and result["checkpoint"].startswith(str(checkpoint))
     assert result["tasks"] == ["tiny_mc", "tiny_cloze", "tiny_ppl", "tiny_gen"]
     assert result["batch_size"] == 3 and result["max_length"] == MAX_LENGTH
-    assert result["batched_generation"] is lm_harness.takes_padding(model_and_tokenizer[0])
     assert {task: counts["effective"] for task, counts in result["n-samples"].items()} == {
         "tiny_mc": 3, "tiny_cloze": 3, "tiny_ppl": 2, "tiny_gen": 3}
     assert set(result["metrics"]) == {"tiny_mc/acc", "tiny_mc/acc_norm", "tiny_cloze/perplexity", "tiny_cloze/acc",
@@ -241,7 +240,6 @@ def test_generation_is_batched_with_left_padding_for_a_model_that_takes_it(model
     torch.manual_seed(0)
     llama = LlamaForCausalLM(LlamaConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, intermediate_size=64,
                                          num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64)).eval()
-    assert lm_harness.takes_padding(llama)
     one_by_one = lm_harness.HiloLM(llama, tokenizer, max_length=MAX_LENGTH, batch_size=1).generate_until(
         _generate_requests(PROMPTS), disable_tqdm=True)
     rows = _count_generate_rows(llama, monkeypatch)
@@ -254,31 +252,8 @@ def test_generation_is_batched_with_left_padding_for_a_model_that_takes_it(model
     assert (mask.cummax(1).values == mask).all()
 
 
-def _hilo_model_takes_padding(model):
-    try:
-        model(input_ids=torch.tensor([[5, 6, 7]]), attention_mask=torch.tensor([[0, 1, 1]]))
-    except ValueError:
-        return False
-    return True
-
-
-def test_generation_runs_one_prompt_at_a_time_for_a_model_that_takes_no_padding(model_and_tokenizer, monkeypatch):
+def test_hilo_generation_is_batched_with_left_padding(model_and_tokenizer, monkeypatch):
     model, tokenizer = model_and_tokenizer
-    assert lm_harness.takes_padding(model) is bool(getattr(model, "supports_padding", False))
-    monkeypatch.setattr(type(model), "supports_padding", False, raising=False)
-    assert not lm_harness.takes_padding(model)
-    rows = _count_generate_rows(model, monkeypatch)
-    texts = lm_harness.HiloLM(model, tokenizer, max_length=MAX_LENGTH, batch_size=3).generate_until(
-        _generate_requests(PROMPTS), disable_tqdm=True)
-    assert [n for n, _ in rows] == [1] * len(PROMPTS) and all(bool(mask.all()) for _, mask in rows)
-    assert texts == [_greedy_text(model, tokenizer, prompt) for prompt in PROMPTS]
-
-
-def test_hilo_generation_is_batched_once_the_model_takes_padding(model_and_tokenizer, monkeypatch):
-    model, tokenizer = model_and_tokenizer
-    if not _hilo_model_takes_padding(model):
-        pytest.skip("this hilo model refuses attention masks with zeros")
-    monkeypatch.setattr(type(model), "supports_padding", True, raising=False)
     rows = _count_generate_rows(model, monkeypatch)
     texts = lm_harness.HiloLM(model, tokenizer, max_length=MAX_LENGTH, batch_size=3).generate_until(
         _generate_requests(PROMPTS), disable_tqdm=True)
