@@ -114,11 +114,11 @@ def run_op(op: str, conv: str, q, k, v, g, normalize: bool, backend: str, weight
     fn = getattr(kernels, op)
     if weight is None:
         with torch.no_grad():
-            o, state = fn(q, k, v, g, decay=conv, normalize=normalize, output_final_state=True, backend=backend)
+            o, state = fn(q, k, v, g=g, decay=conv, normalize=normalize, output_final_state=True, backend=backend)
         return o, tuple(state), None
     leaves = {"q": q, "k": k, "v": v, **({} if g is None else {"g": g})}
     leaves = {n: x.detach().requires_grad_() for n, x in leaves.items()}
-    o, state = fn(leaves["q"], leaves["k"], leaves["v"], leaves.get("g"), decay=conv, normalize=normalize,
+    o, state = fn(leaves["q"], leaves["k"], leaves["v"], g=leaves.get("g"), decay=conv, normalize=normalize,
                   output_final_state=True, backend=backend)
     grads = torch.autograd.grad((o.float() * weight).sum(), list(leaves.values()))
     return o.detach(), tuple(s.detach() for s in state), dict(zip(leaves, grads))

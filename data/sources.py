@@ -26,13 +26,19 @@ Per-rank sharding (every rank reads distinct data, no rank-0 dispatch): with at 
 files are assigned round-robin (file ``j`` goes to rank ``j % world_size``); otherwise every rank reads all
 files and keeps record ``i`` (counted across files in order) when ``i % world_size == rank``. Hub datasets use
 ``datasets.distributed.split_dataset_by_node``, which follows the same two rules with the dataset's shards.
+
+Network. A remote path or hub dataset that cannot be reached (no network, DNS, a proxy, HF_HUB_OFFLINE=1) raises
+RemoteUnreachableError naming the path, with the way out: local copies in data.sources[*].paths / data.heldout,
+made once with ``python -m data.preshard`` where the hub is reachable.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import socket
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +55,71 @@ LONG_DOCUMENTS = ("split", "skip")
 DEFAULT_MAX_DOCUMENT_CHARS = 10_000_000
 
 
+class RemoteUnreachableError(ConnectionError):
+    """A remote file or hub dataset could not be reached over the network (the message names it and the fix)."""
+
+
+# httpx's transport errors (ConnectError, timeouts, proxy errors; huggingface_hub's HTTP client, whichever of
+# httpx / httpx2 it ships) and requests' ConnectionError / Timeout, recognised by name so that no client is imported
+_NETWORK_ERRORS = {"httpx": {"TransportError"}, "requests": {"ConnectionError", "Timeout"}}
+
+
+def is_network_error(e: BaseException) -> bool:
+    """True for an error that says the network (not the file) failed: connection, DNS, timeout, offline mode."""
+    for err in (e, e.__cause__, e.__context__):
+        if err is None:
+            continue
+        if isinstance(err, (ConnectionError, TimeoutError, socket.gaierror)):  # offline mode is a ConnectionError
+            return True
+        for cls in type(err).__mro__:
+            package = cls.__module__.split(".")[0].rstrip("0123456789")  # httpx2 -> httpx
+            if cls.__name__ in _NETWORK_ERRORS.get(package, ()):
+                return True
+    return False
+
+
+def unreachable_message(what: str, e: BaseException, hub_name: str | None = None) -> str:
+    """The message of a RemoteUnreachableError for `what` (a URL, or a hub dataset `hub_name`)."""
+    host = "the Hugging Face hub" if hub_name is not None or what.startswith("hf://") else "the remote store"
+    if hub_name is not None:
+        preshard = f"python -m data.preshard --hub {hub_name} --out DIR --num-shards 64"
+        local = "replace the hub source by a files source: data.sources=[{type: files, paths: [DIR/*.parquet]}]"
+    else:
+        preshard = f"python -m data.preshard --paths '{what}' --out DIR --num-shards 64"
+        local = "point data.sources[*].paths (or data.heldout) at them: paths: [DIR/*.parquet]"
+    return (f"cannot reach {host} for {what} ({type(e).__name__}: {e}); is this machine offline? Train on local "
+            f"files instead: copy the data once where the network reaches it, or pre-shard it there into local "
+            f"parquet files (`{preshard}`), then {local} (docs/configuration.md)")
+
+
+@contextmanager
+def named_network_errors(what: str, hub_name: str | None = None):
+    """Turn a network error inside the block into RemoteUnreachableError naming `what` and the fix (a local path:
+    nothing to turn)."""
+    if hub_name is None and "://" not in what:
+        yield
+        return
+    try:
+        yield
+    except RemoteUnreachableError:
+        raise
+    except Exception as e:
+        if not is_network_error(e):
+            raise
+        raise RemoteUnreachableError(unreachable_message(what, e, hub_name)) from e
+
+
+def _check_hub_online(url: str) -> None:
+    """In huggingface_hub's offline mode an hf:// path cannot even be listed (its file system would report "no
+    such file"): say so, with the way out."""
+    from huggingface_hub import constants
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    if constants.is_offline_mode():
+        raise RemoteUnreachableError(unreachable_message(url, OfflineModeIsEnabled(
+            "HF_HUB_OFFLINE is set: the hub is not contacted; unset it to stream the file")))
+
+
 def resolve_path(path: str) -> str:
     """URLs (``proto://...``) unchanged; local paths made absolute, relative ones against the repository root."""
     path = str(path)
@@ -61,19 +132,23 @@ def resolve_path(path: str) -> str:
 def expand_paths(patterns: str | Sequence[str]) -> list[str]:
     """Resolve and glob ``patterns`` into a sorted, de-duplicated list of file paths/URLs.
 
-    Raises FileNotFoundError naming the pattern when a glob matches nothing or a plain path does not exist.
+    Raises FileNotFoundError naming the pattern when a glob matches nothing or a plain path does not exist, and
+    RemoteUnreachableError when a remote one cannot be reached.
     """
     if isinstance(patterns, (str, Path)):
         patterns = [patterns]
     out: list[str] = []
     for pattern in patterns:
         url = resolve_path(pattern)
-        fs, fs_path = fsspec.core.url_to_fs(url)
         local = "://" not in url
-        if _GLOB_CHARS & set(fs_path):
-            matches = sorted(m for m in fs.glob(fs_path) if fs.isfile(m))
-        else:
-            matches = [fs_path] if fs.isfile(fs_path) else []
+        if url.startswith("hf://"):
+            _check_hub_online(url)
+        with named_network_errors(url):
+            fs, fs_path = fsspec.core.url_to_fs(url)
+            if _GLOB_CHARS & set(fs_path):
+                matches = sorted(m for m in fs.glob(fs_path) if fs.isfile(m))
+            else:
+                matches = [fs_path] if fs.isfile(fs_path) else []
         if not matches:
             hint = ("relative paths are resolved against the repository root " + str(REPO_ROOT) + "; "
                     "fix the path in the data config (data.sources[*].paths / data.heldout)"
@@ -195,11 +270,12 @@ def iter_file_records(path: str, field: str = "text", start: int = 0,
 
     A truncated or undecodable .zst file raises CorruptFileError (file and byte offset) once its readable
     records are yielded; with ``on_corrupt="skip"`` it yields one Corrupt item instead and ends the file there.
+    A remote file that cannot be reached (or whose stream breaks off) raises RemoteUnreachableError.
     """
     if on_corrupt not in ON_CORRUPT:
         raise ValueError(f"data.on_corrupt={on_corrupt!r}: expected one of {', '.join(ON_CORRUPT)}")
     fmt = file_format(path)
-    with fsspec.open(path, "rb") as f:
+    with named_network_errors(path), fsspec.open(path, "rb") as f:
         if fmt == "txt":
             if start == 0:
                 try:
@@ -448,7 +524,9 @@ class HubSource(_Source):
         kwargs = dict(load_kwargs or {})
         if data_files is not None:
             kwargs["data_files"] = _plain(data_files)
-        ds = datasets.load_dataset(name, config, split=split, streaming=True, **kwargs)
+        self.hub_name = name
+        with named_network_errors(f"the hub dataset {name!r}", hub_name=name):
+            ds = datasets.load_dataset(name, config, split=split, streaming=True, **kwargs)
         if world_size > 1:
             ds = split_dataset_by_node(ds, rank=rank, world_size=world_size)
         self.dataset, self.field, self.rank, self.world_size = ds, field, rank, world_size
@@ -466,7 +544,8 @@ class HubSource(_Source):
                 self.dataset.set_epoch(self.epoch)
                 self._resume_state = None
                 self._examples = iter(self.dataset)
-            example = next(self._examples, None)
+            with named_network_errors(f"the hub dataset {self.hub_name!r}", hub_name=self.hub_name):
+                example = next(self._examples, None)
             if example is None:
                 self._examples = None
                 self._end_epoch(f"in {self.name} for rank {self.rank}/{self.world_size}")

@@ -16,7 +16,7 @@ every slice (one (seq_len, num_kv_pairs) setting each) and returns
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +27,14 @@ IGNORE_INDEX = -100
 
 
 @torch.no_grad()
-def evaluate(model: Any, test_sets: Sequence[dict], batch_size: int, device: torch.device | str | None = None) -> dict:
+def evaluate(model: Any, test_sets: Sequence[dict], batch_size: int, device: torch.device | str | None = None,
+             progress: Callable[[int], None] | None = None) -> dict:
     """Accuracy and loss of ``model`` (called as model(input_ids=..., use_cache=False).logits, [B, T, V]) on the MQAR
     test sets (dicts with name, seq_len, num_kv_pairs, inputs [N, T], labels [N, T]); see the module docstring.
 
     Every process evaluates every example (no reduction across ranks), so the result is the same on all of them.
-    The model's training mode is restored afterwards.
+    The model's training mode is restored afterwards. progress, if given, is called with the number of examples of
+    each batch once it is scored (a console progress display).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -57,6 +59,8 @@ def evaluate(model: Any, test_sets: Sequence[dict], batch_size: int, device: tor
             correct += int((picked.argmax(-1) == targets).sum())
             loss_sum += float(F.cross_entropy(picked, targets, reduction="sum"))
             queries += int(mask.sum())
+            if progress is not None:
+                progress(len(inputs))
         if queries == 0:
             raise ValueError(f"MQAR test slice {test['name']} has no labelled positions")
         slices[test["name"]] = {"acc": correct / queries, "loss": loss_sum / queries, "num_queries": queries,

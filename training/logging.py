@@ -1,6 +1,7 @@
-"""Where metrics go: the console (progress bar), <run_dir>/metrics.jsonl, <run_dir>/loss_curve.png, and W&B
-(online when an API key is configured, offline otherwise, or disabled). Also the per-device peak FLOP/s used
-for MFU."""
+"""Where metrics go: the console (one line per log window and per validation, and the progress bar),
+<run_dir>/metrics.jsonl, <run_dir>/loss_curve.png, and W&B (online when an API key is configured, offline
+otherwise, or disabled). Also the per-device peak FLOP/s used for MFU, and the filter that keeps libraries' INFO
+records off the console of train.py (they stay in <run_dir>/train.log)."""
 from __future__ import annotations
 
 import json
@@ -31,6 +32,51 @@ def peak_flops_per_device(setting, device: torch.device) -> float | None:
         if key in name:
             return _PEAK_BF16_TFLOPS[key] * 1e12
     return None
+
+
+# the loggers whose INFO records the console shows: hilo's own packages and entry points
+HILO_LOGGERS = ("training", "data", "models", "kernels", "eval_suites", "benchmarks", "train", "eval", "__main__")
+
+
+class ConsoleFilter(logging.Filter):
+    """The console handler's filter (conf/train.yaml's hydra.job_logging): hilo's records and every library's
+    warnings and errors pass; a library's records below WARNING (accelerate's lines at every checkpoint, ...) do
+    not. The file handler (<run_dir>/train.log) has no filter and keeps them all."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or record.name.split(".")[0] in HILO_LOGGERS
+
+
+def _si(x: float) -> str:
+    """1234567 -> '1.23M'."""
+    for unit, size in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(x) >= size:
+            return f"{x / size:.2f}{unit}"
+    return f"{x:.0f}"
+
+
+def window_line(step: int, max_steps: int, metrics: dict) -> str:
+    """The console line of a log window: step, loss, learning rate, gradient norm, throughput, MFU (when the
+    device's peak is known: trainer.peak_tflops) and peak memory (CUDA: allocated by torch; CPU: the process's
+    resident set)."""
+    parts = [f"step {step}/{max_steps}", f"loss {metrics['train/loss']:.4f}", f"lr {metrics['train/lr']:.2e}",
+             f"grad_norm {metrics['train/grad_norm']:.3f}", f"{_si(metrics['perf/tokens_per_s'])} tokens/s"]
+    if "perf/mfu" in metrics:
+        parts.append(f"MFU {100 * metrics['perf/mfu']:.1f}%")
+    parts.append(f"mem {metrics['perf/mem_peak_gib']:.2f} GiB")
+    return " | ".join(parts)
+
+
+def validation_line(step: int, metrics: dict, seconds: float) -> str:
+    """The console line of a validation: its loss, and the MQAR accuracies (overall and per slice) when present."""
+    parts = [f"val step {step}", f"loss {metrics['val/loss']:.4f}"]
+    if "val/mqar_acc" in metrics:
+        parts.append(f"mqar_acc {metrics['val/mqar_acc']:.4f}")
+        slices = {k.removeprefix("val/mqar_acc/"): v for k, v in metrics.items() if k.startswith("val/mqar_acc/")}
+        if len(slices) > 1:
+            parts.append(" ".join(f"{name} {acc:.3f}" for name, acc in slices.items()))
+    parts.append(f"{seconds:.1f} s")
+    return " | ".join(parts)
 
 
 def resolve_wandb_mode(mode: str) -> str:

@@ -3,8 +3,8 @@
     setup()      accelerator, seed, tokenizer, model, loader, validation data, optimizer, schedule, logger
     resume(path) the checkpoint's model, optimizer, schedule, loader state, RNG, step, tokens and W&B id
     step()       one optimizer step: grad_accum micro steps, clipping, the update (skipped when non-finite)
-    log_window() the train/ and perf/ metrics of the steps since the last log
-    validate()   val/loss, or the MQAR accuracies for data=mqar
+    log_window() the train/ and perf/ metrics of the steps since the last log (and their line on the console)
+    validate()   val/loss, or the MQAR accuracies for data=mqar (and their line on the console)
     save()       an atomic checkpoint of everything a resumed run needs to continue bit for bit
     fit()        setup, then step / log / validate / save until trainer.max_steps, a stop signal or an early stop
     finish()     the last validation and checkpoint, the final evaluations and the summary
@@ -18,7 +18,7 @@ import math
 import resource
 import signal
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -38,12 +38,26 @@ from training.data_hashes import DataHashWriter
 from training.evaluation import eval_summary, evaluate_checkpoint, final_eval_configs
 from training.fsdp import fsdp_plugin, parallelism_config, set_prefetch
 from training.guards import NonFiniteGuard
-from training.logging import MetricsLogger, peak_flops_per_device, read_metrics, supersede_after
+from training.logging import (
+    MetricsLogger,
+    peak_flops_per_device,
+    read_metrics,
+    supersede_after,
+    validation_line,
+    window_line,
+)
 from training.optim import build_lr_schedule, build_optimizer, local_grad_norm
 from training.phase_timing import PhaseTimer
 from training.resume_check import check_resume_config
 from training.run_lock import RunLock
-from training.validation import evaluate_loss, heldout_rows
+from training.validation import (
+    DEFAULT_VAL_BATCHES,
+    ValidationProgress,
+    evaluate_loss,
+    heldout_rows,
+    mqar_validation_sets,
+    rank_rows,
+)
 
 
 class StopRequested:
@@ -67,6 +81,20 @@ class StopRequested:
     def __exit__(self, *exc):
         for sig, old in self._old.items():
             signal.signal(sig, old)
+
+
+@contextmanager
+def no_library_progress_bars():
+    """transformers' progress bars off (its "Writing model shards" bar at every checkpoint) and back as they were."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def run(cfg: DictConfig, run_dir: str | Path | None = None, group: str | None = None,
@@ -142,11 +170,12 @@ class Trainer:
         self.loader = build_train_loader(self.data_cfg, self.tokenizer, seq_len=int(tr.seq_len),
                                          batch_size=int(tr.batch_size), rank=acc.process_index, world_size=self.world,
                                          seed=int(cfg.seed))
-        if self.is_mqar:  # validation = accuracy on the fixed MQAR test sets (eval_suites.mqar)
-            self.mqar_tests = build_test_sets(self.data_cfg)
+        val_batches = tr.get("val_batches")
+        if self.is_mqar:  # validation = accuracy on the fixed MQAR test sets (eval_suites.mqar): all, or a subset
+            self.mqar_tests = mqar_validation_sets(build_test_sets(self.data_cfg), val_batches, int(tr.batch_size))
         else:
             self.val_rows = heldout_rows(self.data_cfg, self.tokenizer, int(tr.seq_len),
-                                         int(tr.val_batches) * int(tr.batch_size))
+                                         int(val_batches or DEFAULT_VAL_BATCHES) * int(tr.batch_size))
 
         optimizer = build_optimizer(model, cfg.optim, on_cuda=not self.use_cpu)
         self.model, self.optimizer = acc.prepare(model, optimizer)
@@ -176,6 +205,7 @@ class Trainer:
         if acc.is_main_process:
             acc.print(f"run {self.run_dir} | {cfg.model.name} {n_params / 1e6:.2f}M params | {self.world} process(es) "
                       f"on {acc.device} | {tokens_per_step} tokens/step | precision {mp}")
+            acc.print(self._validation_plan(val_batches))
 
         self.max_steps = int(tr.max_steps)
         self.progress = None
@@ -372,27 +402,66 @@ class Trainer:
         else:
             metrics["perf/mem_peak_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         self.logger.log(metrics, step=step)
+        self._say(window_line(step, self.max_steps, metrics))
         if self.progress is not None:
             self.progress.set_postfix(loss=f"{metrics['train/loss']:.3f}", tok_s=f"{tok_s:.0f}")
         self.window = self._new_window()
 
     def validate(self) -> dict:
-        """The validation metrics: val/loss, plus val/mqar_acc and val/mqar_acc/<slice> for MQAR data."""
+        """The validation metrics: val/loss, plus val/mqar_acc and val/mqar_acc/<slice> for MQAR data. Its progress
+        and its result go to the console."""
         acc, batch_size = self.accelerator, int(self.tr.batch_size)
-        if self.is_mqar:
-            with acc.autocast():
-                return mqar.metrics(mqar.evaluate(self.model, self.mqar_tests, batch_size, acc.device))
-        return {"val/loss": evaluate_loss(self.model, self.val_rows, batch_size, acc)}
+        t0 = time.perf_counter()
+        total = (sum(len(t["inputs"]) for t in self.mqar_tests) if self.is_mqar
+                 else len(rank_rows(self.val_rows, acc)))
+        progress = ValidationProgress(total, enabled=acc.is_main_process, bar=self.progress is not None,
+                                      write=self._say)
+        try:
+            if self.is_mqar:
+                with acc.autocast():
+                    val = mqar.metrics(mqar.evaluate(self.model, self.mqar_tests, batch_size, acc.device,
+                                                     progress=progress))
+            else:
+                val = {"val/loss": evaluate_loss(self.model, self.val_rows, batch_size, acc, progress=progress)}
+        finally:
+            progress.close()
+        self._say(validation_line(self.state["step"], val, time.perf_counter() - t0))
+        return val
 
     def save(self) -> Path:
         """Write a checkpoint of the current step (the skipped-step count folded into the state first); never one
         after trainer.max_nonfinite_steps non-finite steps in a row (NonFiniteLossError instead)."""
         self._fold_skips()
         self._check_nonfinite()
-        return self.ckpt.save(self.model, self.optimizer, self.scheduler, self.loader, self.state, self.cfg,
-                              self.tokenizer)
+        with no_library_progress_bars():
+            return self.ckpt.save(self.model, self.optimizer, self.scheduler, self.loader, self.state, self.cfg,
+                                  self.tokenizer)
 
     # ---- helpers -----------------------------------------------------------------------------------------------
+    def _say(self, line: str) -> None:
+        """A line on the console (main process only): through the progress bar when it is on, so the bar stays
+        whole below the lines."""
+        if not self.accelerator.is_main_process:
+            return
+        if self.progress is not None:
+            self.progress.write(line)
+        else:
+            print(line, flush=True)
+
+    def _validation_plan(self, val_batches) -> str:
+        """What each validation evaluates, for the console at start-up."""
+        tr = self.tr
+        if not self.is_mqar:
+            return (f"validation: {len(self.val_rows)} held-out rows of {int(tr.seq_len)} tokens "
+                    f"(trainer.val_batches={val_batches or DEFAULT_VAL_BATCHES} batches of {int(tr.batch_size)})")
+        sizes = [len(t["inputs"]) for t in self.mqar_tests]
+        if val_batches is None:
+            return (f"validation: MQAR, {len(sizes)} test slice(s), {sum(sizes)} examples (every test example, the "
+                    f"Zoology protocol; trainer.val_batches=N scores the first N batches of each slice instead)")
+        return (f"validation: MQAR, the first {max(sizes)} examples of each of {len(sizes)} test slice(s), "
+                f"{sum(sizes)} in all (trainer.val_batches={val_batches}: val/mqar_acc is the accuracy on this "
+                f"subset; eval=mqar scores the full test sets)")
+
     def _new_window(self) -> dict:
         device = self.accelerator.device
         return {"loss": torch.zeros((), device=device), "updates": torch.zeros((), dtype=torch.long, device=device),

@@ -1,9 +1,58 @@
-"""Validation during training: held-out rows of the training data and the mean next-token loss over them."""
+"""Validation during training: held-out rows of the training data and the mean next-token loss over them, the
+MQAR test sets a run validates on (all of them, or the first trainer.val_batches batches of each), and the console
+progress of a validation."""
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import torch
+from tqdm.auto import tqdm
 
 from data import iter_heldout_documents
+
+# trainer.val_batches=null: this many batches of held-out text (MQAR data: every test example)
+DEFAULT_VAL_BATCHES = 8
+# without a progress bar, a validation running longer than this prints a progress line this often
+PROGRESS_EVERY_S = 30.0
+
+
+class ValidationProgress:
+    """The console progress of one validation of `total` examples: a tqdm bar under the training bar when
+    trainer.progress_bar is on (gone when the validation ends), else a line through `write` every
+    PROGRESS_EVERY_S seconds (none for a shorter validation). Disabled (nothing shown) off the main process.
+    Call it with the number of examples just done; close() at the end."""
+
+    def __init__(self, total: int, *, enabled: bool, bar: bool, write: Callable[[str], None], desc: str = "val"):
+        self.total, self.write, self.desc = total, write, desc
+        self.enabled, self.done = enabled, 0
+        self.t0 = self.last = time.perf_counter()
+        self.bar = tqdm(total=total, desc=desc, unit="ex", leave=False, dynamic_ncols=True) if enabled and bar else None
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+            return
+        now = time.perf_counter()
+        if self.enabled and now - self.last >= PROGRESS_EVERY_S and self.done < self.total:
+            self.last = now
+            self.write(f"{self.desc}: {self.done}/{self.total} examples ({100 * self.done / self.total:.0f}%), "
+                       f"{now - self.t0:.0f} s")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def mqar_validation_sets(test_sets: list[dict], val_batches: int | None, batch_size: int) -> list[dict]:
+    """The MQAR test sets a training run validates on: all of them (val_batches None: the Zoology protocol, every
+    test example), or the first val_batches * batch_size examples of each slice (a subset: val/mqar_acc is then
+    the accuracy on those, not on the full test sets; eval=mqar always scores them all)."""
+    if val_batches is None:
+        return test_sets
+    n = int(val_batches) * int(batch_size)
+    return [{**t, "inputs": t["inputs"][:n], "labels": t["labels"][:n]} for t in test_sets]
 
 
 def heldout_rows(data_cfg, tokenizer, seq_len: int, num_rows: int) -> torch.Tensor:
@@ -20,12 +69,22 @@ def heldout_rows(data_cfg, tokenizer, seq_len: int, num_rows: int) -> torch.Tens
     return torch.tensor(rows, dtype=torch.long)
 
 
-@torch.no_grad()
-def evaluate_loss(model, rows: torch.Tensor, batch_size: int, accelerator) -> float:
-    """Mean next-token loss over held-out rows, split across ranks and summed in float64."""
+def rank_rows(rows: torch.Tensor, accelerator) -> torch.Tensor:
+    """The held-out rows this rank evaluates: an equal share per rank (FSDP forwards are collective), or all of
+    them when there are fewer rows than ranks."""
     world, rank = accelerator.num_processes, accelerator.process_index
-    usable = (len(rows) // world) * world or len(rows)  # equal work per rank (FSDP forwards are collective)
-    mine = rows[:usable][rank::world] if usable >= world else rows
+    usable = (len(rows) // world) * world or len(rows)
+    return rows[:usable][rank::world] if usable >= world else rows
+
+
+@torch.no_grad()
+def evaluate_loss(model, rows: torch.Tensor, batch_size: int, accelerator,
+                  progress: Callable[[int], None] | None = None) -> float:
+    """Mean next-token loss over held-out rows, split across ranks and summed in float64. progress, if given, is
+    called with the number of rows of each batch this rank has evaluated."""
+    world = accelerator.num_processes
+    usable = (len(rows) // world) * world or len(rows)
+    mine = rank_rows(rows, accelerator)
     was_training = model.training
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
@@ -36,6 +95,8 @@ def evaluate_loss(model, rows: torch.Tensor, batch_size: int, accelerator) -> fl
         n = batch.shape[0] * (batch.shape[1] - 1)
         total[0] += out.loss.double() * n
         total[1] += n
+        if progress is not None:
+            progress(batch.shape[0])
     if world > 1 and usable >= world:
         total = accelerator.reduce(total, reduction="sum")
     model.train(was_training)

@@ -61,7 +61,7 @@ def _make_linear_attn(b, t, h, d, device, seed=0, n_state=None):
 def _call_linear_attn(x, cu_seqlens, backend):
     from kernels import linear_attn
 
-    return linear_attn(x["q"], x["k"], x["v"], x["g"], initial_state=x.get("initial_state"),
+    return linear_attn(x["q"], x["k"], x["v"], g=x["g"], initial_state=x.get("initial_state"),
                        output_final_state=True, cu_seqlens=cu_seqlens, backend=backend)
 
 
@@ -81,7 +81,7 @@ def _make_delta_rule(b, t, h, d, device, seed=0, n_state=None):
 def _call_delta_rule(x, cu_seqlens, backend):
     from kernels import delta_rule
 
-    return delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"], initial_state=x.get("initial_state"),
+    return delta_rule(x["q"], x["k"], x["v"], beta=x["beta"], g=x["g"], initial_state=x.get("initial_state"),
                       output_final_state=True, cu_seqlens=cu_seqlens, backend=backend)
 
 
@@ -105,7 +105,7 @@ def _call_hla(op):
         h0 = x.get("initial_state")
         d = x["q"].shape[-1]
         h0 = None if h0 is None else STATE_TYPES[op](*h0.split(d, dim=-1))
-        o, state = getattr(kernels, op)(x["q"], x["k"], x["v"], x["g"], initial_state=h0, output_final_state=True,
+        o, state = getattr(kernels, op)(x["q"], x["k"], x["v"], g=x["g"], initial_state=h0, output_final_state=True,
                                         cu_seqlens=cu_seqlens, backend=backend)
         return o, torch.cat(list(state), dim=-1)
 
@@ -144,7 +144,7 @@ def _make_loglinear_attn(b, t, h, d, device, seed=0, n_state=None):
 def _call_loglinear_attn(x, cu_seqlens, backend):
     from kernels import loglinear_attn
 
-    o, st = loglinear_attn(x["q"], x["k"], x["v"], x["g"], x["level_scales"], initial_state=_prior(x),
+    o, st = loglinear_attn(x["q"], x["k"], x["v"], g=x["g"], level_scales=x["level_scales"], initial_state=_prior(x),
                            output_final_state=True, cu_seqlens=cu_seqlens, backend=backend)
     return o, st.levels
 
@@ -157,7 +157,7 @@ def _make_loglinear_delta_rule(b, t, h, d, device, seed=0, n_state=None):
 def _call_loglinear_delta_rule(x, cu_seqlens, backend):
     from kernels import loglinear_delta_rule
 
-    o, st = loglinear_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"], x["level_scales"],
+    o, st = loglinear_delta_rule(x["q"], x["k"], x["v"], beta=x["beta"], g=x["g"], level_scales=x["level_scales"],
                                  initial_state=_prior(x), output_final_state=True, cu_seqlens=cu_seqlens,
                                  backend=backend)
     return o, st.levels

@@ -1,10 +1,11 @@
 """Input validation and backend choice for the recurrent operators (the conventions of docs/kernels.md).
 
-Every error names the operator and says what was expected. Values of a CUDA cu_seqlens are checked with
-torch._assert_async (a device-side assertion, no host synchronisation); a CPU cu_seqlens is checked on the
-host with a readable error.
+Every error names the operator and says what was expected. Values of a CUDA cu_seqlens and g are checked with
+torch._assert_async (a device-side assertion, no host synchronisation); CPU ones are checked on the host with a
+readable error. The gates (g, beta) and level_scales are keyword-only arguments (`keyword_gates`).
 """
 
+import functools
 import itertools
 import os
 
@@ -27,6 +28,43 @@ def _check_4d(op: str, name: str, t) -> None:
         raise ValueError(f"{op}: {name} must be 4-D [B, T, H, D], got shape {tuple(t.shape)}")
 
 
+def keyword_gates(*names: str):
+    """Decorate an operator whose arguments after q, k, v are keyword-only, so that a call passing more than three
+    arguments by position fails with the keyword form to use: the gates of fla's operators come in other orders
+    (chunk_gated_delta_rule(q, k, v, g, beta)), and a positional beta read as g (or g as beta) would run without
+    error on wrong values."""
+
+    def decorate(fn):
+        form = ", ".join(f"{n}={n}" for n in names)
+
+        @functools.wraps(fn)
+        def wrapper(q, k, v, *args, **kwargs):
+            if args:
+                raise TypeError(f"{fn.__name__}: {', '.join(names)} are keyword-only arguments: call "
+                                f"{fn.__name__}(q, k, v, {form}, ...); got {3 + len(args)} positional arguments")
+            return fn(q, k, v, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def check_log_decays(op: str, g: torch.Tensor) -> None:
+    """g must hold natural-log decays, g <= 0 (the state is multiplied by exp(g) <= 1). A CPU g is checked on the
+    host; elsewhere, and in a graph torch.compile traces, the check is a device-side assertion (torch._assert_async:
+    no host synchronisation), which stops the process with a device-side assert. NaN passes: a non-finite forward
+    is the training loop's to skip."""
+    positive = (g > 0).any()
+    message = (f"{op}: g must hold log decays (g <= 0: the state is multiplied by exp(g)), got a positive value; "
+               f"pass the logarithm of the decay, e.g. g = -softplus(x), logsigmoid(x) or -exp(A_log) * softplus(dt), "
+               f"by keyword (g=...)")
+    if g.device.type == "cpu" and not torch.compiler.is_compiling():
+        if positive:
+            raise ValueError(message)
+    else:  # also under torch.compile, where a host read would break the graph (a RuntimeError on the CPU)
+        torch._assert_async(~positive, message)
+
+
 def check_recurrent_inputs(
     op: str,
     q: torch.Tensor,
@@ -40,11 +78,12 @@ def check_recurrent_inputs(
     grouped: bool = False,
     max_dv: int = MAX_HEAD_DIM,
 ) -> int:
-    """Validate q, k [B, T, H, K], v [B, T, H, V], g / beta [B, T, H], initial_state [N, H, K, V] (fp32) and
-    cu_seqlens [N+1]; return N, the number of sequences (B, or len(cu_seqlens) - 1). float64 inputs are
-    accepted by the "torch" and "naive" backends only (for float64 reference gradients). grouped: q and k may
-    have G heads shared by groups of H / G consecutive heads of v (G divides H; Mamba-2's n_groups). K must be at
-    most MAX_HEAD_DIM and V at most max_dv (the operator's own limit: MAX_HEAD_DIM, or MAX_DELTA_VALUE_DIM)."""
+    """Validate q, k [B, T, H, K], v [B, T, H, V], g / beta [B, T, H] (g <= 0: check_log_decays), initial_state
+    [N, H, K, V] (fp32) and cu_seqlens [N+1]; return N, the number of sequences (B, or len(cu_seqlens) - 1).
+    float64 inputs are accepted by the "torch" and "naive" backends only (for float64 reference gradients).
+    grouped: q and k may have G heads shared by groups of H / G consecutive heads of v (G divides H; Mamba-2's
+    n_groups). K must be at most MAX_HEAD_DIM and V at most max_dv (the operator's own limit: MAX_HEAD_DIM, or
+    MAX_DELTA_VALUE_DIM)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_4d(op, name, t)
     allowed = _IO_DTYPES if backend == "triton" else _IO_DTYPES + (torch.float64,)
@@ -91,6 +130,8 @@ def check_recurrent_inputs(
             raise TypeError(f"{op}: g (log decay) must be float32, got {x.dtype}")
         if x.device != q.device:
             raise ValueError(f"{op}: {name} must be on {q.device} like q, got {x.device}")
+    if g is not None:
+        check_log_decays(op, g)
     n = b
     if cu_seqlens is not None:
         if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.ndim != 1 or cu_seqlens.dtype not in (

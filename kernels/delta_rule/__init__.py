@@ -9,7 +9,13 @@ recurrence in fp32: the test oracle). Default: triton on CUDA, torch otherwise.
 import torch
 
 from kernels.common.precision import autocast_off
-from kernels.common.validate import BACKENDS, MAX_DELTA_VALUE_DIM, check_recurrent_inputs, resolve_backend
+from kernels.common.validate import (
+    BACKENDS,
+    MAX_DELTA_VALUE_DIM,
+    check_recurrent_inputs,
+    keyword_gates,
+    resolve_backend,
+)
 
 from .chunk import delta_rule_chunk
 from .naive import delta_rule_naive
@@ -18,14 +24,15 @@ from .step import delta_rule_step
 __all__ = ["BACKENDS", "delta_rule", "delta_rule_step"]
 
 
+@keyword_gates("beta", "g")
 @autocast_off
 def delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    *,
     beta: torch.Tensor,
     g: torch.Tensor | None = None,
-    *,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,

@@ -25,7 +25,7 @@ States: kernels.hla.state (HLA2State, AHLAState, HLA3State). Decode: hla2_step, 
 import torch
 
 from kernels.common.precision import autocast_off
-from kernels.common.validate import check_recurrent_inputs, resolve_backend
+from kernels.common.validate import check_recurrent_inputs, keyword_gates, resolve_backend
 
 from .compose import compose16, hla_compose
 from .naive import hla2_chunked, hla_masked, hla_recurrent
@@ -74,7 +74,8 @@ def _hla(op, q, k, v, g, decay, normalize, eps, scale, initial_state, output_fin
     return hla_compose(*args, backend)
 
 
-def hla2(q, k, v, g=None, *, decay="d1", normalize=False, eps=1e-6, scale=1.0, initial_state=None,
+@keyword_gates("g")
+def hla2(q, k, v, *, g=None, decay="d1", normalize=False, eps=1e-6, scale=1.0, initial_state=None,
          output_final_state=False, cu_seqlens=None, backend=None):
     """Masked second-order HLA; returns (o [B, T, H, V] in q's dtype, HLA2State or None).
 
@@ -91,7 +92,8 @@ def hla2(q, k, v, g=None, *, decay="d1", normalize=False, eps=1e-6, scale=1.0, i
                 backend)
 
 
-def ahla(q, k, v, g=None, *, decay="d1", normalize=False, eps=1e-6, scale=1.0, initial_state=None,
+@keyword_gates("g")
+def ahla(q, k, v, *, g=None, decay="d1", normalize=False, eps=1e-6, scale=1.0, initial_state=None,
          output_final_state=False, cu_seqlens=None, backend=None):
     """Asymmetric HLA, the masked Q (K^T Q)(K^T V); returns (o [B, T, H, V], AHLAState or None).
 
@@ -102,7 +104,8 @@ def ahla(q, k, v, g=None, *, decay="d1", normalize=False, eps=1e-6, scale=1.0, i
                 backend)
 
 
-def hla3(q, k, v, g=None, *, decay="d1", normalize=False, eps=1e-6, scale=1.0, initial_state=None,
+@keyword_gates("g")
+def hla3(q, k, v, *, g=None, decay="d1", normalize=False, eps=1e-6, scale=1.0, initial_state=None,
          output_final_state=False, cu_seqlens=None, backend=None):
     """Masked third-order HLA [((W W^T) * L) W * L] V, W = D * (Q K^T); returns (o [B, T, H, V], HLA3State or None).
 

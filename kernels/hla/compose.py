@@ -38,7 +38,7 @@ from .state import STATE_TYPES, decay_powers, powered, split_normalized, with_on
 def _pass(q, k, v, g, power, state, output_final_state, cu_seqlens, backend, scale):
     # every pass is linear in q, so HLA's scale (on Q) is each pass's own: applied by linear_attn in fp32, no scaled
     # copy of q (under compose16 that copy would also round q * scale to bf16)
-    return linear_attn(q, k, v, powered(g, power), scale=scale, initial_state=state,
+    return linear_attn(q, k, v, g=powered(g, power), scale=scale, initial_state=state,
                        output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=backend)
 
 

@@ -10,7 +10,7 @@ runs under TRITON_INTERPRET=1), "torch" (chunked PyTorch through autograd, exact
 import torch
 
 from kernels.common.precision import autocast_off
-from kernels.common.validate import check_recurrent_inputs, resolve_backend
+from kernels.common.validate import check_recurrent_inputs, keyword_gates, resolve_backend
 
 from .chunk import linear_attn_chunk
 from .naive import linear_attn_naive
@@ -19,13 +19,14 @@ from .step import linear_attn_step
 __all__ = ["linear_attn", "linear_attn_step"]
 
 
+@keyword_gates("g")
 @autocast_off
 def linear_attn(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    g: torch.Tensor | None = None,
     *,
+    g: torch.Tensor | None = None,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,

@@ -17,7 +17,7 @@ the oracle). `loglinear_attn_quadratic` (naive.py) is the O(T^2) definition, use
 import torch
 
 from kernels.common.precision import autocast_off
-from kernels.common.validate import check_recurrent_inputs, resolve_backend
+from kernels.common.validate import check_recurrent_inputs, keyword_gates, resolve_backend
 
 from .chunk import loglinear_chunk, prepare_linear
 from .naive import loglinear_attn_naive, loglinear_attn_quadratic
@@ -36,14 +36,15 @@ def resolve_loglinear_backend(op: str, backend: str | None, device: torch.device
     return resolve_backend(op, backend, device)
 
 
+@keyword_gates("g", "level_scales")
 @autocast_off
 def loglinear_attn(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    *,
     g: torch.Tensor | None,
     level_scales: torch.Tensor,
-    *,
     scale: float | None = None,
     initial_state: LogLinearState | None = None,
     output_final_state: bool = False,

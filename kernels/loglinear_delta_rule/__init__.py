@@ -19,7 +19,7 @@ moved by the chunk's Householder product; exact, differentiable; the default off
 import torch
 
 from kernels.common.precision import autocast_off
-from kernels.common.validate import MAX_DELTA_VALUE_DIM, check_recurrent_inputs
+from kernels.common.validate import MAX_DELTA_VALUE_DIM, check_recurrent_inputs, keyword_gates
 from kernels.loglinear_attn import LogLinearState, final_state, resolve_loglinear_backend
 from kernels.loglinear_attn.state import check_loglinear_inputs
 
@@ -34,15 +34,16 @@ GPU_DEFAULT = "triton"
 __all__ = ["LogLinearState", "loglinear_delta_rule", "loglinear_delta_rule_quadratic", "loglinear_delta_rule_step"]
 
 
+@keyword_gates("beta", "g", "level_scales")
 @autocast_off
 def loglinear_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    *,
     beta: torch.Tensor,
     g: torch.Tensor | None,
     level_scales: torch.Tensor,
-    *,
     scale: float | None = None,
     initial_state: LogLinearState | None = None,
     output_final_state: bool = False,

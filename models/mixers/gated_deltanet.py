@@ -25,7 +25,7 @@ def default_num_heads(hidden_size: int, head_dim: int) -> int:
 class GatedDeltaNetMixer(nn.Module):
     """Gated DeltaNet: q, k, v projections, each through a causal depthwise conv (conv_size, SiLU); q and k
     L2-normalised per head; beta = sigmoid(b_proj x); g = -exp(A_log) * softplus(a_proj x + dt_bias) (fp32 log
-    decay); o = delta_rule(q, k, v, beta, g) with scale head_dim ** -0.5; per-head RMSNorm(o) * SiLU(g_proj x);
+    decay); o = delta_rule(q, k, v, beta=beta, g=g) with scale head_dim ** -0.5; per-head RMSNorm(o) * SiLU(g_proj x);
     o_proj.
 
     Options (config.mixer_kwargs, all optional):
@@ -155,7 +155,8 @@ class GatedDeltaNetMixer(nn.Module):
             return o.unsqueeze(1), final if output_final_state else None
         outs, finals = [], []
         for lo, hi in value_blocks(self.head_v_dim, self.value_block):
-            o, s1 = delta_rule(q, k, v[..., lo:hi], beta, g, initial_state=None if state is None else state[..., lo:hi],
+            o, s1 = delta_rule(q, k, v[..., lo:hi], beta=beta, g=g,
+                               initial_state=None if state is None else state[..., lo:hi],
                                output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=self.backend)
             outs.append(o)
             finals.append(s1)

@@ -32,7 +32,7 @@ class HLAMixer(nn.Module):
     conv (SiLU); RoPE (theta = config.rope_theta) on q and k; with normalize, the feature map elu + 1 on q and k
     (after RoPE, so they stay non-negative); q and k L2-normalised per head; optionally a per-head
     data-dependent log decay g = -exp(A_log) * softplus(a_proj x + dt_bias) (fp32, as in the recurrent shells);
-    o = operator(q, k, v, g) with scale 1.0 (kernels.hla2 / ahla / hla3: the masked operators of docs/kernels.md);
+    o = operator(q, k, v, g=g) with scale 1.0 (kernels.hla2 / ahla / hla3: the masked operators of docs/kernels.md);
     per-head RMSNorm(o) * SiLU(g_proj x); o_proj.
 
     Options (config.mixer_kwargs, all optional):

@@ -29,7 +29,7 @@ class LogLinearGatedDeltaNetMixer(FlagsLevelParameter, GatedDeltaNetMixer):
         o_t = scale sum_{s <= t} lambda_t[l(t, s)] q_t^T P_{t<-s} beta_s k_s v_s^T,   l(t, s) = bit_length(t XOR s)
         P_{t<-s} = prod_{r = s+1..t} exp(g_r) (I - beta_r k_r k_r^T)
 
-    i.e. loglinear_delta_rule(q, k, v, beta, g, level_scales=lambda), with lambda_t[l] = softplus(L[h, l] *
+    i.e. loglinear_delta_rule(q, k, v, beta=beta, g=g, level_scales=lambda), with lambda_t[l] = softplus(L[h, l] *
     dl_t[h, l]) (models.levels): dl = l_proj(x) (num_heads * num_levels outputs), L [num_heads, num_levels]
     initialised to ones and excluded from weight decay, num_levels = bit_length(config.max_position_embeddings - 1)
     + 1. With every lambda equal to 1 it is GatedDeltaNetMixer.
@@ -76,7 +76,7 @@ class LogLinearGatedDeltaNetMixer(FlagsLevelParameter, GatedDeltaNetMixer):
         outs, finals = [], []
         for lo, hi in value_blocks(self.head_v_dim, self.value_block):
             s0 = None if state is None else LogLinearState(state.levels[..., lo:hi], state.tokens)
-            o, s1 = loglinear_delta_rule(q, k, v[..., lo:hi], beta, g, lam, initial_state=s0,
+            o, s1 = loglinear_delta_rule(q, k, v[..., lo:hi], beta=beta, g=g, level_scales=lam, initial_state=s0,
                                          output_final_state=slot is not None, cu_seqlens=cu_seqlens,
                                          backend=self.backend)
             outs.append(o)

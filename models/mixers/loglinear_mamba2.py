@@ -66,7 +66,7 @@ class LogLinearMamba2Mixer(FlagsLevelParameter, Mamba2Mixer):
             y, state = loglinear_attn_step(cm[:, 0], bm[:, 0], v[:, 0], g[:, 0], lam[:, 0], state, scale=1.0)
             y = y.unsqueeze(1)
         else:
-            y, state = loglinear_attn(cm, bm, v, g, lam, scale=1.0, initial_state=state,
+            y, state = loglinear_attn(cm, bm, v, g=g, level_scales=lam, scale=1.0, initial_state=state,
                                       output_final_state=slot is not None, cu_seqlens=cu_seqlens,
                                       backend=self.backend)
         if slot is not None:

@@ -139,7 +139,7 @@ class Mamba2Mixer(nn.Module):
             y, state = linear_attn_step(cm[:, 0], bm[:, 0], v[:, 0], g[:, 0], state, scale=1.0)
             y = y.unsqueeze(1)
         else:
-            y, state = linear_attn(cm, bm, v, g, scale=1.0, initial_state=state, output_final_state=slot is not None,
+            y, state = linear_attn(cm, bm, v, g=g, scale=1.0, initial_state=state, output_final_state=slot is not None,
                                    cu_seqlens=cu_seqlens, backend=self.backend)
         if slot is not None:
             slot["recurrent_state"] = state

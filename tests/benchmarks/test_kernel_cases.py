@@ -17,7 +17,7 @@ def test_hla_cases_pack_every_state_field(op, fields):
     assert x["initial_state"].shape == (1, 2, 8, fields * 8)
     o, state = CASES[op].call(x, None, "torch")
     h0 = STATE_TYPES[op](*x["initial_state"].split(8, dim=-1))
-    o_ref, st_ref = getattr(kernels, op)(x["q"], x["k"], x["v"], x["g"], initial_state=h0, output_final_state=True,
+    o_ref, st_ref = getattr(kernels, op)(x["q"], x["k"], x["v"], g=x["g"], initial_state=h0, output_final_state=True,
                                          backend="torch")
     assert torch.equal(o, o_ref) and torch.equal(state, torch.cat(list(st_ref), dim=-1))
     assert CASES["hla3"].backend == "triton"  # no fused kernel: the composition is what runs on CUDA

@@ -175,3 +175,89 @@ def test_hub_source_all_malformed_raises(tmp_path):
     src = build_source({"type": "hub", "name": "json", "data_files": [str(tmp_path / "bad.jsonl")], "field": "text"})
     with pytest.raises(ValueError, match="malformed"):
         src.next_text()
+
+
+LDC_FILE = "hf://datasets/togethercomputer/Long-Data-Collections/pretrain/rp_sub.jsonl.zst"
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Every DNS lookup fails, as on a machine without network: nothing reaches the internet. huggingface_hub's
+    offline mode (set for the tests) is lifted, so its client really tries."""
+    import socket
+
+    from huggingface_hub import constants
+
+    def unreachable(*args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", unreachable)
+    monkeypatch.setattr(constants, "is_offline_mode", lambda: False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+
+
+def _assert_names_the_way_out(message, what):
+    assert f"cannot reach the Hugging Face hub for {what}" in message
+    assert "data.sources[*].paths" in message or "type: files" in message
+    assert "python -m data.preshard" in message
+
+
+def test_unreachable_hub_file_names_the_path_and_the_local_way(no_network):
+    """data=long_data_collections offline: not httpx's ConnectError but an error naming the file, local paths and
+    data.preshard (the real HfFileSystem request, failing at its DNS lookup)."""
+    from data.sources import RemoteUnreachableError
+
+    with pytest.raises(RemoteUnreachableError) as err:
+        build_source({"type": "files", "paths": [LDC_FILE]})
+    _assert_names_the_way_out(str(err.value), LDC_FILE)
+    assert f"--paths '{LDC_FILE}'" in str(err.value)
+    assert isinstance(err.value, ConnectionError)
+
+
+def test_hub_offline_mode_says_so_instead_of_no_such_file(monkeypatch):
+    from huggingface_hub import constants
+
+    from data.sources import RemoteUnreachableError
+
+    monkeypatch.setattr(constants, "is_offline_mode", lambda: True)
+    with pytest.raises(RemoteUnreachableError, match="HF_HUB_OFFLINE is set") as err:
+        expand_paths(LDC_FILE)
+    _assert_names_the_way_out(str(err.value), LDC_FILE)
+
+
+def test_a_stream_that_breaks_off_and_a_hub_dataset_say_the_same(monkeypatch, tmp_path):
+    import datasets
+
+    from data import sources
+    from data.sources import RemoteUnreachableError
+
+    # how httpx's transport errors look (recognised by class name and package)
+    TransportError = type("TransportError", (Exception,), {"__module__": "httpx2._exceptions"})
+    ConnectError = type("ConnectError", (TransportError,), {"__module__": "httpx2._exceptions"})
+
+    def broken_open(path, mode="rb"):
+        raise ConnectError("[Errno 101] Network is unreachable")
+
+    monkeypatch.setattr(sources.fsspec, "open", broken_open)
+    with pytest.raises(RemoteUnreachableError) as err:
+        list(iter_file_records(LDC_FILE))
+    _assert_names_the_way_out(str(err.value), LDC_FILE)
+    with pytest.raises(ConnectError):  # a local path: the error is the file system's, not the network's
+        list(iter_file_records(str(tmp_path / "a.jsonl")))
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'HuggingFaceFW/fineweb-edu' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(RemoteUnreachableError) as err:
+        build_source({"type": "hub", "name": "HuggingFaceFW/fineweb-edu", "config": "sample-10BT"})
+    _assert_names_the_way_out(str(err.value), "the hub dataset 'HuggingFaceFW/fineweb-edu'")
+    assert "--hub HuggingFaceFW/fineweb-edu" in str(err.value)
+
+
+def test_errors_that_are_not_the_network_pass_through(monkeypatch):
+    from data.sources import is_network_error
+
+    assert not is_network_error(FileNotFoundError("no such file"))
+    assert not is_network_error(ValueError("bad JSON"))
+    assert is_network_error(TimeoutError()) and is_network_error(ConnectionRefusedError())

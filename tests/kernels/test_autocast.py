@@ -19,13 +19,14 @@ def _inputs():
 
 
 OPS = {
-    "linear_attn": lambda x: linear_attn(x["q"], x["k"], x["v"], x["g"], backend="torch"),
-    "delta_rule": lambda x: delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"], backend="torch"),
-    "loglinear_attn": lambda x: loglinear_attn(x["q"], x["k"], x["v"], x["g"], x["lam"], backend="torch"),
-    "loglinear_delta_rule": lambda x: loglinear_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"], x["lam"],
-                                                           backend="torch"),
-    "hla2": lambda x: hla2(x["q"], x["k"], x["v"], x["g"], backend="torch"),
-    "ahla": lambda x: ahla(x["q"], x["k"], x["v"], x["g"], backend="torch"),
+    "linear_attn": lambda x: linear_attn(x["q"], x["k"], x["v"], g=x["g"], backend="torch"),
+    "delta_rule": lambda x: delta_rule(x["q"], x["k"], x["v"], beta=x["beta"], g=x["g"], backend="torch"),
+    "loglinear_attn": lambda x: loglinear_attn(x["q"], x["k"], x["v"], g=x["g"], level_scales=x["lam"],
+                                               backend="torch"),
+    "loglinear_delta_rule": lambda x: loglinear_delta_rule(x["q"], x["k"], x["v"], beta=x["beta"], g=x["g"],
+                                                           level_scales=x["lam"], backend="torch"),
+    "hla2": lambda x: hla2(x["q"], x["k"], x["v"], g=x["g"], backend="torch"),
+    "ahla": lambda x: ahla(x["q"], x["k"], x["v"], g=x["g"], backend="torch"),
 }
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from compile_checks import assert_one_graph_with_eager_values
 from graph_checks import assert_no_per_chunk_selects
+from in_order import delta_rule_pos
 
 from kernels import delta_rule
 from kernels.delta_rule import delta_rule_step
@@ -41,7 +42,7 @@ def make(b, t, h, dk, dv, seed=0, decay="weak", normalize=True, dtype=torch.floa
 def test_chunk_loop_is_linear_in_chunks():
     def forward(t):
         q, k, v, beta, g = (x.requires_grad_() for x in make(2, t, 2, 8, 4))
-        o, s = delta_rule(q, k, v, beta, g, output_final_state=True, backend="torch")
+        o, s = delta_rule(q, k, v, beta=beta, g=g, output_final_state=True, backend="torch")
         return o.sum() + s.sum()
 
     assert_no_per_chunk_selects(forward, 64 * 2, 64 * 6)
@@ -72,7 +73,7 @@ def run(backend, inputs, h0=None, cu=None, grads=True, seed=7):
     """Forward (and backward with fixed random cotangents) of one backend; returns [o, final, *grads]."""
     q, k, v, beta, g = inputs
     leaves = [x.detach().clone().requires_grad_(grads) if x is not None else None for x in (q, k, v, beta, g, h0)]
-    o, final = delta_rule(*leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=cu,
+    o, final = delta_rule_pos(*leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=cu,
                           backend=backend)
     if not grads:
         return [o.detach(), final.detach()]
@@ -96,7 +97,7 @@ def assert_close(got, ref, tol=TOL, what=""):
 def test_naive_matches_matrix_definition(decay):
     q, k, v, beta, g = make(2, 13, 2, 6, 5, seed=1, decay=decay, normalize=False)
     h0 = torch.randn(2, 2, 6, 5)
-    o, final = delta_rule(q, k, v, beta, g, initial_state=h0, output_final_state=True, backend="naive")
+    o, final = delta_rule(q, k, v, beta=beta, g=g, initial_state=h0, output_final_state=True, backend="naive")
     ro, rf = matrix_reference(q, k, v, beta, g, h0)
     assert err_ratio(o, ro) <= 1e-6 and err_ratio(final, rf) <= 1e-6
 
@@ -132,7 +133,7 @@ def test_chunk_varlen_equals_separate_runs():
 def test_step_equals_forward():
     q, k, v, beta, g = make(2, 20, 3, 16, 8, seed=4)
     h0 = torch.randn(2, 3, 16, 8)
-    o_full, final = delta_rule(q, k, v, beta, g, initial_state=h0, output_final_state=True, backend="torch")
+    o_full, final = delta_rule(q, k, v, beta=beta, g=g, initial_state=h0, output_final_state=True, backend="torch")
     state = h0.clone()
     outs = []
     for i in range(20):
@@ -144,34 +145,35 @@ def test_step_equals_forward():
 
 def test_default_scale_and_no_final_state():
     q, k, v, beta, g = make(1, 10, 2, 16, 8, seed=5)
-    o_default, final = delta_rule(q, k, v, beta, g, backend="torch")
+    o_default, final = delta_rule(q, k, v, beta=beta, g=g, backend="torch")
     assert final is None
-    o_explicit, _ = delta_rule(q, k, v, beta, g, scale=0.25, backend="naive")
+    o_explicit, _ = delta_rule(q, k, v, beta=beta, g=g, scale=0.25, backend="naive")
     assert err_ratio(o_default, o_explicit) <= TOL
-    o_other, _ = delta_rule(q, k, v, beta, g, scale=1.0, backend="naive")
+    o_other, _ = delta_rule(q, k, v, beta=beta, g=g, scale=1.0, backend="naive")
     assert err_ratio(o_other, o_explicit * 4) <= TOL
 
 
 def test_errors_are_clear():
     q, k, v, beta, g = make(2, 10, 2, 8, 8, seed=6)
     with pytest.raises(ValueError, match="q and k must have the same shape"):
-        delta_rule(q, k[..., :4], v, beta, g)
+        delta_rule(q, k[..., :4], v, beta=beta, g=g)
     with pytest.raises(ValueError, match="beta must have shape"):
-        delta_rule(q, k, v, beta[..., :1], g)
+        delta_rule(q, k, v, beta=beta[..., :1], g=g)
     with pytest.raises(ValueError, match="g must have shape"):
-        delta_rule(q, k, v, beta, g[:, :3])
+        delta_rule(q, k, v, beta=beta, g=g[:, :3])
     with pytest.raises(TypeError, match="must share one dtype"):
-        delta_rule(q, k, v.half(), beta, g)
+        delta_rule(q, k, v.half(), beta=beta, g=g)
     with pytest.raises(ValueError, match="B == 1"):
-        delta_rule(q, k, v, beta, g, cu_seqlens=torch.tensor([0, 10]))
+        delta_rule(q, k, v, beta=beta, g=g, cu_seqlens=torch.tensor([0, 10]))
     q1, k1, v1, b1, g1 = (x[:1] for x in (q, k, v, beta, g))
     for bad in ([1, 10], [0, 6, 4, 10], [0, 5, 9]):
         with pytest.raises(ValueError, match="cu_seqlens must start at 0, never decrease"):
-            delta_rule(q1, k1, v1, b1, g1, cu_seqlens=torch.tensor(bad))
+            delta_rule(q1, k1, v1, beta=b1, g=g1, cu_seqlens=torch.tensor(bad))
     with pytest.raises(ValueError, match="initial_state must have shape"):
-        delta_rule(q1, k1, v1, b1, g1, cu_seqlens=torch.tensor([0, 4, 10]), initial_state=torch.zeros(1, 2, 8, 8))
+        delta_rule(q1, k1, v1, beta=b1, g=g1, cu_seqlens=torch.tensor([0, 4, 10]),
+                   initial_state=torch.zeros(1, 2, 8, 8))
     with pytest.raises(ValueError, match="unknown backend"):
-        delta_rule(q, k, v, beta, g, backend="cuda")
+        delta_rule(q, k, v, beta=beta, g=g, backend="cuda")
     with pytest.raises(ValueError, match="step: expected state"):
         delta_rule_step(q[:, 0], k[:, 0], v[:, 0], beta[:, 0], g[:, 0], torch.zeros(2, 2, 8, 4))
 
@@ -223,7 +225,7 @@ def test_triton_output_only():
     outs = []
     for backend in ("triton", "naive"):
         xs = [x.detach().clone().requires_grad_() for x in leaves]
-        o, final = delta_rule(*xs, backend=backend)
+        o, final = delta_rule_pos(*xs, backend=backend)
         assert final is None
         o.pow(2).sum().backward()
         outs.append([o.detach()] + [x.grad for x in xs])
@@ -318,7 +320,7 @@ def test_padded_small_heads_equal_unpadded():
         if name == "padded":
             o, s = delta_rule_triton_padded(q, k, v, beta, g, dk ** -0.5, h0, True, None)
         else:
-            o, s = delta_rule(q, k, v, beta, g, initial_state=h0, output_final_state=True, backend="torch")
+            o, s = delta_rule(q, k, v, beta=beta, g=g, initial_state=h0, output_final_state=True, backend="torch")
         grads = torch.autograd.grad((o * o).sum() + (s * s).sum(), leaves)
         outs[name] = [o, s, *grads]
     assert outs["padded"][0].shape == (b, t, h, dv) and outs["padded"][1].shape == (b, h, dk, dv)
@@ -341,7 +343,7 @@ def test_triton_custom_op_compiles_into_one_graph():
     leaves = [x.to(dev).requires_grad_() for x in (q, k, v, beta, g, h0)]
 
     def f(q, k, v, beta, g, h0):
-        o, ht = delta_rule(q * 2, k, v, beta, g, initial_state=h0, output_final_state=True, backend="triton")
+        o, ht = delta_rule(q * 2, k, v, beta=beta, g=g, initial_state=h0, output_final_state=True, backend="triton")
         return o.float().square().sum() + ht.square().sum()
 
     assert_one_graph_with_eager_values(f, leaves, "delta_rule")
@@ -380,13 +382,13 @@ def test_head_dim_limits_are_per_operator(backend):
     q, k, v, beta, g = (x.to(dev) for x in make(1, 3, 1, 8, 513, seed=32))
     with pytest.raises(ValueError, match=r"delta_rule: head dims must be in 1\.\.256 for K and 1\.\.512 for V, got "
                                          r"K=8, V=513; run wider value heads in column blocks of at most 512"):
-        delta_rule(q, k, v, beta, g, backend=backend)
+        delta_rule(q, k, v, beta=beta, g=g, backend=backend)
     wide_k = torch.randn(1, 3, 1, 257, device=dev)
     with pytest.raises(ValueError, match=r"delta_rule: head dims must be in 1\.\.256 for K .* got K=257, V=8; "
                                          r"K > 256 is not supported"):
-        delta_rule(wide_k, wide_k, v[..., :8], beta, g, backend=backend)
+        delta_rule(wide_k, wide_k, v[..., :8], beta=beta, g=g, backend=backend)
     with pytest.raises(ValueError, match=r"linear_attn: head dims must be in 1\.\.256 for K and 1\.\.256 for V, got "
                                          r"K=8, V=300"):
-        linear_attn(q, k, v[..., :300], g, backend=backend)
-    o, final = delta_rule(q, k, v[..., :512], beta, g, output_final_state=True, backend=backend)
+        linear_attn(q, k, v[..., :300], g=g, backend=backend)
+    o, final = delta_rule(q, k, v[..., :512], beta=beta, g=g, output_final_state=True, backend=backend)
     assert o.shape == (1, 3, 1, 512) and final.shape == (1, 1, 8, 512)

@@ -69,7 +69,9 @@ def test_bf16_loglinear_small_head_dims(op, dk, dv):
             order = ("q", "k", "v", "g", "lam") if op == "loglinear_attn" else ("q", "k", "v", "beta", "g", "lam")
             leaves = {n: x[n].to(dtype if n in ("q", "k", "v") else torch.float32).requires_grad_() for n in order}
             fn = loglinear_attn if op == "loglinear_attn" else loglinear_delta_rule
-            o, _ = fn(*leaves.values(), backend=backend)
+            q, k, v = (leaves[n] for n in ("q", "k", "v"))
+            gates = {n: leaves[n] for n in leaves if n not in ("q", "k", "v", "lam")}
+            o, _ = fn(q, k, v, **gates, level_scales=leaves["lam"], backend=backend)
             grads = torch.autograd.grad(o.float(), list(leaves.values()), x["do"])
             results[backend] = [o.float()] + [d.float() for d in grads]
         names = ["o"] + ["d" + n for n in leaves]
@@ -103,7 +105,7 @@ def test_bf16_linear_attn_grouped_q_k(groups, heads, dk, dv, varlen):
         q, k = leaves["q"], leaves["k"]
         if backend == "torch":  # the reference on repeated heads (autograd sums their gradients)
             q, k = (z.repeat_interleave(heads // groups, dim=2) for z in (q, k))
-        o, _ = linear_attn(q, k, leaves["v"], leaves["g"], cu_seqlens=cu, backend=backend)
+        o, _ = linear_attn(q, k, leaves["v"], g=leaves["g"], cu_seqlens=cu, backend=backend)
         grads = torch.autograd.grad(o.float(), list(leaves.values()), do)
         results[backend] = [o.float()] + [d.float() for d in grads]
     names, tols = ["o", "dq", "dk", "dv", "dg"], [5e-3, 1e-2, 1e-2, 1e-2, 2e-2]

@@ -26,17 +26,17 @@ def _grads(op, backend, dtype, x):
         leaves.append(x["lam"].clone().requires_grad_())
     q, k, v, g = leaves[:4]
     if op == "delta_rule":
-        o, _ = delta_rule(q, k, v, leaves[4], g, backend=backend)
+        o, _ = delta_rule(q, k, v, beta=leaves[4], g=g, backend=backend)
     elif op == "loglinear_delta_rule":
-        o, _ = loglinear_delta_rule(q, k, v, leaves[4], g, leaves[5], backend=backend)
+        o, _ = loglinear_delta_rule(q, k, v, beta=leaves[4], g=g, level_scales=leaves[5], backend=backend)
     elif op == "loglinear_attn":
-        o, _ = loglinear_attn(q, k, v, g, leaves[4], backend=backend)
+        o, _ = loglinear_attn(q, k, v, g=g, level_scales=leaves[4], backend=backend)
     elif op in ("hla2", "ahla", "hla2_compose", "hla3_compose"):  # scale keeps second order near 1
         fn = {"ahla": ahla, "hla3_compose": hla3}.get(op, hla2)
         kernels = "triton" if op.endswith("_compose") else "fused"  # the linear_attn passes or the fused kernels
-        o, _ = fn(q, k, v, g, scale=q.shape[-1] ** -0.5, backend=kernels if backend == "triton" else backend)
+        o, _ = fn(q, k, v, g=g, scale=q.shape[-1] ** -0.5, backend=kernels if backend == "triton" else backend)
     else:
-        o, _ = linear_attn(q, k, v, g, backend=backend)
+        o, _ = linear_attn(q, k, v, g=g, backend=backend)
     grads = torch.autograd.grad(o.float(), leaves, x["do"])
     return [o.float()] + [d.float() for d in grads]
 

@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from in_order import ahla_pos, hla2_pos, hla3_pos
 
 from kernels import ahla, hla2, hla3
 from kernels.common import error_ratio
@@ -27,6 +28,7 @@ from kernels.hla.state import signed_clamp, state_shapes
 from kernels.linear_attn import linear_attn
 
 OPS = {"hla2": hla2, "ahla": ahla, "hla3": hla3}
+POS = {"hla2": hla2_pos, "ahla": ahla_pos, "hla3": hla3_pos}  # g by position (in_order)
 CASES = [("hla2", "d1"), ("hla2", "d2"), ("ahla", "d1"), ("hla3", "d1")]
 F64 = 1e-10
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
@@ -93,7 +95,7 @@ def test_all_forms_agree_float64(op, decay, gate):
     q, k, v, g = make(2, 37, 2, 5, 3, gate, seed=2)
     ref = hla_masked(op, q, k, v, g, decay=decay, scale=0.8)
     for backend in ("naive", "torch"):
-        o, _ = OPS[op](q, k, v, g, decay=decay, scale=0.8, backend=backend)
+        o, _ = POS[op](q, k, v, g, decay=decay, scale=0.8, backend=backend)
         assert error_ratio(o, ref) < F64, backend
     if op == "hla2":
         o, _ = hla2_chunked(q, k, v, g, decay=decay, scale=0.8, chunk=8)
@@ -109,7 +111,7 @@ def test_odd_length_and_head_dims(op, decay):
     q, k, v, g = make(1, 75, 1, 60, 100, "weak", seed=24)
     q, k = 0.3 * q, 0.3 * k
     for normalize in (False, True):
-        o, _ = OPS[op](q, k, v, g, decay=decay, normalize=normalize, backend="torch")
+        o, _ = POS[op](q, k, v, g, decay=decay, normalize=normalize, backend="torch")
         assert error_ratio(o, reference(op, decay, q, k, v, g, normalize=normalize)) < F64, normalize
     if op == "hla2":
         o, _ = hla2_chunked(q, k, v, g, decay=decay, chunk=32)
@@ -118,12 +120,12 @@ def test_odd_length_and_head_dims(op, decay):
 
 def test_decay_conventions_differ_and_zero_gate_is_no_decay():
     q, k, v, g = make(1, 20, 1, 4, 3, "strong", seed=3)
-    d1, _ = hla2(q, k, v, g, decay="d1")
-    d2, _ = hla2(q, k, v, g, decay="d2")
+    d1, _ = hla2(q, k, v, g=g, decay="d1")
+    d2, _ = hla2(q, k, v, g=g, decay="d2")
     assert error_ratio(d1, d2) > 0.1
     for op, decay in CASES:
-        zero, _ = OPS[op](q, k, v, torch.zeros_like(g), decay=decay)
-        none, _ = OPS[op](q, k, v, None, decay=decay)
+        zero, _ = POS[op](q, k, v, torch.zeros_like(g), decay=decay)
+        none, _ = POS[op](q, k, v, None, decay=decay)
         assert error_ratio(zero, none) < F64
 
 
@@ -143,7 +145,7 @@ def test_scan_and_chunked_across_chunk_sizes():
 def test_chunked_state_continuation():
     q, k, v, g = make(2, 30, 2, 4, 3, "weak", seed=5)
     h0 = random_state("hla2", 2, 2, 4, 3, seed=6)
-    ref, ref_state = hla2(q, k, v, g, initial_state=h0, output_final_state=True, backend="naive")
+    ref, ref_state = hla2(q, k, v, g=g, initial_state=h0, output_final_state=True, backend="naive")
     o, state = hla2_chunked(q, k, v, g, chunk=7, initial_state=h0, output_final_state=True)
     assert error_ratio(o, ref) < F64
     for a, b in zip(state, ref_state, strict=True):
@@ -160,7 +162,7 @@ def test_composition_grads_match_masked_autograd(op, decay):
         leaves = [x.clone().requires_grad_() for x in (q, k, v, g)]
         return torch.autograd.grad((fn(*leaves) * do).sum(), leaves)
 
-    got = grads(lambda *x: OPS[op](*x, decay=decay, scale=0.9, backend="torch")[0])
+    got = grads(lambda *x: POS[op](*x, decay=decay, scale=0.9, backend="torch")[0])
     ref = grads(lambda *x: hla_masked(op, *x, decay=decay, scale=0.9))
     for name, a, b in zip("qkvg", got, ref, strict=True):
         assert error_ratio(a, b) < 1e-9, name
@@ -178,7 +180,7 @@ def test_state_grads_match_recurrence_autograd(op, decay):
     def run(backend):
         leaves = [x.clone().requires_grad_() for x in (q, k, v, g, *h0)]
         state = type(h0)(*leaves[4:])
-        o, fin = OPS[op](*leaves[:4], decay=decay, initial_state=state, output_final_state=True, backend=backend)
+        o, fin = POS[op](*leaves[:4], decay=decay, initial_state=state, output_final_state=True, backend=backend)
         loss = (o * do).sum() + sum((f * d).sum() for f, d in zip(fin, dst, strict=True))
         return [o, *fin], torch.autograd.grad(loss, leaves)
 
@@ -197,21 +199,21 @@ def test_varlen_matches_per_document(op, decay):
     for n, (s, e) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
         assert e - s == lens[n]
         sl = slice(s, e)
-        o, st = OPS[op](q[:, sl], k[:, sl], v[:, sl], g[:, sl], decay=decay, backend="naive",
+        o, st = POS[op](q[:, sl], k[:, sl], v[:, sl], g[:, sl], decay=decay, backend="naive",
                         initial_state=type(h0)(*(x[n:n + 1] for x in h0)), output_final_state=True)
         plain = hla_masked(op, q[:, sl], k[:, sl], v[:, sl], g[:, sl], decay=decay)
-        zero_start, _ = OPS[op](q[:, sl], k[:, sl], v[:, sl], g[:, sl], decay=decay, backend="torch")
+        zero_start, _ = POS[op](q[:, sl], k[:, sl], v[:, sl], g[:, sl], decay=decay, backend="torch")
         assert error_ratio(zero_start, plain) < F64
         ref_o.append(o)
         ref_states.append(st)
     ref_o = torch.cat(ref_o, 1)
     for backend in ("torch", "naive"):
-        o, st = OPS[op](q, k, v, g, decay=decay, cu_seqlens=cu, initial_state=h0, output_final_state=True,
+        o, st = POS[op](q, k, v, g, decay=decay, cu_seqlens=cu, initial_state=h0, output_final_state=True,
                         backend=backend)
         assert error_ratio(o, ref_o) < F64, backend
         for i, field in enumerate(st):
             assert error_ratio(field, torch.cat([r[i] for r in ref_states], 0)) < F64, backend
-        plain, _ = OPS[op](q, k, v, g, decay=decay, cu_seqlens=cu, backend=backend)
+        plain, _ = POS[op](q, k, v, g, decay=decay, cu_seqlens=cu, backend=backend)
         per_doc = torch.cat([hla_masked(op, q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], decay=decay)
                              for s, e in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)], 1)
         assert error_ratio(plain, per_doc) < F64, backend
@@ -225,14 +227,14 @@ def test_continuation(op, decay, normalize):
     if normalize:
         q, k = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
     kw = {"decay": decay, "normalize": normalize, "scale": 0.7, "backend": "torch"}
-    full, full_state = OPS[op](q, k, v, g, output_final_state=True, **kw)
-    a, state_a = OPS[op](q[:, :12], k[:, :12], v[:, :12], g[:, :12], output_final_state=True, **kw)
-    b, state_b = OPS[op](q[:, 12:], k[:, 12:], v[:, 12:], g[:, 12:], initial_state=state_a,
+    full, full_state = POS[op](q, k, v, g, output_final_state=True, **kw)
+    a, state_a = POS[op](q[:, :12], k[:, :12], v[:, :12], g[:, :12], output_final_state=True, **kw)
+    b, state_b = POS[op](q[:, 12:], k[:, 12:], v[:, 12:], g[:, 12:], initial_state=state_a,
                          output_final_state=True, **kw)
     ref = reference(op, decay, q, k, v, g, scale=0.7, normalize=normalize)
     assert error_ratio(full, ref) < F64
     assert error_ratio(torch.cat([a, b], 1), ref) < F64
-    _, naive_state = OPS[op](q, k, v, g, output_final_state=True, **{**kw, "backend": "naive"})
+    _, naive_state = POS[op](q, k, v, g, output_final_state=True, **{**kw, "backend": "naive"})
     for x, y, z in zip(state_b, full_state, naive_state, strict=True):
         assert x.shape[-1] in (4, 3 + normalize)
         assert error_ratio(x, y) < F64 and error_ratio(x, z) < F64
@@ -253,7 +255,7 @@ def test_normalize_with_signed_clamp(op, decay):
     assert (den < 0).any() and (den > 0).any()
     eps = float(den.abs().flatten().kthvalue(4).values) * 1.5  # a few denominators fall below eps
     for backend in ("torch", "naive"):
-        o, _ = OPS[op](q, k, v, g, decay=decay, normalize=True, eps=eps, backend=backend)
+        o, _ = POS[op](q, k, v, g, decay=decay, normalize=True, eps=eps, backend=backend)
         assert torch.isfinite(o).all() and (o[0, 5] == 0).all()
         assert error_ratio(o, reference(op, decay, q, k, v, g, normalize=True, eps=eps)) < F64, backend
         num = hla_masked(op, q, k, v, g, decay=decay)
@@ -267,8 +269,8 @@ def test_decode_steps_match_forward(op, decay, normalize):
     if normalize:
         q, k = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
     kw = {"decay": decay, "normalize": normalize, "scale": 0.6}
-    _, full_state = OPS[op](q, k, v, g, output_final_state=True, **kw)
-    _, state = OPS[op](q[:, :6], k[:, :6], v[:, :6], g[:, :6], output_final_state=True, **kw)
+    _, full_state = POS[op](q, k, v, g, output_final_state=True, **kw)
+    _, state = POS[op](q[:, :6], k[:, :6], v[:, :6], g[:, :6], output_final_state=True, **kw)
     outs = []
     for t in range(6, 17):
         o, state = hla_step(op, q[:, t], k[:, t], v[:, t], g[:, t], state, **kw)
@@ -295,7 +297,7 @@ def test_triton_backend_matches_float64(op, decay):
 
     def run(backend, dtype):
         leaves = [x.to(device=dev, dtype=dtype).requires_grad_() for x in (q, k, v, g, *h0)]
-        o, fin = OPS[op](*leaves[:4], decay=decay, initial_state=type(h0)(*leaves[4:]), output_final_state=True,
+        o, fin = POS[op](*leaves[:4], decay=decay, initial_state=type(h0)(*leaves[4:]), output_final_state=True,
                          cu_seqlens=cu, backend=backend)
         loss = (o * do.to(o)).sum() + sum((f * d.to(f)).sum() for f, d in zip(fin, dst, strict=True))
         return [o, *fin], torch.autograd.grad(loss, leaves)
@@ -334,14 +336,14 @@ def test_compose16_runs_passes_in_the_input_dtype(monkeypatch, op, decay, normal
 
     def recording_linear_attn(q, k, v, g, **kw):
         seen.append((q.dtype, k.dtype, v.dtype, None if g is None else g.dtype))
-        return linear_attn(q, k, v, g, **kw)
+        return linear_attn(q, k, v, g=g, **kw)
 
     monkeypatch.setattr(compose, "linear_attn", recording_linear_attn)
 
     def run(backend, dtype):
         leaves = [x.to(device=dev, dtype=dtype if i < 3 else torch.promote_types(dtype, torch.float32))
                   .requires_grad_() for i, x in enumerate((q, k, v, g, *h0))]
-        o, fin = OPS[op](*leaves[:4], decay=decay, initial_state=type(h0)(*leaves[4:]), output_final_state=True,
+        o, fin = POS[op](*leaves[:4], decay=decay, initial_state=type(h0)(*leaves[4:]), output_final_state=True,
                          cu_seqlens=cu, backend=backend, normalize=normalize)
         loss = (o.double() * do.to(dev)).sum() + sum((f.double() * d.to(dev)).sum() for f, d in zip(fin, dst))
         return [o, *fin], torch.autograd.grad(loss, leaves)
@@ -381,7 +383,7 @@ def test_low_precision_inputs():
     """bf16 inputs: o in bf16, states fp32, close to the float64 definition (the passes run in fp32)."""
     q, k, v, g = make(1, 24, 2, 8, 4, "weak", seed=20)
     for op, decay in CASES:
-        o, st = OPS[op](q.bfloat16(), k.bfloat16(), v.bfloat16(), g.float(), decay=decay, output_final_state=True)
+        o, st = POS[op](q.bfloat16(), k.bfloat16(), v.bfloat16(), g.float(), decay=decay, output_final_state=True)
         assert o.dtype == torch.bfloat16 and all(x.dtype == torch.float32 for x in st)
         ref = hla_masked(op, q.bfloat16().double(), k.bfloat16().double(), v.bfloat16().double(), g, decay=decay)
         assert error_ratio(o, ref) < 1e-2
@@ -476,8 +478,8 @@ def serial_paper_state(q, k, v, g, rule):
 def test_paper_decayed_serial_rule_matches_no_masked_operator():
     q, k, v, _ = make(2, 25, 2, 4, 3, None, seed=22)
     g = torch.full(q.shape[:3], -0.3, dtype=torch.float64)  # the paper's constant gamma
-    d1, _ = hla2(q, k, v, g, decay="d1")
-    d2, _ = hla2(q, k, v, g, decay="d2")
+    d1, _ = hla2(q, k, v, g=g, decay="d1")
+    d2, _ = hla2(q, k, v, g=g, decay="d2")
     assert error_ratio(serial_paper_state(q, k, v, g, "d2"), d2) < F64
     undecayed, _ = hla2(q, k, v)
     assert error_ratio(serial_paper_state(q, k, v, torch.zeros_like(g), "paper"), undecayed) < F64
@@ -514,7 +516,7 @@ def test_ahla_scan_matches_masked_and_composition(gate):
     """The AHLA associative scan (R not decayed) == masked ahla == kernels.ahla, chunks down to single tokens."""
     q, k, v, g = make(2, 23, 2, 4, 3, gate, seed=25)
     ref = hla_masked("ahla", q, k, v, g, scale=0.8)
-    assert error_ratio(ahla(q, k, v, g, scale=0.8, backend="torch")[0], ref) < F64
+    assert error_ratio(ahla(q, k, v, g=g, scale=0.8, backend="torch")[0], ref) < F64
     for chunk in (1, 5, 8, 32):
         assert error_ratio(ahla_scan(q, k, v, g, scale=0.8, chunk=chunk), ref) < F64, chunk
     x = ahla_token_summaries(q[:, :3], k[:, :3], v[:, :3], None if g is None else g[:, :3])
@@ -621,7 +623,7 @@ def _fused_vs_references(q, k, v, g, h0, decay, normalize=False, scale=1.0, cu=N
     def run(backend, dtype):
         dev = FUSED_DEV if backend == "fused" else "cpu"
         leaves = [None if x is None else x.to(device=dev, dtype=dtype).requires_grad_() for x in (q, k, v, g, *h0)]
-        o, fin = OPS[op](*leaves[:4], decay=decay, normalize=normalize, scale=scale,
+        o, fin = POS[op](*leaves[:4], decay=decay, normalize=normalize, scale=scale,
                          initial_state=type(h0)(*leaves[4:]), output_final_state=True,
                          cu_seqlens=None if cu is None else cu.to(dev), backend=backend)
         loss = (o * do.to(o)).sum() + sum((f * d.to(f)).sum() for f, d in zip(fin, dst, strict=True))
@@ -767,7 +769,7 @@ def test_fused_without_states(op, decay):
         o = fn(*leaves)
         return [x.cpu() for x in (o, *torch.autograd.grad((o * do.to(o)).sum(), leaves))]
 
-    got = grads(lambda *x: OPS[op](*x, decay=decay, backend="fused")[0], torch.float32, FUSED_DEV)
+    got = grads(lambda *x: POS[op](*x, decay=decay, backend="fused")[0], torch.float32, FUSED_DEV)
     ref = grads(lambda *x: hla_masked(op, *x, decay=decay), torch.float64, "cpu")
     for name, a, b in zip(["o", "dq", "dk", "dv", "dg"], got, ref, strict=True):
         assert error_ratio(a, b) < 1e-4, name
@@ -791,7 +793,7 @@ def test_fused_custom_op_compiles_into_one_graph(op, decay, normalize, gated):
     leaves = [x.to(FUSED_DEV).requires_grad_() for x in ((q, k, v, g) if gated else (q, k, v))]
 
     def f(q, k, v, g=None):
-        o, _ = traced(q * 1.5, k, v, g, decay=decay, normalize=normalize, backend="fused")
+        o, _ = traced(q * 1.5, k, v, g=g, decay=decay, normalize=normalize, backend="fused")
         return o.float().square().sum()
 
     assert_one_graph_with_eager_values(f, leaves, "hla_fused", rtol=1e-4, atol=1e-5)
@@ -817,7 +819,7 @@ def test_composition_compiles_into_one_graph(monkeypatch, op):
     leaves = [x.to(FUSED_DEV).requires_grad_() for x in (q, k, v, g)]
 
     def f(q, k, v, g):
-        o, _ = traced(q, k, v, g, backend="triton")
+        o, _ = traced(q, k, v, g=g, backend="triton")
         return o.float().square().sum()
 
     assert_one_graph_with_eager_values(f, leaves, "linear_attn", rtol=1e-4, atol=1e-5)
@@ -825,8 +827,9 @@ def test_composition_compiles_into_one_graph(monkeypatch, op):
     torch._dynamo.reset()
     counter = CompileCounterWithBackend("eager")
 
-    def packed(*x):
-        return traced(*(y.reshape(1, 140, *y.shape[2:]) for y in x), cu_seqlens=cu, backend="triton")[0].sum()
+    def packed(q, k, v, g):
+        q, k, v, g = (y.reshape(1, 140, *y.shape[2:]) for y in (q, k, v, g))
+        return traced(q, k, v, g=g, cu_seqlens=cu, backend="triton")[0].sum()
 
     got = torch.compile(packed, backend=counter)(*leaves)
     assert not any("hilo." in gm.code for gm in counter.graphs)  # the operator ran outside every graph
@@ -843,7 +846,7 @@ def test_fused_initial_state_without_final_state(op):
 
     def run(dev, dtype):
         leaves = [x.to(device=dev, dtype=dtype).requires_grad_() for x in (q, k, v, g, *h0)]
-        o, fin = OPS[op](*leaves[:4], initial_state=type(h0)(*leaves[4:]), cu_seqlens=cu.to(dev),
+        o, fin = POS[op](*leaves[:4], initial_state=type(h0)(*leaves[4:]), cu_seqlens=cu.to(dev),
                          backend="fused" if dev == FUSED_DEV and dtype == torch.float32 else "naive")
         assert fin is None
         return [x.cpu() for x in (o, *torch.autograd.grad(o.square().sum(), leaves))]
@@ -867,7 +870,7 @@ def test_fused_hla2_low_precision_inputs():
     q, k, v, g = make(1, 70, 2, 16, 8, "weak", seed=39)
     for dtype, tol in ((torch.bfloat16, 1e-2), (torch.float16, 2e-3)):
         leaves = [x.to(device=FUSED_DEV, dtype=dtype).requires_grad_() for x in (q, k, v)]
-        o, st = hla2(*leaves, g.float().to(FUSED_DEV), backend="fused", output_final_state=True)
+        o, st = hla2_pos(*leaves, g.float().to(FUSED_DEV), backend="fused", output_final_state=True)
         assert o.dtype == dtype and all(x.dtype == torch.float32 for x in st)
         dq, = torch.autograd.grad(o.float().square().sum(), leaves[:1])
         assert dq.dtype == dtype
@@ -932,7 +935,7 @@ def test_hla_one_op_keeps_the_values(monkeypatch, op, decay, gate, states, dv):
     V = 64 for K = 128), and the op is the path taken."""
     from kernels.hla import compose
 
-    fn = {"hla2": hla2, "hla3": hla3}[op]
+    fn = {"hla2": hla2_pos, "hla3": hla3_pos}[op]
     q, k, v, g = make(2, 150, 2, 32, dv, gate, seed=51, dtype=torch.float32)
     h0 = random_state(op, 2, 2, 32, dv, seed=55, dtype=torch.float32) if states else None
     leaves = [x.to(FUSED_DEV).requires_grad_() for x in (q, k, v)]
@@ -974,7 +977,7 @@ def test_hla_one_op_only_where_it_applies(monkeypatch):
 
     calls = _spy_accumulating_backward(monkeypatch)
     q, k, v, g = (x.float().to(FUSED_DEV).requires_grad_() for x in make(1, 80, 2, 16, 16, "weak", seed=53))
-    for fn in (hla2, hla3):
+    for fn in (hla2_pos, hla3_pos):
         for kwargs in ({"normalize": True}, {"cu_seqlens": torch.tensor([0, 30, 80], device=FUSED_DEV)}):
             o, _ = fn(q, k, v, g, backend="triton", **kwargs)
             o.sum().backward()
@@ -982,10 +985,10 @@ def test_hla_one_op_only_where_it_applies(monkeypatch):
         o, _ = fn(*wide, backend="triton")
         o.sum().backward()
     wide_v = [x.float().to(FUSED_DEV).requires_grad_() for x in make(1, 40, 1, 16, 80, "weak", seed=57)]
-    o, _ = hla3(*wide_v, backend="triton")
+    o, _ = hla3_pos(*wide_v, backend="triton")
     o.sum().backward()
     assert calls == []
-    o, _ = hla2(*wide_v, backend="triton")
+    o, _ = hla2_pos(*wide_v, backend="triton")
     o.sum().backward()
     assert calls == ONE_OP_CALLS["hla2"]
     qf = torch.zeros(64, 1, 16)
@@ -1010,7 +1013,7 @@ def test_hla_one_op_compiles_into_one_graph(op):
     leaves = [x.float().to(FUSED_DEV).requires_grad_() for x in make(2, 70, 2, 16, 16, "weak", seed=54)]
 
     def f(q, k, v, g):
-        o, _ = traced(q, k, v, g, backend="triton")
+        o, _ = traced(q, k, v, g=g, backend="triton")
         return o.float().square().sum()
 
     assert_one_graph_with_eager_values(f, leaves, f"{op}_passes", rtol=1e-4, atol=1e-5)

@@ -131,6 +131,6 @@ def test_delta_rule_state_passes_launch_with_the_settings(monkeypatch):
     k = torch.nn.functional.normalize(k, dim=-1)
     beta = torch.rand(1, 20, 1, generator=gen).to(dev)
     with launch_settings(delta_rule={"state_warps": 2}):
-        delta_rule(q, k, v, beta, backend="triton")
-    delta_rule(q, k, v, beta, backend="triton")
+        delta_rule(q, k, v, beta=beta, backend="triton")
+    delta_rule(q, k, v, beta=beta, backend="triton")
     assert seen == [2, 4]

@@ -7,6 +7,7 @@ import pytest
 import torch
 from compile_checks import assert_one_graph_with_eager_values
 from graph_checks import assert_no_per_chunk_selects
+from in_order import linear_attn_pos
 
 from kernels import linear_attn
 from kernels.common import error_ratio
@@ -43,7 +44,7 @@ def test_chunk_loop_is_linear_in_chunks(packed):
     def forward(t):
         q, k, v, g, _ = make(1 if packed else 3, t, 2, 8, 4, "weak", seed=5)
         cu = torch.tensor([0, t // 3, t // 2, t]) if packed else None
-        o, s = linear_attn(*(x.requires_grad_() for x in (q, k, v, g)), output_final_state=True, cu_seqlens=cu,
+        o, s = linear_attn_pos(*(x.requires_grad_() for x in (q, k, v, g)), output_final_state=True, cu_seqlens=cu,
                            backend="torch")
         return o.sum() + s.sum()
 
@@ -58,7 +59,7 @@ def run(q, k, v, g, h0, backend, cu=None, dtype=None, with_final=True, seed=1, d
     leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
     gl = None if g is None else g.detach().to(wide).requires_grad_()
     hl = None if h0 is None else h0.detach().to(wide).requires_grad_()
-    o, s = linear_attn(*leaves, gl, initial_state=hl, output_final_state=with_final, cu_seqlens=cu,
+    o, s = linear_attn_pos(*leaves, gl, initial_state=hl, output_final_state=with_final, cu_seqlens=cu,
                        backend=backend)
     gen = torch.Generator().manual_seed(seed)
     do = torch.randn(o.shape, generator=gen, dtype=torch.float64) if do is None else do
@@ -99,7 +100,7 @@ def closed_form(q, k, v, g, h0, scale):
 @pytest.mark.parametrize("decay", ["strong", "none"])
 def test_naive_matches_closed_form(decay):
     q, k, v, g, h0 = make(2, 37, 2, 12, 20, decay, n_state=2, dtype=torch.float64)
-    o, _ = linear_attn(q, k, v, g, initial_state=h0, backend="naive")
+    o, _ = linear_attn(q, k, v, g=g, initial_state=h0, backend="naive")
     assert error_ratio(o, closed_form(q, k, v, g, h0, 12 ** -0.5)) < 1e-12
 
 
@@ -151,66 +152,66 @@ def test_torch_varlen_matches_per_document():
 
 def test_g_none_equals_zero_gate():
     q, k, v, g, h0 = make(1, 70, 2, 16, 16, "zero", n_state=1)
-    a, sa = linear_attn(q, k, v, g, initial_state=h0, output_final_state=True, backend="torch")
-    b, sb = linear_attn(q, k, v, None, initial_state=h0, output_final_state=True, backend="torch")
+    a, sa = linear_attn(q, k, v, g=g, initial_state=h0, output_final_state=True, backend="torch")
+    b, sb = linear_attn(q, k, v, g=None, initial_state=h0, output_final_state=True, backend="torch")
     assert error_ratio(a, b) < 1e-6 and error_ratio(sa, sb) < 1e-6
     assert sa.shape == (1, 2, 16, 16)
 
 
 def test_step_matches_forward():
     q, k, v, g, h0 = make(2, 20, 2, 12, 10, "weak", n_state=2)
-    o, s = linear_attn(q, k, v, g, initial_state=h0, output_final_state=True, backend="naive")
+    o, s = linear_attn(q, k, v, g=g, initial_state=h0, output_final_state=True, backend="naive")
     state = h0.clone()
     for t in range(20):
         ot, state = linear_attn_step(q[:, t], k[:, t], v[:, t], g[:, t], state)
         assert error_ratio(ot, o[:, t]) < 1e-5
     assert error_ratio(state, s) < 1e-5
     # a prefill with the chunked path, then decoding, equals the full run
-    _, s10 = linear_attn(q[:, :10], k[:, :10], v[:, :10], g[:, :10], initial_state=h0, output_final_state=True)
+    _, s10 = linear_attn(q[:, :10], k[:, :10], v[:, :10], g=g[:, :10], initial_state=h0, output_final_state=True)
     ot, _ = linear_attn_step(q[:, 10], k[:, 10], v[:, 10], g[:, 10], s10)
     assert error_ratio(ot, o[:, 10]) < 1e-5
 
 
 def test_no_final_state_and_defaults():
     q, k, v, g, _ = make(1, 10, 1, 4, 4, "weak")
-    o, s = linear_attn(q, k, v, g)
+    o, s = linear_attn(q, k, v, g=g)
     assert s is None and o.shape == (1, 10, 1, 4) and o.dtype == torch.float32
-    o2, _ = linear_attn(q, k, v, g, scale=0.5 * 4 ** -0.5)
+    o2, _ = linear_attn(q, k, v, g=g, scale=0.5 * 4 ** -0.5)
     assert error_ratio(o2, 0.5 * o) < 1e-6
 
 
 def test_errors(monkeypatch):
     q, k, v, g, h0 = make(2, 8, 2, 4, 6, "weak", n_state=2)
     with pytest.raises(ValueError, match=r"4-D"):
-        linear_attn(q[0], k, v, g)
+        linear_attn(q[0], k, v, g=g)
     with pytest.raises(ValueError, match=r"same shape"):
-        linear_attn(q, k[..., :3], v, g)
+        linear_attn(q, k[..., :3], v, g=g)
     with pytest.raises(ValueError, match=r"v must be"):
-        linear_attn(q, k, v[:, :7], g)
+        linear_attn(q, k, v[:, :7], g=g)
     with pytest.raises(TypeError, match=r"share one dtype"):
-        linear_attn(q, k.half(), v, g)
+        linear_attn(q, k.half(), v, g=g)
     with pytest.raises(TypeError, match=r"float32, float16 or bfloat16"):
-        linear_attn(q.int(), k.int(), v.int(), g)
+        linear_attn(q.int(), k.int(), v.int(), g=g)
     with pytest.raises(ValueError, match=r"g must have shape"):
-        linear_attn(q, k, v, g[:, :4])
+        linear_attn(q, k, v, g=g[:, :4])
     with pytest.raises(TypeError, match=r"g \(log decay\) must be float32"):
-        linear_attn(q, k, v, g.bfloat16())
+        linear_attn(q, k, v, g=g.bfloat16())
     with pytest.raises(ValueError, match=r"initial_state must have shape"):
-        linear_attn(q, k, v, g, initial_state=h0[:1])
+        linear_attn(q, k, v, g=g, initial_state=h0[:1])
     with pytest.raises(ValueError, match=r"B == 1"):
-        linear_attn(q, k, v, g, cu_seqlens=torch.tensor([0, 4, 8]))
+        linear_attn(q, k, v, g=g, cu_seqlens=torch.tensor([0, 4, 8]))
     q1, k1, v1, g1 = (x.reshape(1, 16, *x.shape[2:]) for x in (q, k, v, g))
     for bad in ([1, 8, 16], [0, 9, 8, 16], [0, 8, 15]):
         with pytest.raises(ValueError, match=r"start at 0, never decrease and end at T=16"):
-            linear_attn(q1, k1, v1, g1, cu_seqlens=torch.tensor(bad))
+            linear_attn(q1, k1, v1, g=g1, cu_seqlens=torch.tensor(bad))
     with pytest.raises(TypeError, match=r"cu_seqlens must be a 1-D int32/int64"):
-        linear_attn(q1, k1, v1, g1, cu_seqlens=torch.tensor([0.0, 16.0]))
+        linear_attn(q1, k1, v1, g=g1, cu_seqlens=torch.tensor([0.0, 16.0]))
     with pytest.raises(ValueError, match=r"unknown backend"):
-        linear_attn(q, k, v, g, backend="cuda")
+        linear_attn(q, k, v, g=g, backend="cuda")
     if DEV == "cpu":
         monkeypatch.setenv("TRITON_INTERPRET", "0")
         with pytest.raises(RuntimeError, match=r"TRITON_INTERPRET=1"):
-            linear_attn(q, k, v, g, backend="triton")
+            linear_attn(q, k, v, g=g, backend="triton")
 
 
 # Triton kernels: under TRITON_INTERPRET=1 on CPU (fp32: the interpreter gets bf16 tl.dot wrong), on the GPU
@@ -274,7 +275,7 @@ def test_grouped_q_k_equal_repeated_heads(backend, varlen, dv):
 def test_grouped_heads_must_divide():
     q, k, v, g, _ = make(1, 10, 6, 8, 8, "weak")
     with pytest.raises(ValueError, match="must divide"):
-        linear_attn(q[:, :, :4], k[:, :, :4], v, g)
+        linear_attn(q[:, :, :4], k[:, :, :4], v, g=g)
 
 
 @triton_only
@@ -290,7 +291,7 @@ def test_triton_custom_op_compiles_into_one_graph():
     leaves = [x.to(DEV).requires_grad_() for x in (q, k, v, g, h0)]
 
     def f(q, k, v, g, h0):
-        o, ht = linear_attn(torch.nn.functional.silu(q), k * 2, v, g, initial_state=h0, output_final_state=True,
+        o, ht = linear_attn(torch.nn.functional.silu(q), k * 2, v, g=g, initial_state=h0, output_final_state=True,
                             backend="triton")
         return o.float().square().sum() + ht.square().sum()
 
@@ -305,8 +306,8 @@ def test_split_scores_keep_16bit_rounding_low():
     gen = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(1, 200, 2, 32, generator=gen).half().double() for _ in range(3))
     g = -0.05 * torch.rand(1, 200, 2, generator=gen)
-    ref, _ = linear_attn(q, k, v, g.double(), backend="naive")
-    o, _ = linear_attn(*(x.half().to(DEV) for x in (q, k, v)), g.to(DEV), backend="triton")
+    ref, _ = linear_attn(q, k, v, g=g.double(), backend="naive")
+    o, _ = linear_attn_pos(*(x.half().to(DEV) for x in (q, k, v)), g.to(DEV), backend="triton")
     assert error_ratio(o.double().cpu(), ref) < 2.8e-4
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from compile_checks import assert_one_graph_with_eager_values
 from graph_checks import assert_no_per_chunk_selects
+from in_order import loglinear_attn_pos
 
 from kernels import linear_attn, loglinear_attn
 from kernels.common import error_ratio
@@ -43,8 +44,8 @@ def prior_state(tokens, nl, seed):
 def test_chunk_loop_is_linear_in_chunks():
     def forward(t):
         x = make(1, t, seed=6)
-        o, state = loglinear_attn(*(x[n].float().requires_grad_() for n in ("q", "k", "v", "g", "lam")), scale=SCALE,
-                                  output_final_state=True, backend="torch")
+        o, state = loglinear_attn_pos(*(x[n].float().requires_grad_() for n in ("q", "k", "v", "g", "lam")),
+                                      scale=SCALE, output_final_state=True, backend="torch")
         return o.sum() + state.levels.sum()
 
     assert_no_per_chunk_selects(forward, 64 * 3, 64 * 9)
@@ -66,8 +67,8 @@ def run(backend, x, cu=None, init=None, dtype=torch.float32, seed=1):
         starts = [0] * n if init is None else init.tokens.tolist()
         o, levels = loglinear_attn_quadratic(q, k, v, g, lam, SCALE, prior, True, cu, starts)
     else:
-        o, state = loglinear_attn(q, k, v, g, lam, scale=SCALE, initial_state=prior, output_final_state=True,
-                                  cu_seqlens=cu, backend=backend)
+        o, state = loglinear_attn(q, k, v, g=g, level_scales=lam, scale=SCALE, initial_state=prior,
+                                  output_final_state=True, cu_seqlens=cu, backend=backend)
         levels = state.levels
     gen = torch.Generator().manual_seed(seed)
     do = torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o)
@@ -96,7 +97,7 @@ def test_forms_agree(t, decay, recurrent_grads):
     if recurrent_grads:
         assert_close(run("naive", x), ref, f"recurrent T={t}")
     else:
-        o, st = loglinear_attn(*(x[n].float() for n in ("q", "k", "v", "g", "lam")), scale=SCALE,
+        o, st = loglinear_attn_pos(*(x[n].float() for n in ("q", "k", "v", "g", "lam")), scale=SCALE,
                                output_final_state=True, backend="naive")
         assert error_ratio(o, ref[0]) <= TOL and error_ratio(st.levels, ref[1]) <= TOL
 
@@ -109,7 +110,7 @@ def test_varlen_short_documents_and_initial_state():
     for prior in (None, init):
         ref = run("quadratic", x, cu=cu, init=prior, dtype=torch.float64)
         assert_close(run("torch", x, cu=cu, init=prior), ref, f"chunk varlen prior={prior is not None}")
-    o, st = loglinear_attn(*(x[n].float() for n in ("q", "k", "v", "g", "lam")), scale=SCALE,
+    o, st = loglinear_attn_pos(*(x[n].float() for n in ("q", "k", "v", "g", "lam")), scale=SCALE,
                            initial_state=LogLinearState(init.levels.float(), init.tokens), output_final_state=True,
                            cu_seqlens=cu, backend="naive")
     assert error_ratio(o, ref[0]) <= TOL and error_ratio(st.levels, ref[1]) <= TOL, "recurrent varlen with prior"
@@ -130,12 +131,13 @@ def test_batch_rows_at_different_positions():
 @pytest.mark.parametrize("split", [45, 64, 130, 131])
 def test_continuation_from_final_state(split):
     x = {n: val.float() for n, val in make(2, 200, seed=11).items()}
-    o, full = loglinear_attn(x["q"], x["k"], x["v"], x["g"], x["lam"], output_final_state=True)
+    o, full = loglinear_attn(x["q"], x["k"], x["v"], g=x["g"], level_scales=x["lam"], output_final_state=True)
     head = {n: val[:, :split] for n, val in x.items()}
     tail = {n: val[:, split:] for n, val in x.items()}
-    _, mid = loglinear_attn(head["q"], head["k"], head["v"], head["g"], head["lam"], output_final_state=True)
+    _, mid = loglinear_attn(head["q"], head["k"], head["v"], g=head["g"], level_scales=head["lam"],
+                            output_final_state=True)
     assert mid.tokens.tolist() == [split, split]
-    o2, end = loglinear_attn(tail["q"], tail["k"], tail["v"], tail["g"], tail["lam"], initial_state=mid,
+    o2, end = loglinear_attn(tail["q"], tail["k"], tail["v"], g=tail["g"], level_scales=tail["lam"], initial_state=mid,
                              output_final_state=True)
     assert error_ratio(o2, o[:, split:]) <= TOL
     assert error_ratio(end.levels, full.levels) <= TOL
@@ -150,14 +152,14 @@ def test_unit_level_scales_is_linear_attn(backend):
     ones = torch.ones_like(x["lam"])
     init = prior_state([0, 9, 40, 200], nl=ones.shape[-1], seed=6)
     init = LogLinearState(init.levels.float(), init.tokens)
-    o, st = loglinear_attn(x["q"], x["k"], x["v"], x["g"], ones, initial_state=init, output_final_state=True,
-                           cu_seqlens=cu, backend=backend)
-    ob, sb = linear_attn(x["q"], x["k"], x["v"], x["g"], initial_state=init.levels.sum(2), output_final_state=True,
+    o, st = loglinear_attn(x["q"], x["k"], x["v"], g=x["g"], level_scales=ones, initial_state=init,
+                           output_final_state=True, cu_seqlens=cu, backend=backend)
+    ob, sb = linear_attn(x["q"], x["k"], x["v"], g=x["g"], initial_state=init.levels.sum(2), output_final_state=True,
                          cu_seqlens=cu, backend=backend)
     assert error_ratio(o, ob) <= TOL
     assert error_ratio(st.levels.sum(2), sb) <= TOL
     # Non-unit scales change the output (the comparison above is not vacuous).
-    o3, _ = loglinear_attn(x["q"], x["k"], x["v"], x["g"], x["lam"], cu_seqlens=cu, backend=backend)
+    o3, _ = loglinear_attn(x["q"], x["k"], x["v"], g=x["g"], level_scales=x["lam"], cu_seqlens=cu, backend=backend)
     assert error_ratio(o3, ob) > 1e-2
 
 
@@ -165,9 +167,9 @@ def test_decode_step_equals_forward_and_state_grows_logarithmically():
     t = 75
     x = {n: val.float() for n, val in make(2, t, seed=13, nl=12).items()}
     prefix = make(1, 37, seed=14, nl=12)
-    _, st1 = loglinear_attn(*(prefix[n].float() for n in ("q", "k", "v", "g", "lam")), output_final_state=True)
+    _, st1 = loglinear_attn_pos(*(prefix[n].float() for n in ("q", "k", "v", "g", "lam")), output_final_state=True)
     init = LogLinearState(torch.cat([torch.zeros_like(st1.levels), st1.levels], 0), torch.tensor([0, 37]))
-    o_ref, final_ref = loglinear_attn(x["q"], x["k"], x["v"], x["g"], x["lam"], initial_state=init,
+    o_ref, final_ref = loglinear_attn(x["q"], x["k"], x["v"], g=x["g"], level_scales=x["lam"], initial_state=init,
                                       output_final_state=True)
     # Row 0 decodes from an empty one-level state; rows 0 and 1 (at positions i and 37 + i) decode together.
     alone = LogLinearState.empty(1, H, DK, DV)
@@ -219,8 +221,8 @@ def test_triton_rows_at_different_positions_and_no_gate():
     assert_close(run("triton", x, init=init), ref, "triton rows with their own start")
     qkv = [x[n].float().to(DEV) for n in ("q", "k", "v")]
     lam = x["lam"].float().to(DEV)
-    o, st = loglinear_attn(*qkv, None, lam, output_final_state=True, backend="triton")
-    o_ref, st_ref = loglinear_attn(*(z.cpu() for z in qkv), torch.zeros(3, 70, H), lam.cpu(),
+    o, st = loglinear_attn_pos(*qkv, None, lam, output_final_state=True, backend="triton")
+    o_ref, st_ref = loglinear_attn_pos(*(z.cpu() for z in qkv), torch.zeros(3, 70, H), lam.cpu(),
                                    output_final_state=True, backend="torch")
     assert error_ratio(o.cpu(), o_ref) <= TOL and error_ratio(st.levels.cpu(), st_ref.levels) <= TOL
 
@@ -231,9 +233,9 @@ def test_triton_unit_level_scales_is_linear_attn():
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()]).to(DEV)
     x = {n: val.float().to(DEV) for n, val in make(1, int(cu[-1]), seed=5, nl=num_levels(200)).items()}
     ones = torch.ones_like(x["lam"])
-    o, st = loglinear_attn(x["q"], x["k"], x["v"], x["g"], ones, output_final_state=True, cu_seqlens=cu,
+    o, st = loglinear_attn(x["q"], x["k"], x["v"], g=x["g"], level_scales=ones, output_final_state=True, cu_seqlens=cu,
                            backend="triton")
-    ob, sb = linear_attn(x["q"], x["k"], x["v"], x["g"], output_final_state=True, cu_seqlens=cu, backend="torch")
+    ob, sb = linear_attn(x["q"], x["k"], x["v"], g=x["g"], output_final_state=True, cu_seqlens=cu, backend="torch")
     assert error_ratio(o, ob) <= TOL
     assert error_ratio(st.levels.sum(2), sb) <= TOL
 
@@ -248,7 +250,7 @@ def test_triton_half_inputs():
         dev = DEV if backend == "triton" else "cpu"
         leaves = [x[n].to(dev, dtype if n in "qkv" else torch.float32).requires_grad_() for n in ("q", "k", "v", "g",
                                                                                                   "lam")]
-        o, st = loglinear_attn(*leaves, scale=SCALE, output_final_state=True, backend=backend)
+        o, st = loglinear_attn_pos(*leaves, scale=SCALE, output_final_state=True, backend=backend)
         gen = torch.Generator().manual_seed(1)
         do = torch.randn(o.shape, generator=gen).to(o)
         dl = torch.randn(st.levels.shape, generator=gen).to(st.levels)
@@ -325,19 +327,19 @@ def test_input_errors():
     x = {n: val.float() for n, val in make(1, 75, seed=2).items()}
     args = (x["q"], x["k"], x["v"], x["g"])
     with pytest.raises(ValueError, match="needs L >= bit_length"):
-        loglinear_attn(*args, x["lam"][..., :6])
+        loglinear_attn_pos(*args, x["lam"][..., :6])
     with pytest.raises(ValueError, match="level_scales must have shape"):
-        loglinear_attn(*args, x["lam"][:, :10])
+        loglinear_attn_pos(*args, x["lam"][:, :10])
     with pytest.raises(ValueError, match="unknown backend"):
-        loglinear_attn(*args, x["lam"], backend="cuda")
+        loglinear_attn_pos(*args, x["lam"], backend="cuda")
     with pytest.raises(TypeError, match="LogLinearState"):
-        loglinear_attn(*args, x["lam"], initial_state=torch.zeros(1, H, DK, DV))
+        loglinear_attn_pos(*args, x["lam"], initial_state=torch.zeros(1, H, DK, DV))
     bad = LogLinearState(torch.ones(1, H, 8, DK, DV), torch.tensor([0]))
     with pytest.raises(ValueError, match="tokens == 0"):
-        loglinear_attn(*args, x["lam"], initial_state=bad)
+        loglinear_attn_pos(*args, x["lam"], initial_state=bad)
     late = LogLinearState(torch.zeros(1, H, 8, DK, DV), torch.tensor([100]))
     with pytest.raises(ValueError, match="position 174"):
-        loglinear_attn(*args, x["lam"], initial_state=late)
+        loglinear_attn_pos(*args, x["lam"], initial_state=late)
 
 
 def test_node_form_final_states_when_no_sequence_ends_on_a_chunk_level():
@@ -364,7 +366,7 @@ def test_triton_custom_op_without_states(t):
     x = make(2, t, seed=t + 5)
     names = ("q", "k", "v", "g", "lam")
     leaves = [x[n].float().to(DEV).requires_grad_() for n in names]
-    o = loglinear_attn(*leaves, scale=0.3, backend="triton")[0]
+    o = loglinear_attn_pos(*leaves, scale=0.3, backend="triton")[0]
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(2)).to(o)
     grads = torch.autograd.grad((o * do).sum(), leaves)
     ref_leaves = [x[n].double().requires_grad_() for n in names]
@@ -376,6 +378,6 @@ def test_triton_custom_op_without_states(t):
         assert error_ratio(a.cpu(), r) <= TOL, name
 
     def f(q, k, v, g, lam):
-        return loglinear_attn(q * 2, k, v, g, lam, scale=0.3, backend="triton")[0].square().sum()
+        return loglinear_attn(q * 2, k, v, g=g, level_scales=lam, scale=0.3, backend="triton")[0].square().sum()
 
     assert_one_graph_with_eager_values(f, leaves, "loglinear_attn", rtol=1e-4, atol=1e-5)

@@ -8,8 +8,9 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from in_order import delta_rule_pos, loglinear_delta_rule_pos
 
-from kernels import delta_rule, loglinear_delta_rule
+from kernels import loglinear_delta_rule
 from kernels.common import error_ratio
 from kernels.loglinear_attn import LogLinearState, num_levels
 from kernels.loglinear_delta_rule import loglinear_delta_rule_quadratic, loglinear_delta_rule_step
@@ -61,7 +62,7 @@ def run(backend, x, cu=None, init=None, dtype=torch.float32, seed=1):
         starts = [0] * n if init is None else init.tokens.tolist()
         o, levels = loglinear_delta_rule_quadratic(*leaves[:6], SCALE, prior, True, cu, starts)
     else:
-        o, state = loglinear_delta_rule(*leaves[:6], scale=SCALE, initial_state=prior, output_final_state=True,
+        o, state = loglinear_delta_rule_pos(*leaves[:6], scale=SCALE, initial_state=prior, output_final_state=True,
                                         cu_seqlens=cu, backend=backend)
         levels = state.levels
     gen = torch.Generator().manual_seed(seed)
@@ -93,7 +94,7 @@ def test_forms_agree(t, decay, unit_k, recurrent_grads):
     if recurrent_grads:
         assert_close(run("naive", x), ref, f"recurrent T={t}")
     else:
-        o, st = loglinear_delta_rule(*(x[n].float() for n in NAMES), scale=SCALE, output_final_state=True,
+        o, st = loglinear_delta_rule_pos(*(x[n].float() for n in NAMES), scale=SCALE, output_final_state=True,
                                      backend="naive")
         assert error_ratio(o, ref[0]) <= TOL and error_ratio(st.levels, ref[1]) <= TOL
 
@@ -106,7 +107,7 @@ def test_varlen_short_documents_and_initial_state():
     for prior in (None, init):
         ref = run("quadratic", x, cu=cu, init=prior, dtype=torch.float64)
         assert_close(run("torch", x, cu=cu, init=prior), ref, f"chunk varlen prior={prior is not None}")
-    o, st = loglinear_delta_rule(*(x[n].float() for n in NAMES), scale=SCALE,
+    o, st = loglinear_delta_rule_pos(*(x[n].float() for n in NAMES), scale=SCALE,
                                  initial_state=LogLinearState(init.levels.float(), init.tokens),
                                  output_final_state=True, cu_seqlens=cu, backend="naive")
     assert error_ratio(o, ref[0]) <= TOL and error_ratio(st.levels, ref[1]) <= TOL, "recurrent varlen with prior"
@@ -125,10 +126,10 @@ def test_batch_rows_at_different_positions():
 @pytest.mark.parametrize("split", [45, 64, 130, 131])
 def test_continuation_from_final_state(split):
     x = {n: val.float() for n, val in make(2, 200, seed=11).items()}
-    o, full = loglinear_delta_rule(*(x[n] for n in NAMES), output_final_state=True)
-    _, mid = loglinear_delta_rule(*(x[n][:, :split] for n in NAMES), output_final_state=True)
+    o, full = loglinear_delta_rule_pos(*(x[n] for n in NAMES), output_final_state=True)
+    _, mid = loglinear_delta_rule_pos(*(x[n][:, :split] for n in NAMES), output_final_state=True)
     assert mid.tokens.tolist() == [split, split]
-    o2, end = loglinear_delta_rule(*(x[n][:, split:] for n in NAMES), initial_state=mid, output_final_state=True)
+    o2, end = loglinear_delta_rule_pos(*(x[n][:, split:] for n in NAMES), initial_state=mid, output_final_state=True)
     assert error_ratio(o2, o[:, split:]) <= TOL
     assert error_ratio(end.levels, full.levels) <= TOL
     assert end.tokens.tolist() == [200, 200]
@@ -143,13 +144,13 @@ def test_unit_level_scales_is_delta_rule(backend):
     init = prior_state([0, 9, 40, 200], nl=ones.shape[-1], seed=6)
     init = LogLinearState(init.levels.float(), init.tokens)
     args = [x[n] for n in NAMES[:5]]
-    o, st = loglinear_delta_rule(*args, ones, initial_state=init, output_final_state=True, cu_seqlens=cu,
+    o, st = loglinear_delta_rule_pos(*args, ones, initial_state=init, output_final_state=True, cu_seqlens=cu,
                                  backend=backend)
-    ob, sb = delta_rule(*args, initial_state=init.levels.sum(2), output_final_state=True, cu_seqlens=cu,
+    ob, sb = delta_rule_pos(*args, initial_state=init.levels.sum(2), output_final_state=True, cu_seqlens=cu,
                         backend=backend)
     assert error_ratio(o, ob) <= TOL
     assert error_ratio(st.levels.sum(2), sb) <= TOL
-    o3, _ = loglinear_delta_rule(*args, x["lam"], cu_seqlens=cu, backend=backend)
+    o3, _ = loglinear_delta_rule_pos(*args, x["lam"], cu_seqlens=cu, backend=backend)
     assert error_ratio(o3, ob) > 1e-2
 
 
@@ -157,9 +158,9 @@ def test_decode_step_equals_forward_and_state_grows_logarithmically():
     t = 75
     x = {n: val.float() for n, val in make(2, t, seed=13, nl=12).items()}
     prefix = make(1, 37, seed=14, nl=12)
-    _, st1 = loglinear_delta_rule(*(prefix[n].float() for n in NAMES), output_final_state=True)
+    _, st1 = loglinear_delta_rule_pos(*(prefix[n].float() for n in NAMES), output_final_state=True)
     init = LogLinearState(torch.cat([torch.zeros_like(st1.levels), st1.levels], 0), torch.tensor([0, 37]))
-    o_ref, final_ref = loglinear_delta_rule(*(x[n] for n in NAMES), initial_state=init, output_final_state=True)
+    o_ref, final_ref = loglinear_delta_rule_pos(*(x[n] for n in NAMES), initial_state=init, output_final_state=True)
     alone = LogLinearState.empty(1, H, DK, DV)
     both = LogLinearState(init.levels[:, :, : num_levels(37)], init.tokens)
     for i in range(t):
@@ -225,10 +226,10 @@ def test_triton_rows_at_different_positions_and_no_gate():
     assert_close(run("triton", x, init=init), ref, "triton rows with their own start")
     args = [x[n].float().to(DEV) for n in NAMES]
     args[4] = None
-    o, st = loglinear_delta_rule(*args, output_final_state=True, backend="triton")
+    o, st = loglinear_delta_rule_pos(*args, output_final_state=True, backend="triton")
     cpu = [None if a is None else a.cpu() for a in args]
     cpu[4] = torch.zeros(3, 70, H)
-    o_ref, st_ref = loglinear_delta_rule(*cpu, output_final_state=True, backend="torch")
+    o_ref, st_ref = loglinear_delta_rule_pos(*cpu, output_final_state=True, backend="torch")
     assert error_ratio(o.cpu(), o_ref) <= TOL and error_ratio(st.levels.cpu(), st_ref.levels) <= TOL
 
 
@@ -238,9 +239,9 @@ def test_triton_unit_level_scales_is_delta_rule():
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()]).to(DEV)
     x = {n: val.float().to(DEV) for n, val in make(1, int(cu[-1]), seed=5, nl=num_levels(200)).items()}
     args = [x[n] for n in NAMES[:5]]
-    o, st = loglinear_delta_rule(*args, torch.ones_like(x["lam"]), output_final_state=True, cu_seqlens=cu,
+    o, st = loglinear_delta_rule_pos(*args, torch.ones_like(x["lam"]), output_final_state=True, cu_seqlens=cu,
                                  backend="triton")
-    ob, sb = delta_rule(*args, output_final_state=True, cu_seqlens=cu, backend="torch")
+    ob, sb = delta_rule_pos(*args, output_final_state=True, cu_seqlens=cu, backend="torch")
     assert error_ratio(o, ob) <= TOL
     assert error_ratio(st.levels.sum(2), sb) <= TOL
 
@@ -291,7 +292,7 @@ def assert_fp16_close(x, scale, what):
         dev = DEV if backend == "triton" else "cpu"
         leaves = [x[n].to(torch.float16 if n in ("q", "k", "v", "beta") else torch.float32).to(
             dev, dtype if n in ("q", "k", "v", "beta") else torch.float32).requires_grad_() for n in NAMES]
-        o, st = loglinear_delta_rule(*leaves, scale=scale, output_final_state=True, backend=backend)
+        o, st = loglinear_delta_rule_pos(*leaves, scale=scale, output_final_state=True, backend=backend)
         gen = torch.Generator().manual_seed(1)
         do = torch.randn(o.shape, generator=gen).to(o)
         dl = torch.randn(st.levels.shape, generator=gen).to(st.levels)
@@ -452,16 +453,16 @@ def test_input_errors():
     x = {n: val.float() for n, val in make(1, 75, seed=2).items()}
     args = [x[n] for n in NAMES[:5]]
     with pytest.raises(ValueError, match="needs L >= bit_length"):
-        loglinear_delta_rule(*args, x["lam"][..., :6])
+        loglinear_delta_rule_pos(*args, x["lam"][..., :6])
     with pytest.raises(ValueError, match="level_scales must have shape"):
-        loglinear_delta_rule(*args, x["lam"][:, :10])
+        loglinear_delta_rule_pos(*args, x["lam"][:, :10])
     with pytest.raises(ValueError, match="unknown backend"):
-        loglinear_delta_rule(*args, x["lam"], backend="cuda")
+        loglinear_delta_rule_pos(*args, x["lam"], backend="cuda")
     with pytest.raises(ValueError, match="beta must have shape"):
-        loglinear_delta_rule(x["q"], x["k"], x["v"], x["beta"][:, :10], x["g"], x["lam"])
+        loglinear_delta_rule(x["q"], x["k"], x["v"], beta=x["beta"][:, :10], g=x["g"], level_scales=x["lam"])
     late = LogLinearState(torch.zeros(1, H, 8, DK, DV), torch.tensor([100]))
     with pytest.raises(ValueError, match="position 174"):
-        loglinear_delta_rule(*args, x["lam"], initial_state=late)
+        loglinear_delta_rule_pos(*args, x["lam"], initial_state=late)
     with pytest.raises(ValueError, match="state.levels must be"):
         loglinear_delta_rule_step(*(x[n][:, 0] for n in NAMES), LogLinearState.empty(1, H, DK, DV + 1))
 
@@ -554,7 +555,7 @@ def test_split_level_scan_backward_wide_heads(dk):
     results = {}
     for backend, dev in (("triton", DEV), ("torch", "cpu")):
         leaves = [z.to(dev).requires_grad_() for z in x]
-        o, _ = loglinear_delta_rule(*leaves, backend=backend)
+        o, _ = loglinear_delta_rule_pos(*leaves, backend=backend)
         results[backend] = torch.autograd.grad((o * do.to(dev)).sum(), leaves)
     for name, got, ref in zip(NAMES, results["triton"], results["torch"], strict=True):
         assert error_ratio(got.cpu(), ref.cpu()) <= 1e-5, name
@@ -590,13 +591,13 @@ def test_head_dim_limits():
     x = {n: val.float() for n, val in make(1, 5, seed=64, dv=513).items()}
     with pytest.raises(ValueError, match=r"loglinear_delta_rule: head dims must be in 1\.\.256 for K and 1\.\.512 "
                                          r"for V, got K=12, V=513; run wider value heads in column blocks"):
-        loglinear_delta_rule(*(x[n] for n in NAMES), backend="torch")
+        loglinear_delta_rule_pos(*(x[n] for n in NAMES), backend="torch")
     wide_k = torch.randn(1, 5, H, 257)
     with pytest.raises(ValueError, match=r"loglinear_delta_rule: head dims .* got K=257, V=513; K > 256 is not "
                                          r"supported"):
-        loglinear_delta_rule(wide_k, wide_k, *(x[n] for n in NAMES[2:]), backend="naive")
+        loglinear_delta_rule_pos(wide_k, wide_k, *(x[n] for n in NAMES[2:]), backend="naive")
     with pytest.raises(ValueError, match=r"loglinear_attn: head dims must be in 1\.\.256 for K and 1\.\.256 for V"):
-        loglinear_attn(x["q"], x["k"], x["v"][..., :300], x["g"], x["lam"], backend="torch")
-    o, st = loglinear_delta_rule(*(x[n] for n in NAMES[:2]), x["v"][..., :512], *(x[n] for n in NAMES[3:]),
+        loglinear_attn(x["q"], x["k"], x["v"][..., :300], g=x["g"], level_scales=x["lam"], backend="torch")
+    o, st = loglinear_delta_rule_pos(*(x[n] for n in NAMES[:2]), x["v"][..., :512], *(x[n] for n in NAMES[3:]),
                                  output_final_state=True, backend="torch")
     assert o.shape == (1, 5, H, 512) and st.levels.shape[-2:] == (12, 512)

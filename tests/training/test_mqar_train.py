@@ -20,6 +20,7 @@ TINY_DATA = [
     "data=mqar", "model/size=mqar", "model.hidden_size=32", "data.vocab_size=64", "trainer.seq_len=16",
     "data.train=[{seq_len:16,num_kv_pairs:2,num_examples:4096},{seq_len:16,num_kv_pairs:4,num_examples:4096}]",
     "data.test=[{seq_len:16,num_kv_pairs:2,num_examples:64},{seq_len:16,num_kv_pairs:4,num_examples:64}]",
+    "trainer.val_batches=null",  # every test example (SMALL's val_batches=2 would validate on a subset)
 ]
 MQAR_MODELS = ["transformer", "mamba2", "loglinear_mamba2", "gated_deltanet", "loglinear_gated_deltanet",
                "hla_transformer", "hla_mamba2", "hla_gated_deltanet"]
