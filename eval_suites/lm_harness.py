@@ -35,7 +35,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
-
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 try:
@@ -239,7 +238,7 @@ class _StopStrings(StoppingCriteria):
 
 def evaluate(model: Any, tokenizer: Any, *, tasks: Sequence[str] = DEFAULT_TASKS, max_length: int,
              batch_size: int = 1, max_gen_toks: int = 256, num_fewshot: int | None = None,
-             limit: int | float | None = None, include_path: str | Sequence[str] | None = None,
+             limit: float | None = None, include_path: str | Sequence[str] | None = None,
              log_samples: bool = False, bootstrap_iters: int = 100000, seed: int = 1234,
              device: str | torch.device = "cpu", task_manager: Any = None) -> dict:
     """Run lm-eval's ``tasks`` on ``model`` (through HiloLM) and return the result as plain Python values.

@@ -16,7 +16,7 @@ import torch
 
 pytest.importorskip("lm_eval")
 
-from eval_suites import lm_harness  # noqa: E402
+from eval_suites import lm_harness
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_LENGTH = 24   # small enough that the long document spans several rolling windows
@@ -43,17 +43,17 @@ def write_tasks(root: Path) -> Path:
     for name, records in (("mc", MC), ("cloze", CLOZE), ("docs", DOCS), ("gen", GEN)):
         (root / f"{name}.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
     tasks = {
-        "tiny_mc": ("mc", "multiple_choice", 'doc_to_text: "{{question}}"\ndoc_to_choice: "{{choices}}"\n'
-                    "doc_to_target: label\nmetric_list:\n  - metric: acc\n  - metric: acc_norm\n"),
-        "tiny_cloze": ("cloze", "loglikelihood", "doc_to_text: \"{{text.split(' ')[:-1]|join(' ')}}\"\n"
+        "tiny_mc": ("mc", "multiple_choice", ('doc_to_text: "{{question}}"\ndoc_to_choice: "{{choices}}"\n'
+                    "doc_to_target: label\nmetric_list:\n  - metric: acc\n  - metric: acc_norm\n")),
+        "tiny_cloze": ("cloze", "loglikelihood", ("doc_to_text: \"{{text.split(' ')[:-1]|join(' ')}}\"\n"
                        "doc_to_target: \"{{' '+text.split(' ')[-1]}}\"\nmetric_list:\n"
                        "  - metric: perplexity\n    aggregation: perplexity\n    higher_is_better: false\n"
-                       "  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n"),
-        "tiny_ppl": ("docs", "loglikelihood_rolling", 'doc_to_text: ""\ndoc_to_target: "{{text}}"\nmetric_list:\n'
-                     "  - metric: word_perplexity\n  - metric: byte_perplexity\n  - metric: bits_per_byte\n"),
-        "tiny_gen": ("gen", "generate_until", 'doc_to_text: "{{prompt}}"\ndoc_to_target: "{{answer}}"\n'
+                       "  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n")),
+        "tiny_ppl": ("docs", "loglikelihood_rolling", ('doc_to_text: ""\ndoc_to_target: "{{text}}"\nmetric_list:\n'
+                     "  - metric: word_perplexity\n  - metric: byte_perplexity\n  - metric: bits_per_byte\n")),
+        "tiny_gen": ("gen", "generate_until", ('doc_to_text: "{{prompt}}"\ndoc_to_target: "{{answer}}"\n'
                      f'generation_kwargs:\n  until: ["\\n"]\n  max_gen_toks: {MAX_GEN_TOKS}\n  do_sample: false\n'
-                     "metric_list:\n  - metric: exact_match\n"),
+                     "metric_list:\n  - metric: exact_match\n")),
     }
     for task, (data, output_type, body) in tasks.items():
         (root / f"{task}.yaml").write_text(_task_yaml(task, root / f"{data}.jsonl", output_type, body))
@@ -316,7 +316,8 @@ def test_wandb_gets_the_metrics(report):
     logged = {}
 
     class Run:
-        summary = {}
+        def __init__(self):
+            self.summary = {}
 
         def log(self, values):
             logged.update(values)

@@ -151,7 +151,7 @@ def _worker(rank, world, init, out, variants):
         wiring = [([_index(blocks, s) for s in b._get_fsdp_state()._states_to_forward_prefetch],
                    [_index(blocks, s) for s in b._get_fsdp_state()._states_to_backward_prefetch]) for b in blocks]
         per_rank = ROWS // world
-        losses, norms = _train(model, lambda ids: ids[rank * per_rank:(rank + 1) * per_rank], mean)
+        losses, norms = _train(model, lambda ids, n=per_rank: ids[rank * n:(rank + 1) * n], mean)
         results[name] = {"losses": losses, "norms": norms, "prefetch_set": n_set, "wiring": wiring,
                          "mesh": list(mesh[tuple(dims)].shape) if mesh is not None else None,
                          "local_numel": sum(p.to_local().numel() for p in model.parameters())}
