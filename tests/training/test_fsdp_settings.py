@@ -85,7 +85,7 @@ def _model(gradient_checkpointing=False):
 
     torch.manual_seed(0)
     cfg = small_cfg()
-    model = models.build_model(model_kwargs(cfg.model, 512, types.SimpleNamespace(eos_id=1, bos_id=2)))
+    model = models.build_model(model_kwargs(cfg.model, 512, types.SimpleNamespace(eos_id=1, bos_id=2, pad_id=1)))
     if gradient_checkpointing:  # as the trainer enables it
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     return model
