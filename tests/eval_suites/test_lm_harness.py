@@ -367,3 +367,30 @@ def test_the_trainer_takes_lm_harness_as_a_final_evaluation():
     validate_train_config(cfg)
     [(name, eval_cfg)] = [pair for pair in final_eval_configs(cfg) if pair[0] is not None]
     assert name == "downstream" and eval_cfg.suite == "lm_harness" and eval_cfg.limit == 10
+
+
+def test_lm_eval_cli_loads_a_checkpoints_model_directory(report, checkpoint, tmp_path):
+    """`lm_eval --model hf --model_args pretrained=<step>/model,trust_remote_code=True` (docs/checkpoints.md): the
+    model directory alone (its remote code, tokenizer files and pad token) scores lm-eval's own HF model at batch
+    size 2, with the same multiple-choice log-likelihoods as eval=lm_harness."""
+    root = tmp_path / "tasks"
+    write_tasks(root)
+    model_dir = max((checkpoint / "checkpoints").glob("step_*")) / "model"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "HF_DATASETS_CACHE": str(root / "hf_datasets")}
+    res = subprocess.run([str(Path(sys.executable).with_name("lm_eval")), "--model", "hf", "--model_args",
+                          f"pretrained={model_dir},trust_remote_code=True", "--tasks", "tiny_mc", "--include_path",
+                          str(root), "--batch_size", "2", "--device", "cpu", "--output_path", str(tmp_path / "out"),
+                          "--log_samples"], check=False, cwd=tmp_path, capture_output=True, text=True, timeout=500,
+                         env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    samples = [json.loads(line) for path in (tmp_path / "out").rglob("samples_tiny_mc_*.jsonl")
+               for line in path.read_text().splitlines()]
+    ours = {s["doc_id"]: s for s in report[0]["samples"]["tiny_mc"]}
+    assert len(samples) == len(ours) == 3
+    def loglikelihoods(responses):  # lm-eval writes each choice's (loglikelihood, is_greedy), nested or not
+        return [float(r[0][0] if isinstance(r[0], (list, tuple)) else r[0]) for r in responses]
+
+    for sample in samples:
+        theirs = loglikelihoods(sample["filtered_resps"])
+        assert theirs == pytest.approx(loglikelihoods(ours[sample["doc_id"]]["filtered_resps"]), abs=1e-4)
