@@ -7,6 +7,8 @@ token stream from the same initial weights.
 Pairs (benchmarks/peer_models.py):
   gated_deltanet  hilo's Gated DeltaNet      vs fla's GatedDeltaNetForCausalLM (flash-linear-attention, CUDA)
   transformer     hilo's Transformer         vs transformers' LlamaForCausalLM (SDPA attention)
+  mamba2          hilo's Mamba-2, model.mlp=false  vs transformers' Mamba2ForCausalLM (mamba_ssm's kernels when
+                  installed, else its PyTorch path)
 
 For each family and seed, the hilo model is built from conf/model/<family>.yaml and conf/model/size/<size>.yaml
 (model.max_position_embeddings = --seq-len) under torch.manual_seed(seed); the peer is built with the same sizes
@@ -16,8 +18,10 @@ recipe: AdamW (betas 0.9 / 0.95, weight decay 0.1 on matrices other than the emb
 first 10% of steps then cosine to 10% of --lr, global grad-norm clipping at 1.0, bf16 autocast, and one loss
 function (fp32 next-token cross-entropy of the logits). Reported per run: the training loss over the last 10% of
 steps, the held-out loss (32 rows of --seq-len tokens from the corpus' held-out file) at the end, tokens/s over the
-steps after the first 10. The seeds give the noise floor: hilo matches its peer when |hilo - peer| at one seed is
-within the spread between seeds. Needs CUDA for fla's kernels (the transformer pair also runs on CPU).
+steps after the first 10, and the peak GPU memory of its training (both models stay resident: each run's peak
+holds the other model's weights too, the same amount on both sides). The seeds give the noise floor: hilo matches
+its peer when |hilo - peer| at one seed is within the spread between seeds. Needs CUDA for fla's kernels (the
+transformer and mamba2 pairs also run on CPU).
 """
 from __future__ import annotations
 
@@ -35,7 +39,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-PEERS = {"gated_deltanet": "fla GatedDeltaNetForCausalLM", "transformer": "transformers LlamaForCausalLM"}
+PEERS = {"gated_deltanet": "fla GatedDeltaNetForCausalLM", "transformer": "transformers LlamaForCausalLM",
+         "mamba2": "transformers Mamba2ForCausalLM"}
+
+
+# overrides that make hilo's model the peer's architecture (Mamba2ForCausalLM's blocks have no MLP)
+FAMILY_OVERRIDES = {"mamba2": ["model.mlp=false"]}
 
 
 def compose(family: str, size: str, seq_len: int):
@@ -45,7 +54,7 @@ def compose(family: str, size: str, seq_len: int):
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         return hydra_compose(config_name="train", overrides=[
             f"model={family}", f"model/size={size}", f"model.max_position_embeddings={seq_len}",
-            f"trainer.seq_len={seq_len}", "logger=none"])
+            f"trainer.seq_len={seq_len}", "logger=none", *FAMILY_OVERRIDES.get(family, [])])
 
 
 def token_stream(cfg, seq_len: int, batch_size: int, steps: int, val_rows: int):
@@ -74,8 +83,9 @@ def build_pair(cfg, family: str, seed: int, tokenizer, device: str):
 
     torch.manual_seed(seed)
     hilo = models.build_model(model_kwargs(cfg.model, tokenizer.vocab_size, tokenizer)).to(device)
-    peer = (peer_models.fla_gated_deltanet_model if family == "gated_deltanet" else peer_models.llama_model)(hilo)
-    return hilo, peer
+    builders = {"gated_deltanet": peer_models.fla_gated_deltanet_model, "transformer": peer_models.llama_model,
+                "mamba2": peer_models.mamba2_model}
+    return hilo, builders[family](hilo)
 
 
 def lr_at(step: int, steps: int, lr: float) -> float:
@@ -114,6 +124,8 @@ def train(model, batches, val, lr: float, device: str) -> dict:
         return torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False)
 
     model.train()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     losses, steps, warm = [], len(batches), min(10, len(batches) - 1)
     start = None
     for step, rows in enumerate(batches):
@@ -133,23 +145,26 @@ def train(model, batches, val, lr: float, device: str) -> dict:
     if cuda:
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
+    peak_gib = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
     losses = torch.stack(losses).float().cpu()
     tail = max(1, steps // 10)
     tokens = (steps - warm) * batches[0].shape[0] * (batches[0].shape[1] - 1)
     return {"train_loss_tail": float(losses[-tail:].mean()), "train_loss_curve": losses[::max(1, steps // 20)].tolist(),
             "val_loss": heldout_loss(model, val, batches[0].shape[0], device, autocast),
-            "tokens_per_s": tokens / elapsed, "nonfinite": int((~torch.isfinite(losses)).sum())}
+            "tokens_per_s": tokens / elapsed, "peak_mem_gib": peak_gib,
+            "nonfinite": int((~torch.isfinite(losses)).sum())}
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| family | implementation | seed | train loss (last 10%) | held-out loss | tokens/s |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| family | implementation | seed | train loss (last 10%) | held-out loss | tokens/s | peak GiB |",
+             "|---|---|---|---|---|---|---|"]
     for r in results:
         if r["status"] != "ok":
-            lines.append(f"| {r['family']} | {r['impl']} | {r['seed']} | {r['status']} | - | - |")
+            lines.append(f"| {r['family']} | {r['impl']} | {r['seed']} | {r['status']} | - | - | - |")
             continue
+        peak = f"{r['peak_mem_gib']:.2f}" if r.get("peak_mem_gib") is not None else "-"
         lines.append(f"| {r['family']} | {r['impl']} | {r['seed']} | {r['train_loss_tail']:.4f} | "
-                     f"{r['val_loss']:.4f} | {r['tokens_per_s']:,.0f} |")
+                     f"{r['val_loss']:.4f} | {r['tokens_per_s']:,.0f} | {peak} |")
     lines.append("")
     lines.append("| family | mean abs(hilo - peer) held-out | spread between seeds (hilo) | spread between seeds (peer) |")
     lines.append("|---|---|---|---|")

@@ -5,6 +5,8 @@ language-model comparison, benchmarks/lm_parity.py).
     fla_loglinear_mamba2_layer(mixer, config)  fla's LogLinearMamba2 layer == hilo's LogLinearMamba2Mixer
     fla_gated_deltanet_model(model)            fla's GatedDeltaNetForCausalLM == a hilo gated_deltanet model
     llama_model(model)                          transformers' LlamaForCausalLM == a hilo transformer
+    mamba2_model(model)                         transformers' Mamba2ForCausalLM == a hilo mamba2 model (mlp=false;
+                                                mamba_ssm's kernels when installed, else its PyTorch path)
 
 fla (flash-linear-attention, its kernels need CUDA) is imported when a builder is called, never by hilo itself.
 Each builder makes the peer with the same sizes as the hilo module, loads the mapped state dict strictly (every
@@ -109,3 +111,14 @@ def llama_model(model: nn.Module) -> nn.Module:
     peer_config._attn_implementation = "sdpa"
     peer = LlamaForCausalLM(peer_config)
     return _load(peer, convert.hilo_to_llama_state_dict(model.config, model.state_dict()), model)
+
+
+def mamba2_model(model: nn.Module) -> nn.Module:
+    """transformers' Mamba2ForCausalLM with the weights of a hilo mamba2 model without MLPs (models.convert's
+    mapping)."""
+    from transformers import Mamba2ForCausalLM
+
+    from models import convert
+
+    peer = Mamba2ForCausalLM(convert.mamba2_config_from_hilo(model.config))
+    return _load(peer, convert.hilo_to_mamba2_state_dict(model.config, model.state_dict()), model)

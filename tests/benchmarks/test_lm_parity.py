@@ -48,3 +48,18 @@ def test_hilo_and_peer_train_alike_from_equal_weights():
         peer.lm_head.weight.mul_(-1.0)
     bad = lm_parity.train(peer, batches, val, 3e-3, "cpu")
     assert abs(bad["val_loss"] - by[("hilo", 0)]["val_loss"]) > 1e-4
+
+
+def test_mamba2_pair_trains_alike_from_equal_weights():
+    """hilo's Mamba-2 without MLPs and transformers' Mamba2ForCausalLM (its PyTorch path on CPU)."""
+    gen = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, 97, (2, 33), generator=gen) for _ in range(4)]
+    val = torch.randint(0, 97, (2, 33), generator=gen)
+    torch.manual_seed(0)
+    hilo = build_model({"vocab_size": 97, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "mixer": "mamba2",
+                        "mlp": False,
+                        "mixer_kwargs": {"head_dim": 16, "state_size": 16}})
+    peer = peer_models.mamba2_model(hilo)
+    ours, theirs = (lm_parity.train(m, batches, val, 3e-3, "cpu") for m in (hilo, peer))
+    assert type(peer).__name__ == "Mamba2ForCausalLM"
+    assert abs(ours["val_loss"] - theirs["val_loss"]) < 1e-5
