@@ -1,7 +1,7 @@
 """Language-model quality against peers: hilo's model and a peer implementation trained side by side on the same
 token stream from the same initial weights.
 
-    python benchmarks/lm_parity.py                                   # GDN vs fla, Transformer vs Llama, 125m
+    python benchmarks/lm_parity.py                                   # GDN vs fla, Transformer vs Llama, Mamba-2, 125m
     python benchmarks/lm_parity.py --families gated_deltanet --size 340m --steps 600 --seeds 0,1,2
 
 Pairs (benchmarks/peer_models.py):
@@ -183,7 +183,7 @@ def table(results: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--families", default="gated_deltanet,transformer",
+    ap.add_argument("--families", default="gated_deltanet,transformer,mamba2",
                     help=f"comma-separated, from {sorted(PEERS)}")
     ap.add_argument("--size", default="125m", help="conf/model/size preset")
     ap.add_argument("--seq-len", type=int, default=1024)

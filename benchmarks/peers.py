@@ -17,6 +17,10 @@ a peer that refuses the call (a version check) is a row that says so. Times: med
 triton.testing.do_bench for the forward and for forward + backward, at B * T = 32,768 tokens, and hilo's time over
 the fastest peer's.
 
+End to end (a training step of hilo's model beside the peer model with the same weights: tokens/s and peak memory)
+is benchmarks/lm_parity.py, e.g. `python benchmarks/lm_parity.py --size 340m --seq-len 8192 --batch-size 4
+--steps 40`.
+
 On a GPU machine without network, wheels from the registry carry the peers: fla-core and flash-linear-attention
 (pure Python), einops; mamba_ssm's Triton SSD code is pure Python too (its package builds CUDA extensions, so copy
 its `mamba_ssm/ops/triton` directory or install with MAMBA_SKIP_CUDA_BUILD=TRUE).
