@@ -51,7 +51,8 @@ def run_operator(operator, q, k, v, g, state, output_final_state, cu_seqlens, *,
     """
     kwargs = {"decay": decay, "normalize": normalize, "scale": 1.0}
     if output_final_state and q.shape[1] == 1 and cu_seqlens is None:
-        o, state = hla_step(operator, q[:, 0], k[:, 0], v[:, 0], None if g is None else g[:, 0], state, **kwargs)
+        o, state = hla_step(operator, q[:, 0], k[:, 0], v[:, 0], g=None if g is None else g[:, 0], state=state,
+                            **kwargs)
         return o.unsqueeze(1), state
     return OPERATORS[operator](q, k, v, g=g, initial_state=state, output_final_state=output_final_state,
                                cu_seqlens=cu_seqlens, backend=backend, **kwargs)

@@ -3,7 +3,7 @@
 import torch
 
 
-def delta_rule_step(q, k, v, beta, g, state, scale=None):
+def delta_rule_step(q, k, v, *, beta, g, state, scale=None):
     """One recurrent step on [B, H, *] tensors: q, k [B, H, K]; v [B, H, V]; beta [B, H]; g [B, H] or None;
     state [B, H, K, V] fp32. scale defaults to K ** -0.5.
 

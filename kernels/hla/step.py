@@ -16,7 +16,7 @@ from kernels.linear_attn import linear_attn_step
 from .state import STATE_TYPES, check_state, decay_powers, split_normalized, with_ones, zero_state
 
 
-def hla_step(op, q, k, v, g=None, state=None, *, decay="d1", normalize=False, eps=1e-6, scale=1.0):
+def hla_step(op, q, k, v, *, g=None, state=None, decay="d1", normalize=False, eps=1e-6, scale=1.0):
     """q, k [B, H, K], v [B, H, V], g [B, H] log decay or None, state op's state with N = B (None: zeros).
 
     Returns (o [B, H, V] in q's dtype, the new state, fp32 or float64 like the old one).
@@ -37,7 +37,7 @@ def hla_step(op, q, k, v, g=None, state=None, *, decay="d1", normalize=False, ep
     gg = None if g is None else g.to(dt)
 
     def step(qx, kx, vx, power, s):
-        return linear_attn_step(qx, kx, vx, None if gg is None else power * gg, s, scale=1.0)
+        return linear_attn_step(qx, kx, vx, g=None if gg is None else power * gg, state=s, scale=1.0)
 
     if op == "hla2":
         kt, s = step(qs, kk, kk, p_in, state.S)
@@ -57,16 +57,16 @@ def hla_step(op, q, k, v, g=None, state=None, *, decay="d1", normalize=False, ep
     return o.to(q.dtype), STATE_TYPES[op](*new)
 
 
-def hla2_step(q, k, v, g=None, state=None, *, decay="d1", normalize=False, eps=1e-6, scale=1.0):
+def hla2_step(q, k, v, *, g=None, state=None, decay="d1", normalize=False, eps=1e-6, scale=1.0):
     """One hla2 token: see hla_step; state HLA2State(S [B, H, K, K], F [B, H, K, V(+1)])."""
-    return hla_step("hla2", q, k, v, g, state, decay=decay, normalize=normalize, eps=eps, scale=scale)
+    return hla_step("hla2", q, k, v, g=g, state=state, decay=decay, normalize=normalize, eps=eps, scale=scale)
 
 
-def ahla_step(q, k, v, g=None, state=None, *, decay="d1", normalize=False, eps=1e-6, scale=1.0):
+def ahla_step(q, k, v, *, g=None, state=None, decay="d1", normalize=False, eps=1e-6, scale=1.0):
     """One ahla token: see hla_step; state AHLAState(P [B, H, K, V(+1)], E [B, H, K, V(+1)])."""
-    return hla_step("ahla", q, k, v, g, state, decay=decay, normalize=normalize, eps=eps, scale=scale)
+    return hla_step("ahla", q, k, v, g=g, state=state, decay=decay, normalize=normalize, eps=eps, scale=scale)
 
 
-def hla3_step(q, k, v, g=None, state=None, *, decay="d1", normalize=False, eps=1e-6, scale=1.0):
+def hla3_step(q, k, v, *, g=None, state=None, decay="d1", normalize=False, eps=1e-6, scale=1.0):
     """One hla3 token: see hla_step; state HLA3State(S [B, H, K, K], P, F [B, H, K, V(+1)])."""
-    return hla_step("hla3", q, k, v, g, state, decay=decay, normalize=normalize, eps=eps, scale=scale)
+    return hla_step("hla3", q, k, v, g=g, state=state, decay=decay, normalize=normalize, eps=eps, scale=scale)

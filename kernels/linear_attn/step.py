@@ -3,7 +3,7 @@
 import torch
 
 
-def linear_attn_step(q, k, v, g, state, scale=None):
+def linear_attn_step(q, k, v, *, g, state, scale=None):
     """q, k [B, H, K], v [B, H, V], g [B, H] log decay or None, state [B, H, K, V] fp32.
 
     Returns (o [B, H, V] in q's dtype, new_state [B, H, K, V] fp32). scale defaults to K ** -0.5.

@@ -11,7 +11,7 @@ import torch
 from .state import LogLinearState, binary_carry, check_step_state
 
 
-def loglinear_attn_step(q, k, v, g, level_scales, state, scale=None):
+def loglinear_attn_step(q, k, v, *, g, level_scales, state, scale=None):
     """q, k [B, H, K], v [B, H, V], g [B, H] log decay or None, level_scales [B, H, L], state LogLinearState with
     levels [B, H, Ls, K, V] fp32 (Ls <= L; Ls >= bit_length(position) + 1, grow it with state.grow) and tokens [B].
 

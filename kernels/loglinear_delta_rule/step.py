@@ -10,7 +10,7 @@ import torch
 from kernels.loglinear_attn.state import LogLinearState, binary_carry, check_step_state
 
 
-def loglinear_delta_rule_step(q, k, v, beta, g, level_scales, state, scale=None):
+def loglinear_delta_rule_step(q, k, v, *, beta, g, level_scales, state, scale=None):
     """q, k [B, H, K], v [B, H, V], beta [B, H], g [B, H] or None, level_scales [B, H, L], state LogLinearState
     (levels [B, H, Ls, K, V] fp32 with Ls <= L and Ls >= bit_length(position) + 1; tokens [B]).
 

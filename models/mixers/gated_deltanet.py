@@ -151,7 +151,7 @@ class GatedDeltaNetMixer(nn.Module):
         if state is None and t == 1 and output_final_state and cu_seqlens is None:
             state = q.new_zeros(b, self.num_heads, self.head_dim, self.head_v_dim, dtype=torch.float32)
         if t == 1 and state is not None and cu_seqlens is None:
-            o, final = delta_rule_step(q[:, 0], k[:, 0], v[:, 0], beta[:, 0], g[:, 0], state)
+            o, final = delta_rule_step(q[:, 0], k[:, 0], v[:, 0], beta=beta[:, 0], g=g[:, 0], state=state)
             return o.unsqueeze(1), final if output_final_state else None
         outs, finals = [], []
         for lo, hi in value_blocks(self.head_v_dim, self.value_block):

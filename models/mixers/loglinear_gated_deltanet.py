@@ -70,7 +70,8 @@ class LogLinearGatedDeltaNetMixer(FlagsLevelParameter, GatedDeltaNetMixer):
             # re-joining of the level states, a pass over all of them)
             if state is None:
                 state = LogLinearState.empty(b, h, self.head_dim, self.head_v_dim, levels, device=q.device)
-            o, state = loglinear_delta_rule_step(q[:, 0], k[:, 0], v[:, 0], beta[:, 0], g[:, 0], lam[:, 0], state)
+            o, state = loglinear_delta_rule_step(q[:, 0], k[:, 0], v[:, 0], beta=beta[:, 0], g=g[:, 0],
+                                                 level_scales=lam[:, 0], state=state)
             write_level_state(slot, state)
             return o.unsqueeze(1)
         outs, finals = [], []

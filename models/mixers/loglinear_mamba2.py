@@ -63,7 +63,8 @@ class LogLinearMamba2Mixer(FlagsLevelParameter, Mamba2Mixer):
         if slot is not None and t == 1 and cu_seqlens is None:
             if state is None:
                 state = LogLinearState.empty(b, h, self.state_size, p, levels, device=v.device)
-            y, state = loglinear_attn_step(cm[:, 0], bm[:, 0], v[:, 0], g[:, 0], lam[:, 0], state, scale=1.0)
+            y, state = loglinear_attn_step(cm[:, 0], bm[:, 0], v[:, 0], g=g[:, 0], level_scales=lam[:, 0], state=state,
+                                           scale=1.0)
             y = y.unsqueeze(1)
         else:
             y, state = loglinear_attn(cm, bm, v, g=g, level_scales=lam, scale=1.0, initial_state=state,

@@ -136,7 +136,7 @@ class Mamba2Mixer(nn.Module):
         if slot is not None and t == 1 and cu_seqlens is None:
             if state is None:
                 state = v.new_zeros(b, h, self.state_size, p, dtype=torch.float32)
-            y, state = linear_attn_step(cm[:, 0], bm[:, 0], v[:, 0], g[:, 0], state, scale=1.0)
+            y, state = linear_attn_step(cm[:, 0], bm[:, 0], v[:, 0], g=g[:, 0], state=state, scale=1.0)
             y = y.unsqueeze(1)
         else:
             y, state = linear_attn(cm, bm, v, g=g, scale=1.0, initial_state=state, output_final_state=slot is not None,

@@ -4,6 +4,8 @@ The operators take g, beta and level_scales by keyword only (docs/kernels.md); t
 can unpack (q, k, v, beta, g, ...) tuples into a call.
 """
 from kernels import ahla, delta_rule, hla2, hla3, linear_attn, loglinear_attn, loglinear_delta_rule
+from kernels.loglinear_attn import loglinear_attn_step
+from kernels.loglinear_delta_rule import loglinear_delta_rule_step
 
 
 def linear_attn_pos(q, k, v, g=None, **kwargs):
@@ -32,3 +34,11 @@ def ahla_pos(q, k, v, g=None, **kwargs):
 
 def hla3_pos(q, k, v, g=None, **kwargs):
     return hla3(q, k, v, g=g, **kwargs)
+
+
+def loglinear_attn_step_pos(q, k, v, g, level_scales, state, **kwargs):
+    return loglinear_attn_step(q, k, v, g=g, level_scales=level_scales, state=state, **kwargs)
+
+
+def loglinear_delta_rule_step_pos(q, k, v, beta, g, level_scales, state, **kwargs):
+    return loglinear_delta_rule_step(q, k, v, beta=beta, g=g, level_scales=level_scales, state=state, **kwargs)

@@ -137,7 +137,7 @@ def test_step_equals_forward():
     state = h0.clone()
     outs = []
     for i in range(20):
-        o, state = delta_rule_step(q[:, i], k[:, i], v[:, i], beta[:, i], g[:, i], state)
+        o, state = delta_rule_step(q[:, i], k[:, i], v[:, i], beta=beta[:, i], g=g[:, i], state=state)
         outs.append(o)
     assert err_ratio(torch.stack(outs, 1), o_full) <= TOL
     assert err_ratio(state, final) <= TOL
@@ -175,7 +175,7 @@ def test_errors_are_clear():
     with pytest.raises(ValueError, match="unknown backend"):
         delta_rule(q, k, v, beta=beta, g=g, backend="cuda")
     with pytest.raises(ValueError, match="step: expected state"):
-        delta_rule_step(q[:, 0], k[:, 0], v[:, 0], beta[:, 0], g[:, 0], torch.zeros(2, 2, 8, 4))
+        delta_rule_step(q[:, 0], k[:, 0], v[:, 0], beta=beta[:, 0], g=g[:, 0], state=torch.zeros(2, 2, 8, 4))
 
 
 # ---------------------------------------------------------------- Triton kernels (interpreter on CPU, fp32)

@@ -273,13 +273,13 @@ def test_decode_steps_match_forward(op, decay, normalize):
     _, state = POS[op](q[:, :6], k[:, :6], v[:, :6], g[:, :6], output_final_state=True, **kw)
     outs = []
     for t in range(6, 17):
-        o, state = hla_step(op, q[:, t], k[:, t], v[:, t], g[:, t], state, **kw)
+        o, state = hla_step(op, q[:, t], k[:, t], v[:, t], g=g[:, t], state=state, **kw)
         outs.append(o)
     ref = reference(op, decay, q, k, v, g, scale=0.6, normalize=normalize)
     assert error_ratio(torch.stack(outs, 1), ref[:, 6:]) < F64
     for a, b in zip(state, full_state, strict=True):
         assert error_ratio(a, b) < F64
-    fresh, _ = hla_step(op, q[:, 0], k[:, 0], v[:, 0], g[:, 0], None, **kw)  # None: the empty state
+    fresh, _ = hla_step(op, q[:, 0], k[:, 0], v[:, 0], g=g[:, 0], state=None, **kw)  # None: the empty state
     assert error_ratio(fresh, ref[:, 0]) < F64
 
 

@@ -163,12 +163,12 @@ def test_step_matches_forward():
     o, s = linear_attn(q, k, v, g=g, initial_state=h0, output_final_state=True, backend="naive")
     state = h0.clone()
     for t in range(20):
-        ot, state = linear_attn_step(q[:, t], k[:, t], v[:, t], g[:, t], state)
+        ot, state = linear_attn_step(q[:, t], k[:, t], v[:, t], g=g[:, t], state=state)
         assert error_ratio(ot, o[:, t]) < 1e-5
     assert error_ratio(state, s) < 1e-5
     # a prefill with the chunked path, then decoding, equals the full run
     _, s10 = linear_attn(q[:, :10], k[:, :10], v[:, :10], g=g[:, :10], initial_state=h0, output_final_state=True)
-    ot, _ = linear_attn_step(q[:, 10], k[:, 10], v[:, 10], g[:, 10], s10)
+    ot, _ = linear_attn_step(q[:, 10], k[:, 10], v[:, 10], g=g[:, 10], state=s10)
     assert error_ratio(ot, o[:, 10]) < 1e-5
 
 

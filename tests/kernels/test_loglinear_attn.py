@@ -9,11 +9,11 @@ import pytest
 import torch
 from compile_checks import assert_one_graph_with_eager_values
 from graph_checks import assert_no_per_chunk_selects
-from in_order import loglinear_attn_pos
+from in_order import loglinear_attn_pos, loglinear_attn_step_pos
 
 from kernels import linear_attn, loglinear_attn
 from kernels.common import error_ratio
-from kernels.loglinear_attn import LogLinearState, loglinear_attn_quadratic, loglinear_attn_step, num_levels
+from kernels.loglinear_attn import LogLinearState, loglinear_attn_quadratic, num_levels
 
 TOL = 1e-4
 SCALE = 0.3
@@ -179,8 +179,8 @@ def test_decode_step_equals_forward_and_state_grows_logarithmically():
         both = both.grow(num_levels(int(both.tokens.max()) + 1))
         assert alone.levels.shape[2] == i.bit_length() + 1 and both.levels.shape[2] == (37 + i).bit_length() + 1
         step = [x[n][:, i] for n in ("q", "k", "v", "g", "lam")]
-        o, both = loglinear_attn_step(*step, both)
-        o0, alone = loglinear_attn_step(*(z[:1] for z in step), alone)
+        o, both = loglinear_attn_step_pos(*step, both)
+        o0, alone = loglinear_attn_step_pos(*(z[:1] for z in step), alone)
         assert error_ratio(o, o_ref[:, i]) <= TOL, f"step {i}"
         assert error_ratio(o0, o_ref[:1, i]) <= TOL, f"step {i} alone"
         # Level l >= 1 is occupied iff bit l-1 of the position is set.

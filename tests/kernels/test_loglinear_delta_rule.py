@@ -8,12 +8,12 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from in_order import delta_rule_pos, loglinear_delta_rule_pos
+from in_order import delta_rule_pos, loglinear_delta_rule_pos, loglinear_delta_rule_step_pos
 
 from kernels import loglinear_delta_rule
 from kernels.common import error_ratio
 from kernels.loglinear_attn import LogLinearState, num_levels
-from kernels.loglinear_delta_rule import loglinear_delta_rule_quadratic, loglinear_delta_rule_step
+from kernels.loglinear_delta_rule import loglinear_delta_rule_quadratic
 
 TOL = 1e-4
 SCALE = 0.3
@@ -168,8 +168,8 @@ def test_decode_step_equals_forward_and_state_grows_logarithmically():
         both = both.grow(num_levels(int(both.tokens.max()) + 1))
         assert alone.levels.shape[2] == i.bit_length() + 1 and both.levels.shape[2] == (37 + i).bit_length() + 1
         step = [x[n][:, i] for n in NAMES]
-        o, both = loglinear_delta_rule_step(*step, both)
-        o0, alone = loglinear_delta_rule_step(*(z[:1] for z in step), alone)
+        o, both = loglinear_delta_rule_step_pos(*step, both)
+        o0, alone = loglinear_delta_rule_step_pos(*(z[:1] for z in step), alone)
         assert error_ratio(o, o_ref[:, i]) <= TOL, f"step {i}"
         assert error_ratio(o0, o_ref[:1, i]) <= TOL, f"step {i} alone"
         occupied = (alone.levels[0].abs().amax(dim=(0, 2, 3)) > 0).tolist()
@@ -464,7 +464,7 @@ def test_input_errors():
     with pytest.raises(ValueError, match="position 174"):
         loglinear_delta_rule_pos(*args, x["lam"], initial_state=late)
     with pytest.raises(ValueError, match="state.levels must be"):
-        loglinear_delta_rule_step(*(x[n][:, 0] for n in NAMES), LogLinearState.empty(1, H, DK, DV + 1))
+        loglinear_delta_rule_step_pos(*(x[n][:, 0] for n in NAMES), LogLinearState.empty(1, H, DK, DV + 1))
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
