@@ -37,6 +37,8 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import StoppingCriteria, StoppingCriteriaList
 
+from eval_suites.ppl_by_position import _finite_or_none  # the JSON of every suite: NaN / inf as null
+
 try:
     from lm_eval.api.model import TemplateLM
 except ImportError as e:  # the optional extra
@@ -342,13 +344,3 @@ def log_to_wandb(result: dict, run: Any, *, prefix: str = "lm_harness") -> None:
     rows = [[*key.split("/", 1), value] for key, value in finite.items()]
     run.log({f"{prefix}/table": wandb.Table(columns=["task", "metric", "value"], data=rows)})
     run.summary.update({f"{prefix}/{key}": value for key, value in finite.items()})
-
-
-def _finite_or_none(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _finite_or_none(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite_or_none(item) for item in value]
-    return value

@@ -35,7 +35,7 @@ def peak_flops_per_device(setting, device: torch.device) -> float | None:
 
 
 # the loggers whose INFO records the console shows: hilo's own packages and entry points
-HILO_LOGGERS = ("training", "data", "models", "kernels", "eval_suites", "benchmarks", "train", "eval", "__main__")
+OWN_LOGGERS = ("training", "data", "models", "kernels", "eval_suites", "benchmarks", "train", "eval", "__main__")
 
 
 class ConsoleFilter(logging.Filter):
@@ -44,7 +44,7 @@ class ConsoleFilter(logging.Filter):
     not. The file handler (<run_dir>/train.log) has no filter and keeps them all."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING or record.name.split(".")[0] in HILO_LOGGERS
+        return record.levelno >= logging.WARNING or record.name.split(".")[0] in OWN_LOGGERS
 
 
 def _si(x: float) -> str:
