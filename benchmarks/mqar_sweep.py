@@ -6,9 +6,10 @@
 
 MQAR models are tiny (2 layers, width 16-64): one run leaves a GPU mostly idle, waiting on Python and kernel
 launches. Running --jobs points as separate processes on the same GPU (round-robin over --gpus when given) fills
-it. Every point is one `train.py experiment=mqar_sweep` run with its own directory under --out
-(<model>-d<width>-lr<lr>-s<seed>/: config.yaml, metrics.jsonl, summary.json, train.log); overrides after `--` go
-to every point. A point whose run finished (its summary.json says it was not stopped by a signal) is skipped; one
+it. Each point gets an equal share of the CPU cores (OMP_NUM_THREADS = cores // jobs, unless set): with
+torch's default of one thread per core in every point, the points' thread pools starve each other. Every point
+is one `train.py experiment=mqar_sweep` run with its own directory under --out (<model>-d<width>-lr<lr>-s<seed>/:
+config.yaml, metrics.jsonl, summary.json, train.log); overrides after `--` go to every point. A point whose run finished (its summary.json says it was not stopped by a signal) is skipped; one
 stopped by a signal is started again and resumes from its checkpoint. SIGTERM or SIGINT to the sweep stops it:
 no new point starts, each running point gets SIGTERM (it saves a checkpoint at its next step and exits), and the
 same command later continues the grid where it stopped. At the end the sweep's throughput (optimizer steps of all points per second of wall time) and the
@@ -80,6 +81,18 @@ class StopFlag:
             signal.signal(sig, old)
 
 
+def point_env(jobs: int, environ: dict | None = None, cores: int | None = None) -> dict:
+    """The environment of one point: the caller's, with OMP_NUM_THREADS set to an equal share of the cores unless
+    the caller set it. torch otherwise starts one thread per core in every point, and `jobs` points of busy-waiting
+    thread pools starve each other (on 16 cores, 8 GPU points ran 53 steps/s together with 16 threads each and 219
+    with one: docs/performance.md#mqar)."""
+    env = dict(os.environ if environ is None else environ)
+    if "OMP_NUM_THREADS" not in env:
+        cores = cores or len(os.sched_getaffinity(0))
+        env["OMP_NUM_THREADS"] = str(max(1, cores // jobs))
+    return env
+
+
 def run_grid(points: list[tuple], out: Path, jobs: int, gpus: list[str] | None, extra: list[str]) -> dict:
     """Run every (model, width, lr, seed) point not yet finished, at most `jobs` at a time; return counts, wall
     time, the optimizer steps this call ran and whether a signal interrupted it."""
@@ -119,7 +132,7 @@ def _loop(todo, running, failed, jobs, gpus, stop: StopFlag) -> int:
         while todo and len(running) < jobs and not stop.set:
             run_dir, cmd = todo.pop(0)
             run_dir.mkdir(parents=True, exist_ok=True)
-            env = dict(os.environ)
+            env = point_env(jobs)
             if gpus:
                 env["CUDA_VISIBLE_DEVICES"] = gpus[launched % len(gpus)]
             log = open(run_dir / "sweep.log", "w")  # noqa: SIM115 (open for the point's life, closed when it ends)

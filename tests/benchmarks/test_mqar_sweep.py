@@ -77,3 +77,28 @@ def test_sigterm_stops_the_grid_and_its_points_save(tmp_path):
     assert summary["stopped_by_signal"] and summary["step"] < 100000
     assert not (out / "mamba2-d16-lr0.001-s0").exists()  # the second point was never started
     assert "continues the grid" in err
+
+
+def test_each_point_gets_an_equal_share_of_the_cores(tmp_path, monkeypatch):
+    """torch's default of one thread per core in every point oversubscribes the machine: each point is launched with
+    OMP_NUM_THREADS = cores // jobs (at least 1), unless the caller chose a value."""
+    assert mqar_sweep.point_env(8, environ={}, cores=16)["OMP_NUM_THREADS"] == "2"
+    assert mqar_sweep.point_env(20, environ={}, cores=16)["OMP_NUM_THREADS"] == "1"
+    assert mqar_sweep.point_env(8, environ={"OMP_NUM_THREADS": "6"}, cores=16)["OMP_NUM_THREADS"] == "6"
+    launched_envs = []
+
+    class FinishedAtOnce:
+        returncode = 0
+
+        def __init__(self, cmd, env, **kwargs):
+            launched_envs.append(env)
+
+        def poll(self):
+            return 0
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(mqar_sweep.subprocess, "Popen", FinishedAtOnce)
+    monkeypatch.setattr(mqar_sweep.os, "sched_getaffinity", lambda pid: set(range(4)))
+    points = [("mamba2", 16, 1e-3, seed) for seed in (0, 1)]
+    mqar_sweep.run_grid(points, tmp_path, jobs=2, gpus=None, extra=[])
+    assert [env["OMP_NUM_THREADS"] for env in launched_envs] == ["2", "2"]
