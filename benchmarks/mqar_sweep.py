@@ -5,16 +5,17 @@
         [--gpus 0,1] [-- trainer.max_steps=6000 ...]
 
 MQAR models are tiny (2 layers, width 16-64): one run leaves a GPU mostly idle, waiting on Python and kernel
-launches. Running --jobs points as separate processes on the same GPU (round-robin over --gpus when given) fills
-it. Each point gets an equal share of the CPU cores (OMP_NUM_THREADS = cores // jobs, unless set): with
-torch's default of one thread per core in every point, the points' thread pools starve each other. Every point
-is one `train.py experiment=mqar_sweep` run with its own directory under --out (<model>-d<width>-lr<lr>-s<seed>/:
-config.yaml, metrics.jsonl, summary.json, train.log); overrides after `--` go to every point. A point whose run finished (its summary.json says it was not stopped by a signal) is skipped; one
-stopped by a signal is started again and resumes from its checkpoint. SIGTERM or SIGINT to the sweep stops it:
-no new point starts, each running point gets SIGTERM (it saves a checkpoint at its next step and exits), and the
-same command later continues the grid where it stopped. At the end the sweep's throughput (optimizer steps of all points per second of wall time) and the
-table (best lr per model and width, mean +- std over seeds, beside the paper's numbers) are printed and written to
-<out>/mqar_table.md and .csv (the throughput to <out>/sweep_result.json).
+launches. Running --jobs points as separate processes on the same GPU (round-robin over --gpus when given) fills it.
+Each point gets an equal share of the CPU cores (OMP_NUM_THREADS = cores // jobs, unless set): with torch's default
+of one thread per core in every point, the points' thread pools starve each other. Every point is one `train.py
+experiment=mqar_sweep` run with its own directory under --out (<model>-d<width>-lr<lr>-s<seed>/: config.yaml,
+metrics.jsonl, summary.json, train.log); overrides after `--` go to every point. A point whose run finished (its
+summary.json says it was not stopped by a signal) is skipped; one stopped by a signal is started again and resumes
+from its checkpoint. SIGTERM or SIGINT to the sweep stops it: no new point starts, each running point gets SIGTERM
+(it saves a checkpoint at its next step and exits), and the same command later continues the grid where it stopped.
+At the end the sweep's throughput (optimizer steps of all points per second of wall time) and the table (best lr per
+model and width, mean +- std over seeds, beside the paper's numbers) are printed and written to <out>/mqar_table.md
+and .csv (the throughput to <out>/sweep_result.json).
 """
 
 from __future__ import annotations
