@@ -77,7 +77,33 @@ def loglinear_delta_rule(
     scale = float(scale)
     if backend == "triton":
         from .triton_bwd import loglinear_delta_rule_triton as fn
+        if q.is_cuda and v.shape[-1] < PADDED_VALUE_DIM:
+            fn = loglinear_delta_rule_triton_padded
     else:
         fn = loglinear_delta_rule_naive if backend == "naive" else loglinear_delta_rule_chunk
     o, levels = fn(q, k, v, beta, g, level_scales, scale, initial_state, output_final_state, cu_seqlens, starts)
     return o, final_state(levels, q, cu_seqlens, starts) if output_final_state else None
+
+
+# On the H200 (Triton 3.6, bf16) K = 128 with V = 16 hit an illegal memory access in the level scans: a V that
+# narrow leaves a one-state [K, 16] tile, below the 32 stacked columns that scan_launches keeps where V allows (at
+# K = 256 the same tile faulted). V >= 32, and V = 16 at K <= 64, ran. CUDA heads narrower than PADDED_VALUE_DIM run
+# with their values zero-padded to it.
+PADDED_VALUE_DIM = 32
+
+
+def loglinear_delta_rule_triton_padded(q, k, v, beta, g, level_scales, scale, initial_state, output_final_state,
+                                       cu_seqlens, starts):
+    """The Triton backend on values zero-padded to PADDED_VALUE_DIM columns, then sliced back: exact, because each
+    value column of the state evolves on its own (the transitions act on the key side), so zero value columns keep
+    zero state columns and only fill output columns that are dropped."""
+    import torch.nn.functional as F
+
+    from .triton_bwd import loglinear_delta_rule_triton
+
+    dv = v.shape[-1]
+    pad = PADDED_VALUE_DIM - dv
+    prior = None if initial_state is None else initial_state._replace(levels=F.pad(initial_state.levels, (0, pad)))
+    o, levels = loglinear_delta_rule_triton(q, k, F.pad(v, (0, pad)), beta, g, level_scales, scale, prior,
+                                            output_final_state, cu_seqlens, starts)
+    return o[..., :dv], (None if levels is None else levels[..., :dv])

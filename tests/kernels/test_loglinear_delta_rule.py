@@ -246,6 +246,40 @@ def test_triton_unit_level_scales_is_delta_rule():
     assert error_ratio(st.levels.sum(2), sb) <= TOL
 
 
+@triton_only
+def test_padded_narrow_values_equal_unpadded(monkeypatch):
+    """The zero-padding of value heads narrower than PADDED_VALUE_DIM that CUDA applies
+    (kernels.loglinear_delta_rule.loglinear_delta_rule_triton_padded) is exact: packed documents with an initial
+    state give the definition's outputs, final levels and every gradient; the padded kernels ran on 32 columns."""
+    import importlib
+
+    ops = importlib.import_module("kernels.loglinear_delta_rule")  # the package (kernels exports the function)
+    bwd = importlib.import_module("kernels.loglinear_delta_rule.triton_bwd")
+
+    widths = []
+    unpadded = bwd.loglinear_delta_rule_triton
+
+    def recording(q, k, v, *args):
+        widths.append(v.shape[-1])
+        return unpadded(q, k, v, *args)
+
+    monkeypatch.setattr(bwd, "loglinear_delta_rule_triton", recording)
+    lengths = [15, 75, 130]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    x = make(1, int(cu[-1]), seed=9, nl=num_levels(130 + 64))
+    init = prior_state([0, 5, 64], nl=x["lam"].shape[-1], seed=10)
+    ref = run("quadratic", x, cu=cu, init=init, dtype=torch.float64)
+    leaves = [x[n].detach().to(DEV, torch.float32).requires_grad_() for n in NAMES]
+    prior = LogLinearState(init.levels.to(DEV, torch.float32).requires_grad_(), init.tokens.to(DEV))
+    o, levels = ops.loglinear_delta_rule_triton_padded(*leaves, SCALE, prior, True, cu.to(DEV), init.tokens.tolist())
+    assert widths == [ops.PADDED_VALUE_DIM] and o.shape[-1] == DV and levels.shape[-1] == DV
+    gen = torch.Generator().manual_seed(1)
+    do = torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o)
+    dl = torch.randn(levels.shape, generator=gen, dtype=torch.float64).to(levels)
+    grads = torch.autograd.grad((o * do).sum() + (levels * dl).sum(), [*leaves, prior.levels])
+    assert_close((o.cpu(), levels.cpu(), [d.cpu() for d in grads]), ref, "padded values")
+
+
 def test_scaled_fp16_pieces():
     """scaled_fp16: rows 1e-30 .. 1e30 (far outside fp16's range) come back within fp16's rounding of their largest
     entry, their fp16 values peak in [2^14, 2^15), the scales are powers of two, zero rows stay zero and inf stays
