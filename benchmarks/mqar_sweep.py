@@ -2,7 +2,7 @@
 
     python benchmarks/mqar_sweep.py --out runs/mqar_grid --jobs 16 \
         --models mamba2,gated_deltanet --widths 32,64 --lrs 4.6e-4,1e-3,2.2e-3 --seeds 0,1,2 \
-        [--gpus 0,1] [-- trainer.max_steps=6000 ...]
+        [--gpus 0,1] [--variant NAME OVERRIDE ... (repeatable)] [-- trainer.max_steps=6000 ...]
 
 MQAR models are tiny (2 layers, width 16-64): one run leaves a GPU mostly idle, waiting on Python and kernel
 launches. Running --jobs points as separate processes on the same GPU (round-robin over --gpus when given) fills it.
@@ -24,6 +24,7 @@ import argparse
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -43,14 +44,42 @@ def split_list(text: str, kind=str) -> list:
     return [kind(t) for t in items]
 
 
-def point_name(model: str, width: int, lr: float, seed: int) -> str:
-    return f"{model}-d{width}-lr{lr:g}-s{seed}"
+# A variant is a named set of overrides applied to every point of the grid (a recipe ablation); the default grid
+# has one unnamed variant with none, so its point names (and directories to resume) are the plain ones.
+NO_VARIANT = ("", ())
+VARIANT_FILE = "variant.txt"  # in a point's directory: its variant's name (read by mqar_table.py), then its overrides
 
 
-def point_command(model: str, width: int, lr: float, seed: int, run_dir: Path, extra: list[str]) -> list[str]:
+def point_name(model: str, width: int, lr: float, seed: int, variant: str = "") -> str:
+    return f"{model}-d{width}-lr{lr:g}-s{seed}" + (f"-{variant}" if variant else "")
+
+
+def point_command(model: str, width: int, lr: float, seed: int, run_dir: Path, extra: list[str],
+                  variant_overrides=()) -> list[str]:
+    """train.py's command line for one point: the grid's overrides (extra), then its variant's (which win)."""
     return [sys.executable, str(REPO_ROOT / "train.py"), "experiment=mqar_sweep", f"+model/mqar={model}",
             f"model.hidden_size={width}", f"optim.lr={lr:g}", f"seed={seed}", f"hydra.run.dir={run_dir}",
-            f"name={run_dir.name}", "trainer.progress_bar=false", *extra]
+            f"name={run_dir.name}", "trainer.progress_bar=false", *extra, *variant_overrides]
+
+
+def parse_variants(specs: list[list[str]] | None) -> list[tuple[str, tuple[str, ...]]]:
+    """--variant NAME OVERRIDE ... arguments as [(name, overrides)]; [NO_VARIANT] when none is given."""
+    if not specs:
+        return [NO_VARIANT]
+    variants = []
+    for spec in specs:
+        name, overrides = spec[0], tuple(spec[1:])
+        if "=" in name:
+            raise ValueError(f"--variant {name!r}: the first word is the variant's name, then its overrides")
+        if not re.fullmatch(r"[A-Za-z0-9_]+", name):
+            raise ValueError(f"--variant name {name!r}: use letters, digits and _ (it ends the points' directory names)")
+        if not overrides:
+            raise ValueError(f"--variant {name} has no overrides; give them after its name, e.g. "
+                             f"--variant {name} model.initializer_range=0.07")
+        if name in {v[0] for v in variants}:
+            raise ValueError(f"--variant {name} is given twice")
+        variants.append((name, overrides))
+    return variants
 
 
 def read_summary(run_dir: Path) -> dict | None:
@@ -98,13 +127,17 @@ def run_grid(points: list[tuple], out: Path, jobs: int, gpus: list[str] | None, 
     """Run every (model, width, lr, seed) point not yet finished, at most `jobs` at a time; return counts, wall
     time, the optimizer steps this call ran and whether a signal interrupted it."""
     todo, start_step = [], {}
-    for model, width, lr, seed in points:
-        run_dir = out / point_name(model, width, lr, seed)
+    for model, width, lr, seed, *rest in points:
+        variant, overrides = rest[0] if rest else NO_VARIANT
+        run_dir = out / point_name(model, width, lr, seed, variant)
         summary = read_summary(run_dir)
         if finished(summary):
             continue
         start_step[run_dir] = int(summary.get("step", 0)) if summary else 0  # a resumed point counts its new steps
-        todo.append((run_dir, point_command(model, width, lr, seed, run_dir, extra)))
+        if variant:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / VARIANT_FILE).write_text("\n".join((variant, *overrides)) + "\n")
+        todo.append((run_dir, point_command(model, width, lr, seed, run_dir, extra, overrides)))
     running: list[tuple[subprocess.Popen, Path, object]] = []
     failed: list[Path] = []
     start = time.perf_counter()
@@ -169,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="points run at once")
     parser.add_argument("--gpus", type=split_list, default=None,
                         help="CUDA device indices the points are spread over, round-robin (default: inherit)")
+    parser.add_argument("--variant", nargs="+", action="append", metavar=("NAME", "OVERRIDE"),
+                        help="a recipe variant: its name, then train.py overrides applied to every point after those "
+                             "after --; repeat for more (the grid runs each); default: none")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
@@ -176,7 +212,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in args.models if m not in known]
     if unknown:
         parser.error(f"unknown MQAR model(s) {unknown}; conf/model/mqar has {sorted(known)}")
-    points = list(itertools.product(args.models, args.widths, args.lrs, args.seeds))
+    try:
+        variants = parse_variants(args.variant)
+    except ValueError as exc:
+        parser.error(str(exc))
+    points = list(itertools.product(args.models, args.widths, args.lrs, args.seeds, variants))
     result = run_grid(points, args.out.resolve(), args.jobs, args.gpus, extra)
     result["steps_per_s"] = result["steps"] / max(result["wall_s"], 1e-9)
     (args.out / "sweep_result.json").write_text(json.dumps({**result, "jobs": args.jobs, "points": len(points)}))

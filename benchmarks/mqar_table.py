@@ -6,8 +6,10 @@
 Every directory under the given ones that holds a config.yaml is a run: its model (model.name), width
 (model.hidden_size), learning rate (optim.lr) and seed come from config.yaml; its accuracy is summary.json's
 best_mqar_acc, or, for a run without a summary (still running, killed), the largest val/mqar_acc in
-metrics.jsonl; runs with neither are skipped and counted. For each (model, width, lr) the accuracies are averaged
-over seeds (std: sample standard deviation, 0 for one seed); the lr with the highest mean is reported.
+metrics.jsonl; runs with neither are skipped and counted. A run of a recipe variant (mqar_sweep.py --variant) has
+its variant's name on the first line of variant.txt and gets rows of its own ("mamba2 (init)"). For each (model,
+variant, width, lr) the accuracies are averaged over seeds (std: sample standard deviation, 0 for one seed); the lr
+with the highest mean is reported.
 
 Reference (the log-linear attention paper, T = 256, 4-64 pairs; accuracy % at widths 16 / 32 / 64), to
 reproduce in trend:
@@ -36,7 +38,7 @@ MODEL_ORDER = ("transformer", "mamba2", "loglinear_mamba2", "gated_deltanet", "l
                "hla_transformer", "hla_mamba2", "hla_gated_deltanet")
 REFERENCE = {"mamba2": (46.9, 75.1, 89.6), "loglinear_mamba2": (55.9, 76.5, 92.9),
              "gated_deltanet": (38.4, 79.0, 99.0), "loglinear_gated_deltanet": (40.0, 84.4, 99.0)}
-CSV_FIELDS = ("model", "width", "best_lr", "mean_acc", "std_acc", "num_seeds", "seeds", "lrs")
+CSV_FIELDS = ("model", "variant", "width", "best_lr", "mean_acc", "std_acc", "num_seeds", "seeds", "lrs")
 
 
 def run_accuracy(run_dir: Path) -> float | None:
@@ -56,7 +58,7 @@ def run_accuracy(run_dir: Path) -> float | None:
 
 
 def collect_runs(roots: list[Path]) -> tuple[list[dict], int]:
-    """(runs, skipped): one dict per run dir (model, width, lr, seed, acc, dir); skipped counts runs without any
+    """(runs, skipped): one dict per run dir (model, variant, width, lr, seed, acc, dir); skipped counts runs without any
     accuracy."""
     runs, skipped = [], 0
     for root in roots:
@@ -69,45 +71,48 @@ def collect_runs(roots: list[Path]) -> tuple[list[dict], int]:
             if acc is None:
                 skipped += 1
                 continue
-            runs.append({"model": cfg["model"]["name"], "width": int(cfg["model"]["hidden_size"]),
+            variant_file = run_dir / "variant.txt"
+            variant = variant_file.read_text().split("\n")[0].strip() if variant_file.is_file() else ""
+            runs.append({"model": cfg["model"]["name"], "variant": variant, "width": int(cfg["model"]["hidden_size"]),
                          "lr": float(cfg["optim"]["lr"]), "seed": int(cfg["seed"]), "acc": acc, "dir": str(run_dir)})
     return runs, skipped
 
 
 def build_table(runs: list[dict]) -> list[dict]:
-    """Per (model, width): the lr whose mean accuracy over seeds is highest, with that mean and its std."""
+    """Per (model, variant, width): the lr whose mean accuracy over seeds is highest, with that mean and its std."""
     groups: dict[tuple, dict[float, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
     for r in runs:
-        groups[(r["model"], r["width"])][r["lr"]][r["seed"]] = r["acc"]
+        groups[(r["model"], r.get("variant", ""), r["width"])][r["lr"]][r["seed"]] = r["acc"]
     rows = []
-    for (model, width), by_lr in groups.items():
+    for (model, variant, width), by_lr in groups.items():
         stats = {lr: (statistics.fmean(s.values()), statistics.stdev(s.values()) if len(s) > 1 else 0.0, s)
                  for lr, s in by_lr.items()}
         best_lr = max(stats, key=lambda lr: (stats[lr][0], -lr))
         mean, std, seeds = stats[best_lr]
-        rows.append({"model": model, "width": width, "best_lr": best_lr, "mean_acc": mean, "std_acc": std,
+        rows.append({"model": model, "variant": variant, "width": width, "best_lr": best_lr, "mean_acc": mean, "std_acc": std,
                      "num_seeds": len(seeds), "seeds": " ".join(str(s) for s in sorted(seeds)),
                      "lrs": " ".join(f"{lr:g}" for lr in sorted(by_lr))})
     rank = {m: i for i, m in enumerate(MODEL_ORDER)}
-    return sorted(rows, key=lambda r: (rank.get(r["model"], len(rank)), r["model"], r["width"]))
+    return sorted(rows, key=lambda r: (rank.get(r["model"], len(rank)), r["model"], r["variant"], r["width"]))
 
 
 def to_markdown(rows: list[dict]) -> str:
     """Models x widths: accuracy % as mean ± std (best lr), plus the paper's numbers where the reference above gives them."""
     widths = sorted({r["width"] for r in rows})
-    cell = {(r["model"], r["width"]): r for r in rows}
-    models = list(dict.fromkeys(r["model"] for r in rows))
+    cell = {(r["model"], r["variant"], r["width"]): r for r in rows}
+    models = list(dict.fromkeys((r["model"], r["variant"]) for r in rows))
     lines = ["| model | " + " | ".join(f"d = {w}" for w in widths) + " | paper (16 / 32 / 64) |",
              "|---|" + "---|" * (len(widths) + 1)]
-    for m in models:
+    for m, variant in models:
         cells = []
         for w in widths:
-            r = cell.get((m, w))
+            r = cell.get((m, variant, w))
             cells.append("" if r is None else f"{100 * r['mean_acc']:.1f} ± {100 * r['std_acc']:.1f} "
                                               f"(lr {r['best_lr']:g}, {r['num_seeds']} seeds)")
         ref = REFERENCE.get(m)
         ref_text = " / ".join(f"{v:.1f}" if v < 99 else "≥99" for v in ref) if ref else ""
-        lines.append(f"| {m} | " + " | ".join(cells) + f" | {ref_text} |")
+        label = f"{m} ({variant})" if variant else m
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {ref_text} |")
     return "\n".join(lines) + "\n"
 
 
