@@ -120,7 +120,8 @@ def _evaluate_ruler(ckpt: Path, train_cfg, model, tokenizer, eval_cfg, *, device
                             num_samples=int(eval_cfg.num_samples),
                             haystack=OmegaConf.to_container(haystack) if OmegaConf.is_config(haystack) else haystack,
                             haystack_field=str(eval_cfg.get("haystack_field", "text")),
-                            max_new_tokens=int(eval_cfg.max_new_tokens), seed=int(eval_cfg.seed), device=device)
+                            max_new_tokens=int(eval_cfg.max_new_tokens), seed=int(eval_cfg.seed),
+                            batch_size=int(eval_cfg.get("batch_size", 8)), device=device)
     result["checkpoint"] = str(ckpt)
     out_dir = Path(eval_cfg.out_dir) if eval_cfg.get("out_dir") else (
         ckpt.parent.parent / "eval" / f"ruler_T{'-'.join(map(str, lengths))}")

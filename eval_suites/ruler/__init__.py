@@ -32,11 +32,11 @@ from .niah import (
 )
 from .report import format_table, log_to_wandb, write_report
 from .scoring import postprocess, string_match_all
-from .suite import evaluate, generate_answer, summarize
+from .suite import evaluate, generate_answer, generate_answers, summarize
 
 __all__ = [
     "ANSWER_PREFIX", "DEFAULT_HAYSTACK", "DEPTHS", "NEEDLE", "NOISE", "TASKS", "TASK_NAMES", "TEMPLATE", "NiahTask",
-    "Sample", "build_samples", "evaluate", "format_table", "generate_answer", "load_haystack", "load_words",
-    "log_to_wandb", "make_sample", "postprocess", "sample_seed", "string_match_all", "summarize", "templates",
-    "write_report",
+    "Sample", "build_samples", "evaluate", "format_table", "generate_answer", "generate_answers", "load_haystack",
+    "load_words", "log_to_wandb", "make_sample", "postprocess", "sample_seed", "string_match_all", "summarize",
+    "templates", "write_report",
 ]

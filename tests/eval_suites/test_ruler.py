@@ -4,6 +4,7 @@ oracle / empty / partial predictors, greedy decoding through the cache against f
 and eval.py eval=ruler on a trained checkpoint."""
 
 import json
+import logging
 import math
 import os
 import re
@@ -264,6 +265,70 @@ def test_generation_is_greedy_through_the_cache(mixer, tokenizer):
     assert fed == expected_fed
     assert set(result) >= {"scores", "average", "average_by_length", "average_by_task", "samples", "lengths", "tasks"}
     assert ruler.format_table(result).splitlines()[0].split() == ["task", "300", "average"]
+
+
+def _tiny_model(mixer, tokenizer, **config):
+    import models
+
+    torch.manual_seed(0)
+    return models.build_model({"vocab_size": tokenizer.vocab_size, "hidden_size": 64, "num_layers": 2,
+                               "num_heads": 2, "mixer": mixer, "mixer_kwargs": {"head_dim": 32} if mixer !=
+                               "attention" else {}, **config}).eval()
+
+
+@pytest.mark.parametrize("mixer", ["gated_deltanet", "attention"])
+def test_a_cell_is_decoded_in_batches_with_the_answers_of_one_at_a_time(mixer, tokenizer):
+    # One sample per generate() call costs max_new_tokens host-bound steps each; a cell's samples go through
+    # together, and each row's greedy answer is still its own (checked against full-forward argmax decoding).
+    model = _tiny_model(mixer, tokenizer)
+    fed = []
+    hook = model.model.embed_tokens.register_forward_hook(lambda m, inp, out: fed.append(tuple(inp[0].shape)))
+    tasks, lengths, steps = ["niah_single_1", "niah_multikey_3"], [300, 340], 10
+    result = ruler.evaluate(model, tokenizer, lengths=lengths, tasks=tasks, num_samples=3, max_new_tokens=steps,
+                            batch_size=2, log=None)
+    hook.remove()
+    samples = [ruler.make_sample(t, length=n, tokenizer=tokenizer, index=i, max_new_tokens=steps)
+               for t in tasks for n in lengths for i in range(3)]
+    forwards = []
+    for sample, record in zip(samples, result["samples"], strict=True):
+        expected, count = _greedy_without_cache(model, sample.input_ids, steps, tokenizer.eos_id)
+        assert record["prediction"] == tokenizer.decode(expected)
+        assert (record["task"], record["length"], record["answers"]) == (sample.task, sample.length, sample.answers)
+        forwards.append(count)
+    # every cell of 3 in batches of 2 and 1: the padded prompts in one forward, then one token per row a step
+    # until every row is done
+    expected_fed = []
+    for cell in range(0, len(samples), 3):
+        for batch in ([cell, cell + 1], [cell + 2]):
+            width = max(samples[i].prompt_tokens for i in batch)
+            expected_fed += [(len(batch), width)] + [(len(batch), 1)] * (max(forwards[i] for i in batch) - 1)
+    assert fed == expected_fed
+    assert len(fed) <= 8 * steps  # one at a time would be 12 samples x 10 forwards
+    with pytest.raises(ValueError, match="batch_size must be a positive int"):
+        ruler.evaluate(model, tokenizer, lengths=[300], tasks=tasks, num_samples=1, batch_size=0, log=None)
+
+
+def test_lengths_past_the_training_length_are_announced_once_without_transformers_reminder(tokenizer):
+    from transformers.utils import logging as hf_logging
+
+    model = _tiny_model("attention", tokenizer, max_position_embeddings=256)
+    hf_logging.warning_once.cache_clear()  # the reminder is shown once per process: let this run show it again
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    hf_logger = logging.getLogger("transformers.generation.stopping_criteria")
+    hf_logger.addHandler(handler)
+    lines = []
+    try:
+        ruler.evaluate(model, tokenizer, lengths=[240, 300, 320], tasks=["niah_single_1"], num_samples=2,
+                       max_new_tokens=4, log=lines.append)
+    finally:
+        hf_logger.removeHandler(handler)
+    assert not [m for m in seen if "predefined maximum length" in m]
+    notes = [line for line in lines if "max_position_embeddings" in line]
+    assert notes == [("ruler: lengths 300, 320 go past the model's max_position_embeddings (256, its training "
+                      "length): those cells measure length extrapolation")]
+    assert len([line for line in lines if "over 2 samples" in line]) == 3  # one progress line per cell
 
 
 def test_eval_py_ruler_on_a_trained_checkpoint(tmp_path):
