@@ -61,6 +61,8 @@ _CHECKS = {
     "optim.warmup_steps": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
     "optim.min_lr_ratio": (lambda v: _is_num(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "optim.decay_fraction": (lambda v: _is_num(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "optim.frozen": (lambda v: v is None or (OmegaConf.is_list(v) or isinstance(v, (list, tuple))) and all(
+        isinstance(p, str) and p for p in v), "a list of parameter-name patterns such as ['*.mixer.L'] (or [])"),
     "seed": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
 }
 

@@ -21,9 +21,38 @@ def split_decay_groups(model: torch.nn.Module, no_decay_names) -> tuple[list, li
     return decay, no_decay
 
 
+def freeze_parameters(model: torch.nn.Module, patterns) -> list[str]:
+    """Keep the parameters whose names match any of `patterns` (fnmatch globs on the full name, e.g. '*.mixer.L')
+    at their current values: requires_grad is cleared, so they get no gradient, no update and no share of the
+    clipped norm. Returns the frozen names. A pattern that matches no parameter is an error (a typo would otherwise
+    train everything), as is freezing every parameter."""
+    import difflib
+    import fnmatch
+
+    patterns = list(patterns or [])
+    if not patterns:
+        return []
+    names = [name for name, _ in model.named_parameters()]
+    for pattern in patterns:
+        if not fnmatch.filter(names, pattern):
+            near = difflib.get_close_matches(pattern.replace("*", ""), names, n=3, cutoff=0.0)
+            raise ValueError(f"optim.frozen: {pattern!r} matches no parameter; patterns are globs on full names, "
+                             f"the nearest being {', '.join(map(repr, near))}")
+    frozen = []
+    for name, p in model.named_parameters():
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
+            p.requires_grad_(False)
+            frozen.append(name)
+    if len(frozen) == len(names):
+        raise ValueError(f"optim.frozen={patterns} freezes every parameter: nothing is left to train")
+    return frozen
+
+
 def build_optimizer(model: torch.nn.Module, optim_cfg, on_cuda: bool) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters (optim.frozen's are frozen first), in a decay and a no-decay group."""
     if optim_cfg.name != "adamw":
         raise ValueError(f"optim.name={optim_cfg.name!r} is not supported; the available optimizer is adamw")
+    freeze_parameters(model, optim_cfg.get("frozen"))
     decay, no_decay = split_decay_groups(model, list(optim_cfg.no_decay))
     groups = [{"params": decay, "weight_decay": float(optim_cfg.weight_decay)},
               {"params": no_decay, "weight_decay": 0.0}]

@@ -75,3 +75,37 @@ def test_scheduler_steps_once_per_call():
                                      decay_fraction=0.2) for s in range(20)]
     assert lrs == pytest.approx(expected)
     assert math.isclose(lrs[3], 1e-2)
+
+
+def test_frozen_parameters_keep_their_values_and_take_no_gradient():
+    """optim.frozen: matched parameters get no gradient and no update (weight decay included); the rest train."""
+    from models import build_model
+
+    torch.manual_seed(0)
+    model = build_model({"mixer": "loglinear_gated_deltanet", "hidden_size": 32, "num_layers": 2, "vocab_size": 64,
+                         "num_heads": 1, "max_position_embeddings": 64, "mixer_kwargs": {"num_heads": 1, "head_dim": 16}})
+    cfg = OmegaConf.create({"name": "adamw", "lr": 1e-2, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1,
+                            "no_decay": ["norm"], "fused": False, "frozen": ["*.mixer.L", "*.l_proj.weight"]})
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = build_optimizer(model, cfg, on_cuda=False)
+    ids = torch.randint(0, 64, (2, 40))
+    for _ in range(2):
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    frozen = [n for n in before if n.endswith((".mixer.L", ".l_proj.weight"))]
+    assert len(frozen) == 4
+    for name, p in model.named_parameters():
+        if name in frozen:
+            assert not p.requires_grad and p.grad is None and torch.equal(p, before[name]), name
+    assert not torch.equal(model.model.layers[0].mixer.q_proj.weight, before["model.layers.0.mixer.q_proj.weight"])
+
+
+def test_frozen_patterns_that_match_nothing_or_everything_are_errors():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2))
+    base = {"name": "adamw", "lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.0, "no_decay": [],
+            "fused": False}
+    with pytest.raises(ValueError, match=r"'\*\.L' matches no parameter"):
+        build_optimizer(model, OmegaConf.create({**base, "frozen": ["*.L"]}), on_cuda=False)
+    with pytest.raises(ValueError, match="nothing is left to train"):
+        build_optimizer(model, OmegaConf.create({**base, "frozen": ["*"]}), on_cuda=False)
