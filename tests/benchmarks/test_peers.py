@@ -67,6 +67,8 @@ def test_inputs_match_what_each_peer_family_takes():
     assert x["k"].norm(dim=-1).sub(1).abs().max() < 1e-5  # the delta rule's keys are L2-normalised
     x = peers.make_inputs("loglinear_attn", GROUPED, 1, 40, "cpu")
     assert x["q"].shape == (1, 40, 1, 16) and x["v"].shape == (1, 40, 3, 8) and x["level_scales"].shape[-1] >= 6
+    x = peers.make_inputs("loglinear_delta_rule", SMALL, 2, 40, "cpu")
+    assert set(x) == {"q", "k", "v", "g", "beta", "level_scales"} and x["level_scales"].shape == (2, 40, 2, 7)
 
 
 # A stand-in for the log-linear paper's package `hattention` (github.com/HanGuo97/log-linear-attention), with the
