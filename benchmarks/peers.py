@@ -7,15 +7,18 @@ Peers (found if installed, never imported by hilo itself; the run lists the miss
   linear_attn     fla's chunk_simple_gla (H = 16, K = V = 128); mamba_ssm's mamba_chunk_scan_combined at Mamba-2's
                   heads (48 heads, head dim 64, state 128, B and C shared by the heads)
   delta_rule      fla's chunk_gated_delta_rule
-  loglinear_attn  fla's chunk_log_linear_attn
+  loglinear_attn  fla's chunk_log_linear_attn; the log-linear attention paper's own kernel, hattention_kernel of
+                  github.com/HanGuo97/log-linear-attention (package `hattention`, its Mamba-2 form)
+  loglinear_delta_rule  hattention_kernel in its Gated DeltaNet form
   softmax_attn    torch's SDPA on its flash and cuDNN backends; flash-attn's flash_attn_func when installed
-Each peer computes the same function as the hilo op on the same values (mamba_ssm takes x and dt with
-v = x * dt and g = A * dt; A = -1 here, so dt = -g). Correctness: hilo's GPU backend and the peer on bf16 inputs,
-each against hilo's fp32 oracle (its "naive" or "torch" backend) on a small odd-length batch: the output and the
-gradient of every input the two share, as error ratios (docs/kernels.md); a peer is an independent oracle too, and
-a peer that refuses the call (a version check) is a row that says so. Times: median ms of
-triton.testing.do_bench for the forward and for forward + backward, at B * T = 32,768 tokens, and hilo's time over
-the fastest peer's.
+Each peer computes the same function as the hilo op on the same values (mamba_ssm takes x and dt with v = x * dt and
+g = A * dt; A = -1 here, so dt = -g). For loglinear_delta_rule both sides L2-normalise q and k in the call: the
+paper's kernel does it inside (hilo's Gated DeltaNet layers do it before the kernel). Correctness: hilo's GPU
+backend and the peer on bf16 inputs, each against hilo's fp32 oracle (its "naive" or "torch" backend) on a small
+odd-length batch: the output and the gradient of every input the two share, as error ratios (docs/kernels.md); a
+peer is an independent oracle too, and a peer whose call fails (a version check, a dependency of another version) is
+a row naming the error, at the check or at one length of the timing. Times: median ms of triton.testing.do_bench for
+the forward and for forward + backward, at B * T = 32,768 tokens, and hilo's time over the fastest peer's.
 
 End to end (a training step of hilo's model beside the peer model with the same weights: tokens/s and peak memory)
 is benchmarks/lm_parity.py, e.g. `python benchmarks/lm_parity.py --size 340m --seq-len 8192 --batch-size 4
@@ -23,14 +26,19 @@ is benchmarks/lm_parity.py, e.g. `python benchmarks/lm_parity.py --size 340m --s
 
 On a GPU machine without network, wheels from the registry carry the peers: fla-core and flash-linear-attention
 (pure Python), einops; mamba_ssm's Triton SSD code is pure Python too (its package builds CUDA extensions, so copy
-its `mamba_ssm/ops/triton` directory or install with MAMBA_SKIP_CUDA_BUILD=TRUE).
-"""
+its `mamba_ssm/ops/triton` directory or install with MAMBA_SKIP_CUDA_BUILD=TRUE). The log-linear paper's kernels
+are pure Python + Triton: put the repository's root (the folder holding `hattention/`) on PYTHONPATH with
+jaxtyping and einops. They need the fla of their own time (the commit their training submodule pins), so they run
+in a second environment: docs/performance.md#carrying-the-peers-to-a-gpu-machine has the steps. """
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
 import importlib.util
 import sys
 import time
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,8 +99,9 @@ def make_inputs(op: str, shape: Shape, b: int, t: int, device: str, seed: int = 
          "g": -0.01 - 0.29 * torch.rand(b, t, h, device=device, generator=gen)}
     if op == "delta_rule":
         x["k"] = torch.nn.functional.normalize(x["k"], dim=-1)
+    if op in ("delta_rule", "loglinear_delta_rule"):
         x["beta"] = torch.rand(b, t, h, device=device, generator=gen).sigmoid()
-    if op == "loglinear_attn":
+    if op in ("loglinear_attn", "loglinear_delta_rule"):
         from kernels.loglinear_attn import num_levels
 
         x["level_scales"] = 0.5 + torch.rand(b, t, h, num_levels(t), device=device, generator=gen)
@@ -100,12 +109,17 @@ def make_inputs(op: str, shape: Shape, b: int, t: int, device: str, seed: int = 
 
 
 def hilo_call(op: str, backend: str) -> Callable[[dict], torch.Tensor]:
-    """hilo's op on backend: the output only (no initial or final state)."""
+    """hilo's op on backend: the output only (no initial or final state); loglinear_delta_rule on L2-normalised q
+    and k, the function its peer computes."""
     if op == "softmax_attn":
         from kernels import softmax_attn
 
         return lambda x: softmax_attn(x["q"], x["k"], x["v"], causal=True, backend=backend)
     call = CASES[op].call
+    if op == "loglinear_delta_rule":
+        from models.ops import l2_normalize
+
+        return lambda x: call({**x, "q": l2_normalize(x["q"]), "k": l2_normalize(x["k"])}, None, backend)[0]
     return lambda x: call(x, None, backend)[0]
 
 
@@ -152,6 +166,81 @@ def _mamba_ssm_ssd(x):
     return y * x["q"].shape[-1] ** -0.5  # hilo's linear_attn scales by K ** -0.5 (its default scale)
 
 
+HATTENTION_CHUNK = 64  # hattention_kernel's chunk (its default chunk_sizes); it takes T in multiples of it only
+
+
+def _levels_table(length, base, htype, dtype, device, default=-1, clamp_min=None, **_):
+    """The [T, T] level of every (target t, source s) pair that hattention's chunk kernels read, in place of the
+    repository's make_levels_matrix: bit_length(t XOR s) below the diagonal, 0 on it, `default` above, clamped below
+    at clamp_min; the same table as the repository's HType.WEAK at base 2. The repository's own builder loads it from
+    precomputed files on its authors' machines (or fills it pair by pair in Python), capped at T = 16,384."""
+    if base != 2 or getattr(htype, "name", None) != "WEAK":
+        raise NotImplementedError(f"peers.py builds hattention's level table for base 2 and HType.WEAK only, got "
+                                  f"base {base} and {htype}")
+    return _levels_cached(length, dtype, torch.device(device), default, clamp_min)
+
+
+@functools.lru_cache(maxsize=2)
+def _levels_cached(length: int, dtype: torch.dtype, device: torch.device, default: int, clamp_min: int | None):
+    pos = torch.arange(length, device=device)
+    table = torch.empty(length, length, dtype=dtype, device=device)
+    for start in range(0, length, 1024):  # blocks of rows keep the temporaries small (the table is 8 GiB at 32K)
+        rows = pos[start:start + 1024, None]
+        xor = rows ^ pos
+        bits = torch.zeros_like(xor)
+        for shift in range(max(length - 1, 1).bit_length()):
+            bits += (xor >> shift) > 0
+        table[start:start + 1024] = torch.where(pos <= rows, bits, default)
+    return table if clamp_min is None else table.clamp_(min=clamp_min)
+
+
+def _hattention():
+    """The log-linear repository's hattention.kernel and hattention.base, imported without running the package's
+    __init__ (it registers the paper's HF models, which import causal_conv1d, a CUDA extension, and mamba_ssm; the
+    kernels use neither), its chunk kernels reading the level table of _levels_table."""
+    if "hattention" not in sys.modules:
+        spec = importlib.util.find_spec("hattention")
+        package = types.ModuleType("hattention")
+        package.__path__ = list(spec.submodule_search_locations)
+        sys.modules["hattention"] = package
+    kernel = importlib.import_module("hattention.kernel")
+    for name in ("hattention.chunkwise", "hattention.chunkwise_hgdn"):
+        importlib.import_module(name).make_levels_matrix = _levels_table
+    return kernel, importlib.import_module("hattention.base")
+
+
+def _pad_time(x: torch.Tensor, t: int) -> torch.Tensor:
+    """x [B, T, ...] with zeros appended up to t steps (causal: later tokens change no earlier output)."""
+    return x if x.shape[1] == t else torch.nn.functional.pad(x, (0, 0) * (x.ndim - 2) + (0, t - x.shape[1]))
+
+
+def _hattention_kernel(x, delta: bool):
+    """hattention_kernel on hilo's inputs, both in hilo's layout: q, k [B, T, H, K], v [B, T, H, V], g natural-log
+    decays [B, T, H], l the level scales [B, T, H, L] indexed by the same level (bit_length(t XOR s)), head_first
+    False, level base 2, HType.WEAK. It needs T in multiples of its chunk and the levels of that padded length, so
+    both are padded with zeros. Mamba-2 form (hstruct MAMBA2): it takes no scale, so the output is multiplied by
+    hilo's K ** -0.5. Gated DeltaNet form (GDELTA): b is beta; it L2-normalises q and k itself (the only mode it
+    has) and multiplies q by scale. Neither form takes an initial state."""
+    from kernels.loglinear_attn import num_levels
+
+    kernel, base = _hattention()
+    t, scale = x["q"].shape[1], x["q"].shape[-1] ** -0.5
+    padded = -(-t // HATTENTION_CHUNK) * HATTENTION_CHUNK
+    lam = x["level_scales"]
+    extra = num_levels(padded) - lam.shape[-1]
+    if extra > 0:  # levels no pair of the T real tokens reaches
+        lam = torch.nn.functional.pad(lam, (0, extra))
+    q, k, v, g, lam = (_pad_time(y, padded) for y in (x["q"], x["k"], x["v"], x["g"], lam))
+    common = {"g": g, "l": lam, "head_first": False, "level_base": 2, "htype": base.HType.WEAK,
+              "chunk_sizes": (HATTENTION_CHUNK, HATTENTION_CHUNK), "chunkwise": True}
+    if delta:
+        o = kernel.hattention_kernel(q, k, v, b=_pad_time(x["beta"], padded), scale=scale,
+                                     hstruct=base.HStruct.GDELTA, use_qk_l2norm_in_kernel=True, **common)
+    else:
+        o = kernel.hattention_kernel(q, k, v, b=None, scale=None, hstruct=base.HStruct.MAMBA2, **common) * scale
+    return o[:, :t]
+
+
 def _sdpa(kind: str):
     def call(x):
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -174,6 +263,10 @@ PEERS = [
     Peer("mamba_ssm mamba_chunk_scan_combined", "linear_attn", "mamba_ssm", _mamba_ssm_ssd, (MAMBA2,)),
     Peer("fla chunk_gated_delta_rule", "delta_rule", "fla", _fla_gated_delta_rule),
     Peer("fla chunk_log_linear_attn", "loglinear_attn", "fla", _fla_log_linear_attn),
+    Peer("hattention hattention_kernel (Mamba-2)", "loglinear_attn", "hattention",
+         functools.partial(_hattention_kernel, delta=False)),
+    Peer("hattention hattention_kernel (Gated DeltaNet)", "loglinear_delta_rule", "hattention",
+         functools.partial(_hattention_kernel, delta=True)),
     Peer("SDPA flash", "softmax_attn", None, _sdpa("flash")),
     Peer("SDPA cuDNN", "softmax_attn", None, _sdpa("cudnn")),
     Peer("flash-attn flash_attn_func", "softmax_attn", "flash_attn", _flash_attn),
@@ -198,6 +291,12 @@ def output_and_grads(call, inputs: dict, dtype: torch.dtype, seed: int = 11):
     return o.detach(), dict(zip(x, grads))
 
 
+def failure(err: BaseException) -> str:
+    """A peer's failure in one line: its type and the first line of its message (some raise a bare ValueError)."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+
+
 def cross_check(op: str, peer: Peer, shape: Shape, device: str, backend: str | None, b: int = 2, t: int = 777,
                 dtype: torch.dtype = torch.bfloat16) -> dict:
     """Error ratios against hilo's fp32 oracle of hilo's backend and of the peer: {quantity: (hilo, peer)},
@@ -207,8 +306,8 @@ def cross_check(op: str, peer: Peer, shape: Shape, device: str, backend: str | N
     ho, hg = output_and_grads(hilo_call(op, backend), inputs, dtype)
     try:
         po, pg = output_and_grads(peer.call, inputs, dtype)
-    except (RuntimeError, ValueError, NotImplementedError) as err:
-        return {"refused": str(err).splitlines()[0]}
+    except Exception as err:  # noqa: BLE001 (any failure is the peer's row: third-party code, unpinned)
+        return {"refused": failure(err)}
     errors = {"o": (error_ratio(ho, ro), error_ratio(po, ro))}
     for name, ref in rg.items():
         if ref is not None and hg.get(name) is not None and pg.get(name) is not None:
@@ -258,10 +357,14 @@ def run(ops, seqlens, device: str, peers=None, check_t: int = 777, tokens: int =
                 continue
             for t in seqlens:
                 hilo = timings(peer.op, hilo_call(peer.op, backend(peer.op)), shape, t, device, tokens)
-                theirs = timings(peer.op, peer.call, shape, t, device, tokens)
-                times.append({"op": peer.op, "peer": peer.name, "shape": shape.label, "T": t,
-                              "hilo_fwd": hilo[0], "hilo_fwd_bwd": hilo[1], "peer_fwd": theirs[0],
-                              "peer_fwd_bwd": theirs[1]})
+                row = {"op": peer.op, "peer": peer.name, "shape": shape.label, "T": t, "hilo_fwd": hilo[0],
+                       "hilo_fwd_bwd": hilo[1]}
+                try:
+                    theirs = timings(peer.op, peer.call, shape, t, device, tokens)
+                except Exception as err:  # noqa: BLE001 (a length the peer refuses is one row, not the end)
+                    times.append({**row, "refused": failure(err)})
+                    continue
+                times.append({**row, "peer_fwd": theirs[0], "peer_fwd_bwd": theirs[1]})
     return checks, times, missing
 
 
@@ -278,6 +381,10 @@ def tables(checks: list[dict], times: list[dict], missing: list[str]) -> str:
     lines += ["", ("| op | peer | shape | T | hilo fwd ms | peer fwd ms | hilo fwd+bwd ms | peer fwd+bwd ms | "
               "hilo / peer (fwd+bwd) |"), "|---|---|---|---|---|---|---|---|---|"]
     for r in times:
+        if "refused" in r:
+            lines.append(f"| {r['op']} | {r['peer']} | {r['shape']} | {r['T']} | {r['hilo_fwd']:.3f} | refused: "
+                         f"{r['refused']} | {r['hilo_fwd_bwd']:.3f} | - | - |")
+            continue
         lines.append(f"| {r['op']} | {r['peer']} | {r['shape']} | {r['T']} | {r['hilo_fwd']:.3f} | "
                      f"{r['peer_fwd']:.3f} | {r['hilo_fwd_bwd']:.3f} | {r['peer_fwd_bwd']:.3f} | "
                      f"{r['hilo_fwd_bwd'] / r['peer_fwd_bwd']:.2f}x |")
