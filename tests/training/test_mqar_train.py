@@ -129,7 +129,7 @@ def test_multirun_sweep_and_table(tmp_path):
     assert table.returncode == 0, table.stderr
     assert (sweep / "mqar_table.md").is_file() and "8 runs" in table.stdout
     csv_rows = (sweep / "mqar_table.csv").read_text().splitlines()
-    assert csv_rows[0].startswith("model,width,best_lr") and len(csv_rows) == 3
+    assert csv_rows[0].startswith("model,variant,width,best_lr") and len(csv_rows) == 3
 
 
 def test_eval_py_mqar_matches_the_final_validation(tmp_path):
