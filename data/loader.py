@@ -10,11 +10,13 @@ Data config (conf/data/*.yaml)::
     on_corrupt: error                         # or skip: the rest of a truncated/corrupt .zst file (counted)
     max_document_chars: 10000000              # longer training records are split (or skipped); null: no cap
     long_documents: split                     # or skip
+    retrieval_mix: {fraction: 0.0, tasks: [...]}   # needle documents in place of rows (data.retrieval_mix)
 
 Relative local paths are resolved against the repository root (see data.sources).
 
 ``build_train_loader`` returns a ``TrainLoader``: an endless iterator of batches (CPU LongTensors, layouts in
-data.packing). For every new document it draws a source with probability proportional to its weight from a
+data.packing). With ``retrieval_mix`` on, a row may be replaced by a needle-in-a-haystack document
+(data.retrieval_mix), decided from the seed, the rank and the row's index. For every new document it draws a source with probability proportional to its weight from a
 numpy Generator seeded with (seed, rank); sources restart (next epoch) when exhausted. The loader reads
 synchronously in the calling process, so ``state_dict()`` between two batches is exact: source positions,
 the leftover token buffer, the RNG state and the counters. A new loader built with the same arguments and
@@ -32,8 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from .packing import PACKERS, TokenBuffer
+from .packing import PACKERS, TokenBuffer, ignore_row_tails
 from .prefetch import PrefetchingLoader, RowShardedLoader
+from .retrieval_mix import build_retrieval_mix
 from .sources import (
     DEFAULT_MAX_DOCUMENT_CHARS,
     MAX_WARNINGS,
@@ -77,7 +80,10 @@ class TrainLoader:
             seq_len, batch_size, rank, world_size, seed)
         self.rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, rank])))
         self.buffer = TokenBuffer()
-        self.counters = {"batches": 0, "tokens": 0, "tokens_read": 0}
+        self.retrieval_mix = build_retrieval_mix(cfg.get("retrieval_mix"), tokenizer, seq_len=seq_len, seed=seed,
+                                                 rank=rank)
+        # rows: the index of the next row (what the retrieval mix keys on, so any batch size continues the count)
+        self.counters = {"batches": 0, "tokens": 0, "tokens_read": 0, "rows": 0, "retrieval_rows": 0}
 
     def __iter__(self) -> Iterator[dict]:
         return self
@@ -98,14 +104,24 @@ class TrainLoader:
             self.counters["tokens_read"] += len(tokens)
             self.buffer.push_document(tokens)
         rows = [self.buffer.take(self.seq_len) for _ in range(self.batch_size)]
+        needle_ends = {}
+        if self.retrieval_mix is not None:
+            for i, row in enumerate(rows):
+                needle = self.retrieval_mix.replace(self.counters["rows"] + i, row)
+                if needle is not None:
+                    rows[i], needle_ends[i] = needle
         self.counters["batches"] += 1
         self.counters["tokens"] += need
-        return PACKERS[self.packing](rows)
+        self.counters["rows"] += self.batch_size
+        self.counters["retrieval_rows"] += len(needle_ends)
+        batch = PACKERS[self.packing](rows)
+        ignore_row_tails(batch, needle_ends, self.seq_len)
+        return batch
 
     @property
     def stats(self) -> dict:
         """Counters: docs, malformed, empty, long_documents, corrupt_files (summed over sources), tokens emitted,
-        tokens_read, batches, buffered tokens, and per-source docs/malformed/empty/long_documents/corrupt_files/
+        tokens_read, batches, rows, retrieval_rows (needle documents), buffered tokens, and per-source docs/malformed/empty/long_documents/corrupt_files/
         epochs_completed."""
         per_source = [{"name": s.name, **s.stats} for s in self.sources]
         total = lambda key: sum(s[key] for s in per_source)
@@ -131,7 +147,9 @@ class TrainLoader:
             source.load_state_dict(source_sd)
         self.buffer.load_state_dict(sd["buffer"])
         self.rng.bit_generator.state = _plain(sd["rng"])
-        self.counters = dict(sd["counters"])
+        # a state saved before rows were counted: every batch had this loader's batch size
+        self.counters = {"rows": sd["counters"]["batches"] * self.batch_size, "retrieval_rows": 0,
+                         **sd["counters"]}
 
 
 def build_train_loader(data_cfg: Mapping, tokenizer, *, seq_len: int, batch_size: int, rank: int = 0,

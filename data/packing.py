@@ -88,3 +88,14 @@ def pack_varlen(rows: list[list[Piece]]) -> dict[str, torch.Tensor]:
 
 
 PACKERS = {"fixed": pack_fixed, "varlen": pack_varlen}
+
+
+def ignore_row_tails(batch: dict[str, torch.Tensor], ends: dict[int, int], seq_len: int) -> None:
+    """In place: the labels of row r from token ``ends[r]`` to its end set to IGNORE_INDEX, in either layout
+    (fixed ``[B, T]`` or varlen ``[1, B*T]``, row r at ``[r*T, (r+1)*T)``); the padding after a needle document."""
+    labels = batch["labels"]
+    for row, end in ends.items():
+        if "cu_seqlens" in batch:
+            labels[0, row * seq_len + end:(row + 1) * seq_len] = IGNORE_INDEX
+        else:
+            labels[row, end:] = IGNORE_INDEX

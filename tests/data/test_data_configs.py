@@ -41,6 +41,14 @@ def test_long_data_collections_config():
     assert (REPO_ROOT / cfg["heldout"]).is_file()
 
 
+@pytest.mark.parametrize("name", ["default", "hub", "long_data_collections"])
+def test_retrieval_mix_is_off_in_the_shipped_data_configs(name):
+    mix = load("data", name)["retrieval_mix"]
+    assert mix["fraction"] == 0.0 and mix["tasks"] == ["niah_single_1", "niah_single_2", "niah_single_3",
+                                                       "niah_multikey_1", "niah_multikey_2", "niah_multikey_3",
+                                                       "niah_multivalue", "niah_multiquery"]
+
+
 def test_hub_and_hf_tokenizer_configs():
     hub = load("data", "hub")
     (source,) = hub["sources"]

@@ -177,3 +177,6 @@ def test_longctx_small_trains_at_4k_and_reports_ppl_and_ruler(model):
     reports = final_eval_configs(cfg)
     assert {name: r.get("seq_len", r.get("lengths")) for name, r in reports} == {
         "ppl_T4096": 4096, "ppl_T8192": 8192, "ruler": [2048, 4096, 8192]}
+    # a quarter of the training rows are needle documents of exactly the tasks RULER evaluates
+    mix = OmegaConf.to_container(cfg.data.retrieval_mix)
+    assert mix == {"fraction": 0.25, "tasks": dict(reports)["ruler"]["tasks"]}
