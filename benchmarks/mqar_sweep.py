@@ -2,7 +2,7 @@
 
     python benchmarks/mqar_sweep.py --out runs/mqar_grid --jobs 16 \
         --models mamba2,gated_deltanet --widths 32,64 --lrs 4.6e-4,1e-3,2.2e-3 --seeds 0,1,2 \
-        [--gpus 0,1] [--variant NAME OVERRIDE ... (repeatable)] [-- trainer.max_steps=6000 ...]
+        [--gpus 0,1] [--variant NAME [OVERRIDE ...] (repeatable)] [-- trainer.max_steps=6000 ...]
 
 MQAR models are tiny (2 layers, width 16-64): one run leaves a GPU mostly idle, waiting on Python and kernel
 launches. Running --jobs points as separate processes on the same GPU (round-robin over --gpus when given) fills it.
@@ -63,7 +63,8 @@ def point_command(model: str, width: int, lr: float, seed: int, run_dir: Path, e
 
 
 def parse_variants(specs: list[list[str]] | None) -> list[tuple[str, tuple[str, ...]]]:
-    """--variant NAME OVERRIDE ... arguments as [(name, overrides)]; [NO_VARIANT] when none is given."""
+    """--variant NAME [OVERRIDE ...] arguments as [(name, overrides)]; [NO_VARIANT] when none is given. A variant
+    without overrides is the grid's own recipe under a name (the baseline row of an ablation)."""
     if not specs:
         return [NO_VARIANT]
     variants = []
@@ -73,9 +74,6 @@ def parse_variants(specs: list[list[str]] | None) -> list[tuple[str, tuple[str, 
             raise ValueError(f"--variant {name!r}: the first word is the variant's name, then its overrides")
         if not re.fullmatch(r"[A-Za-z0-9_]+", name):
             raise ValueError(f"--variant name {name!r}: use letters, digits and _ (it ends the points' directory names)")
-        if not overrides:
-            raise ValueError(f"--variant {name} has no overrides; give them after its name, e.g. "
-                             f"--variant {name} model.initializer_range=0.07")
         if name in {v[0] for v in variants}:
             raise ValueError(f"--variant {name} is given twice")
         variants.append((name, overrides))
@@ -204,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="CUDA device indices the points are spread over, round-robin (default: inherit)")
     parser.add_argument("--variant", nargs="+", action="append", metavar=("NAME", "OVERRIDE"),
                         help="a recipe variant: its name, then train.py overrides applied to every point after those "
-                             "after --; repeat for more (the grid runs each); default: none")
+                             "after -- (none: the grid's own recipe under that name); repeat for more (the grid runs "
+                             "each); default: none")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")

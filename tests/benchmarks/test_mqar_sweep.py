@@ -105,19 +105,22 @@ def test_each_point_gets_an_equal_share_of_the_cores(tmp_path, monkeypatch):
 
 
 def test_variants_run_as_points_of_their_own_with_their_overrides_last(tmp_path, capsys):
-    """--variant NAME OVERRIDE...: every point runs once per variant, in <point>-<name>/, with the variant's
-    overrides after the grid's (they win), and the table has a row per (model, variant)."""
+    """--variant NAME [OVERRIDE...]: every point runs once per variant, in <point>-<name>/, with the variant's
+    overrides after the grid's (they win; none: the grid's recipe, a named baseline), and the table has a row per
+    (model, variant)."""
     argv = ["--out", str(tmp_path), "--models", "transformer", "--widths", "16", "--lrs", "1e-3", "--jobs", "2",
-            "--variant", "short", "trainer.max_steps=2", "--variant", "noclip", "optim.grad_clip=0", "--", *TINY]
+            "--variant", "short", "trainer.max_steps=2", "--variant", "noclip", "optim.grad_clip=0", "--variant", "base",
+            "--", *TINY]
     assert mqar_sweep.main(argv) == 0
     out = capsys.readouterr().out
     short, noclip = (tmp_path / f"transformer-d16-lr0.001-s0-{v}" for v in ("short", "noclip"))
     assert json.loads((short / "summary.json").read_text())["step"] == 2  # the variant's max_steps beat the grid's 3
     assert json.loads((noclip / "summary.json").read_text())["step"] == 3
     assert (noclip / "variant.txt").read_text().split("\n")[:2] == ["noclip", "optim.grad_clip=0"]
-    assert "| transformer (short) |" in out and "| transformer (noclip) |" in out
+    assert json.loads((tmp_path / "transformer-d16-lr0.001-s0-base" / "summary.json").read_text())["step"] == 3
+    assert all(f"| transformer ({v}) |" in out for v in ("short", "noclip", "base"))
     assert not (tmp_path / "transformer-d16-lr0.001-s0").exists()
-    for bad, message in ((["--variant", "a.b", "x=1"], "letters, digits"), (["--variant", "solo"], "no overrides"),
+    for bad, message in ((["--variant", "a.b", "x=1"], "letters, digits"),
                          (["--variant", "v", "x=1", "--variant", "v", "y=2"], "given twice"),
                          (["--variant", "x=1"], "first word")):
         with pytest.raises(SystemExit):
