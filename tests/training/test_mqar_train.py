@@ -13,6 +13,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from models.conv import ShortConv
 from tests.training.helpers import CONF, REPO, metrics, run_train, small_cfg
 from training import ConfigError, validate_train_config
 
@@ -24,6 +25,7 @@ TINY_DATA = [
 ]
 MQAR_MODELS = ["transformer", "mamba2", "loglinear_mamba2", "gated_deltanet", "loglinear_gated_deltanet",
                "hla_transformer", "hla_mamba2", "hla_gated_deltanet"]
+SHELLS_WITHOUT_CONV = {"transformer", "hla_transformer"}  # the MQAR recipe puts a conv before these mixers only
 
 
 def test_short_run_logs_accuracy_per_slice_and_takes_the_vocabulary_from_the_data(tmp_path):
@@ -100,8 +102,14 @@ def test_sweep_experiment_composes_for_every_model_and_width():
             kwargs = OmegaConf.to_container(cfg.model, resolve=True)
             with torch.device("meta"):
                 model = models.build_model({**kwargs, "vocab_size": 8192})
-            assert len(model.model.layers) == 2
-            assert all(b.mlp is None and b.pre_conv.kernel_size == 4 for b in model.model.layers)
+            assert len(model.model.layers) == 2 and all(b.mlp is None for b in model.model.layers)
+            # The recipe: tied embeddings, and one short conv on each mixer's inputs (its own, else a pre_conv).
+            assert model.lm_head.weight is model.model.embed_tokens.weight
+            for block in model.model.layers:
+                own_conv = any(isinstance(m, ShortConv) for m in block.mixer.modules())
+                assert own_conv == (name not in SHELLS_WITHOUT_CONV), name
+                assert (block.pre_conv is None) == own_conv, name
+                assert own_conv or block.pre_conv.kernel_size == 4
 
 
 def test_multirun_sweep_and_table(tmp_path):
