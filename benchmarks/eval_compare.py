@@ -57,9 +57,9 @@ def ppl_tables(runs: list[tuple[str, dict, list]]) -> list[str]:
         train_len = rows[0][1].get("train_len")
         head = ["run", "ppl", *(["ppl <= train len", "ppl > train len"] if train_len and train_len < seq_len else []),
                 *(f"[{s}, {e})" for s, e in buckets)]
-        lines += [f"Perplexity by position at {seq_len} tokens (train length {train_len}; "
-                  f"{rows[0][1]['num_documents']} documents):", "", "| " + " | ".join(head) + " |",
-                  "|" + "---|" * len(head)]
+        title = (f"Perplexity by position at {seq_len} tokens (train length {train_len}; "
+                 f"{rows[0][1]['num_documents']} documents):")
+        lines += [title, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for label, result in rows:
             by_range = {(b["start"], b["end"]): b["ppl"] for b in result["log2_buckets"]}
             cells = [label, _num(result["ppl"])]
