@@ -16,6 +16,11 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import torch
 
+# Under pytest-xdist each worker shares the machine's cores with the others: one intra-op thread each keeps the
+# workers from oversubscribing the CPU (the suite's kernels are mostly the Triton interpreter's Python anyway).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
 # Triton reads TRITON_INTERPRET when @triton.jit decorates (at import), so it must be set before kernels is imported:
 # without a GPU the Triton backends run on CPU tensors through the interpreter.
 if not torch.cuda.is_available():

@@ -380,4 +380,5 @@ def test_triton_custom_op_without_states(t):
     def f(q, k, v, g, lam):
         return loglinear_attn(q * 2, k, v, g=g, level_scales=lam, scale=0.3, backend="triton")[0].square().sum()
 
-    assert_one_graph_with_eager_values(f, leaves, "loglinear_attn", rtol=1e-4, atol=1e-5)
+    if t == 70:  # the graph does not depend on T; at 300 the interpreter's two more passes only cost time
+        assert_one_graph_with_eager_values(f, leaves, "loglinear_attn", rtol=1e-4, atol=1e-5)

@@ -375,8 +375,8 @@ def test_triton_level_groups():
     groups of 2 + 1, and the delta rule's prior levels into groups of 2): the groups add up to the definition."""
     from kernels.common import launch_settings
 
-    x = make(2, 300, seed=17, nl=num_levels(400))
-    init = prior_state([0, 100], nl=x["lam"].shape[-1], seed=18)
+    x = make(1, 300, seed=17, nl=num_levels(400))
+    init = prior_state([100], nl=x["lam"].shape[-1], seed=18)
     ref = run("quadratic", x, init=init, dtype=torch.float64)
     with launch_settings(loglinear_delta_rule={"scan_levels": 2}):
         got = run("triton", x, init=init)
@@ -410,8 +410,8 @@ def test_backward_scan_columns_of_their_own(monkeypatch):
 
     seen = {}
     record_scan_launches(monkeypatch, seen)
-    x = make(2, 300, seed=19, nl=num_levels(400), dv=32)
-    init = prior_state([0, 100], nl=x["lam"].shape[-1], seed=20, dv=32)
+    x = make(1, 300, seed=19, nl=num_levels(400), dv=32)
+    init = prior_state([100], nl=x["lam"].shape[-1], seed=20, dv=32)
     ref = run("quadratic", x, init=init, dtype=torch.float64)
     with launch_settings(loglinear_delta_rule={"scan_levels": 2, "scan_cols": 64, "bwd_scan_cols": 32}):
         got = run("triton", x, init=init)
@@ -600,7 +600,7 @@ def test_split_level_scan_backward_wide_heads(dk):
 # documents continue priors (the prior levels' scan, mode 1, and the initial levels' gradient). On the Triton path
 # V = 320 and 264 are more than UNROLL_V, so the split backward's gradient kernels loop over their V-blocks (v_span).
 WIDE_CASES = {"batch": {"lengths": None, "tokens": None, "dk": 32, "dv": 320},
-              "varlen_prior": {"lengths": [1, 15, 75, 30], "tokens": [0, 5, 64, 100], "dk": 24, "dv": 264}}
+              "varlen_prior": {"lengths": [1, 15, 40, 20], "tokens": [0, 5, 64, 100], "dk": 24, "dv": 264}}
 
 
 @pytest.mark.parametrize("backend", ["naive", "torch", pytest.param("triton", marks=triton_only)])
@@ -608,7 +608,7 @@ WIDE_CASES = {"batch": {"lengths": None, "tokens": None, "dk": 32, "dv": 320},
 def test_wide_value_heads_match_definition(backend, case):
     lengths, tokens, dk, dv = WIDE_CASES[case].values()
     if lengths is None:
-        cu, x, init = None, make(2, 130, seed=61, dk=dk, dv=dv), None
+        cu, x, init = None, make(1, 130, seed=61, dk=dk, dv=dv), None
     else:
         cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
         x = make(1, int(cu[-1]), seed=62, nl=num_levels(max(lengths) + max(tokens)), dk=dk, dv=dv)
