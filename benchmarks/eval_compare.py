@@ -74,8 +74,7 @@ def ppl_tables(runs: list[tuple[str, dict, list]]) -> list[str]:
 def ruler_table(runs: list[tuple[str, dict, list]]) -> list[str]:
     """One row per run, a column per (task, length), and the average, in RULER's 0-100 scores."""
     cells = sorted({(task, length) for _, _, reports in runs for r in reports
-                    for task in r["tasks"] for length in r["lengths"]},
-                  )
+                    for task in r["tasks"] for length in r["lengths"]})
     if not cells:
         return []
     head = ["run", *(f"{task} @ {length}" for task, length in cells), "average"]
@@ -126,11 +125,13 @@ def main(argv: list[str] | None = None) -> None:
     runs = [load_run(spec) for spec in args.runs]
     args.out.mkdir(parents=True, exist_ok=True)
     text = "\n".join([*ppl_tables(runs), *ruler_table(runs)])
-    (args.out / "eval_compare.md").write_text(text)
+    written = [args.out / "eval_compare.md"]
+    written[0].write_text(text)
     if any(ppl for _, ppl, _ in runs):
-        plot(runs, args.out / "ppl_by_position.png")
+        written.append(args.out / "ppl_by_position.png")
+        plot(runs, written[-1])
     print(text)
-    print(f"-> {args.out / 'eval_compare.md'}" + (f", {args.out / 'ppl_by_position.png'}" if any(p for _, p, _ in runs) else ""))
+    print("-> " + ", ".join(map(str, written)))
 
 
 if __name__ == "__main__":
