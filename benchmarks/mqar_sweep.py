@@ -32,9 +32,10 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
 
-import mqar_table
+from benchmarks import mqar_table
 
 
 def split_list(text: str, kind=str) -> list:
@@ -80,11 +81,6 @@ def parse_variants(specs: list[list[str]] | None) -> list[tuple[str, tuple[str, 
     return variants
 
 
-def read_summary(run_dir: Path) -> dict | None:
-    path = run_dir / "summary.json"
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 def finished(summary: dict | None) -> bool:
     """Whether a point's run ended (max_steps or its early stop), not stopped by a signal to be resumed."""
     return summary is not None and not summary.get("stopped_by_signal")
@@ -128,7 +124,7 @@ def run_grid(points: list[tuple], out: Path, jobs: int, gpus: list[str] | None, 
     for model, width, lr, seed, *rest in points:
         variant, overrides = rest[0] if rest else NO_VARIANT
         run_dir = out / point_name(model, width, lr, seed, variant)
-        summary = read_summary(run_dir)
+        summary = mqar_table.read_summary(run_dir)
         if finished(summary):
             continue
         start_step[run_dir] = int(summary.get("step", 0)) if summary else 0  # a resumed point counts its new steps
@@ -145,7 +141,7 @@ def run_grid(points: list[tuple], out: Path, jobs: int, gpus: list[str] | None, 
     wall = time.perf_counter() - start
     steps = 0
     for run_dir in ran:
-        summary = read_summary(run_dir)
+        summary = mqar_table.read_summary(run_dir)
         if summary is not None:
             steps += max(int(summary.get("step", 0)) - start_step[run_dir], 0)
     return {"launched": launched, "failed": [str(f) for f in failed], "wall_s": wall, "steps": steps,

@@ -41,13 +41,28 @@ REFERENCE = {"mamba2": (46.9, 75.1, 89.6), "loglinear_mamba2": (55.9, 76.5, 92.9
 CSV_FIELDS = ("model", "variant", "width", "best_lr", "mean_acc", "std_acc", "num_seeds", "seeds", "lrs")
 
 
+def read_summary(run_dir: Path) -> dict | None:
+    """run_dir/summary.json, or None where there is none or it cannot be read (a run killed while writing it): a
+    warning names the file, and the run's metrics.jsonl is what is left of its record."""
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return None
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        summary = err
+    if not isinstance(summary, dict):
+        print(f"warning: {path} is not a run summary ({summary!s:.80}); the run is read from its metrics.jsonl "
+              f"and counts as unfinished", file=sys.stderr)
+        return None
+    return summary
+
+
 def run_accuracy(run_dir: Path) -> float | None:
     """A run's best overall MQAR accuracy: summary.json's best_mqar_acc, else the max val/mqar_acc logged."""
-    summary = run_dir / "summary.json"
-    if summary.is_file():
-        best = json.loads(summary.read_text()).get("best_mqar_acc")
-        if best is not None:
-            return float(best)
+    best = (read_summary(run_dir) or {}).get("best_mqar_acc")
+    if best is not None:
+        return float(best)
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file():
         accs = [json.loads(line).get("val/mqar_acc") for line in metrics.read_text().splitlines() if line.strip()]

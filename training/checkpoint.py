@@ -156,7 +156,7 @@ def write_manifest(ckpt: Path) -> dict:
     manifest = {"version": MANIFEST_VERSION,
                 "files": {f.relative_to(ckpt).as_posix(): {"size": f.stat().st_size, "sha256": d}
                           for f, d in zip(files, digests)}}
-    _write_durably(ckpt / MANIFEST, json.dumps(manifest, indent=1).encode())
+    write_durably(ckpt / MANIFEST, json.dumps(manifest, indent=1).encode())
     return manifest
 
 
@@ -307,7 +307,7 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def _write_durably(path: Path, data: bytes) -> None:
+def write_durably(path: Path, data: bytes) -> None:
     """path's new contents in full or not at all: a fsynced temporary, os.replace, then the directory fsynced."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
@@ -490,7 +490,7 @@ class CheckpointManager:
                     shutil.rmtree(final)
                 os.replace(tmp, final)
                 _fsync_path(self.dir)
-                _write_durably(self.dir / "latest", final.name.encode())
+                write_durably(self.dir / "latest", final.name.encode())
         except Exception as e:
             if isinstance(e, CheckpointError):
                 raise

@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from training.checkpoint import write_durably
+
 log = logging.getLogger(__name__)
 
 # Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) for MFU; anything else needs trainer.peak_tflops=<number>.
@@ -132,7 +134,8 @@ class MetricsLogger:
     def finish(self, summary: dict) -> None:
         if not self.enabled:
             return
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        # Whole or not at all: a run killed here keeps its previous summary instead of an empty file.
+        write_durably(self.run_dir / "summary.json", json.dumps(summary, indent=2, default=str).encode())
         plot_loss_curve(self.jsonl, self.run_dir / "loss_curve.png")
         if self.wandb_run is not None:
             self.wandb_run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})

@@ -245,6 +245,10 @@ class Trainer:
                     self.step()
                     if self._end_of_step(stop):
                         break
+                if self.stopped_by_signal:
+                    # Still under the handler: a second signal (a sweep or `timeout` passing on its own) must not
+                    # kill the run while it writes its summary. A run that ended by itself keeps Ctrl-C for its evals.
+                    return self.finish()
             return self.finish()
         finally:
             if self.lock is not None:

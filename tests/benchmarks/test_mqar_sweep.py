@@ -5,9 +5,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-import mqar_sweep
+from benchmarks import mqar_sweep
 
 TINY = ["trainer.max_steps=3", "trainer.batch_size=4", "trainer.val_every=2", "trainer.seq_len=32", "logger=none",
         "trainer.device=cpu", "data.train=[{seq_len:32,num_kv_pairs:2,num_examples:16}]",
@@ -51,6 +49,17 @@ def test_a_point_stopped_by_a_signal_is_resumed_not_skipped(tmp_path):
     assert result["launched"] == 1 and result["steps"] == 2  # resumed at step 3, ran steps 4 and 5
     resumed = json.loads(summary_path.read_text())
     assert resumed["step"] == 5 and not resumed["stopped_by_signal"]
+
+
+def test_a_point_with_an_unreadable_summary_is_run_again(tmp_path, monkeypatch, capsys):
+    run_dir = tmp_path / mqar_sweep.point_name("mamba2", 16, 1e-3, 0)
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text("")  # its run was killed while writing it
+    launched = []
+    monkeypatch.setattr(mqar_sweep, "_loop", lambda todo, *args: launched.extend(todo) or len(todo))
+    mqar_sweep.run_grid([("mamba2", 16, 1e-3, 0)], tmp_path, 1, None, [])
+    assert [d for d, _ in launched] == [run_dir]
+    assert str(run_dir / "summary.json") in capsys.readouterr().err
 
 
 def test_sigterm_stops_the_grid_and_its_points_save(tmp_path):

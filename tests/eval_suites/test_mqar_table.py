@@ -73,3 +73,12 @@ def test_cli_writes_markdown_and_csv(sweep, tmp_path, capsys):
 def test_cli_without_runs_fails(tmp_path):
     (tmp_path / "empty").mkdir()
     assert main([str(tmp_path / "empty")]) == 1
+
+
+@pytest.mark.parametrize("text", ["", '{"step": 3, "best_mq', "[0.9]"])
+def test_an_unreadable_summary_falls_back_to_the_logged_accuracy(tmp_path, capsys, text):
+    run = make_run(tmp_path, "run", "mamba2", 32, 1e-3, 0, logged=[0.2, 0.6, 0.5])
+    (run / "summary.json").write_text(text)  # a run killed while writing it
+    runs, skipped = collect_runs([tmp_path])
+    assert skipped == 0 and [r["acc"] for r in runs] == [0.6]
+    assert str(run / "summary.json") in capsys.readouterr().err

@@ -101,3 +101,18 @@ def test_a_resume_moves_the_discarded_steps_records_aside(tmp_path):
 
     superseded = read_metrics(run_dir / "metrics.superseded.jsonl")
     assert superseded == [r for r in first if r["step"] > 3]
+
+
+def test_a_summary_write_that_fails_leaves_the_previous_summary_whole(tmp_path, monkeypatch):
+    logger = logger_for(tmp_path, monkeypatch)
+    monkeypatch.setattr(metrics_logging, "plot_loss_curve", lambda *a: None)
+    logger.finish({"step": 3, "stopped_by_signal": True})
+    before = (tmp_path / "summary.json").read_text()
+
+    def fail(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("training.checkpoint.os.fsync", fail)  # the write dies before the file is replaced
+    with pytest.raises(OSError):
+        logger.finish({"step": 5, "stopped_by_signal": False})
+    assert (tmp_path / "summary.json").read_text() == before
