@@ -35,8 +35,8 @@ train: setup
 	$(PY) train.py $(ARGS)
 
 # Two pytest workers, each taking whole test files (their module fixtures and caches stay in one process), one torch
-# thread each (tests/conftest.py): the suite takes 12.5-13.5 minutes on a 2-core CPU machine. PYTEST_WORKERS=0 runs
-# it serially.
+# thread each (tests/conftest.py): the suite takes 10.5-13.5 minutes on a 2-core CPU machine (less when nothing
+# else runs there). PYTEST_WORKERS=0 runs it serially.
 PYTEST_WORKERS ?= 2
 
 test: setup

@@ -49,13 +49,14 @@ def read_summary(run_dir: Path) -> dict | None:
         return None
     try:
         summary = json.loads(path.read_text())
+        if isinstance(summary, dict):
+            return summary
+        problem = f"a JSON {type(summary).__name__}, not an object"
     except (OSError, ValueError) as err:
-        summary = err
-    if not isinstance(summary, dict):
-        print(f"warning: {path} is not a run summary ({summary!s:.80}); the run is read from its metrics.jsonl "
-              f"and counts as unfinished", file=sys.stderr)
-        return None
-    return summary
+        problem = str(err)[:80]
+    print(f"warning: {path} is not a run summary ({problem}); the run is read from its metrics.jsonl and counts as "
+          f"unfinished", file=sys.stderr)
+    return None
 
 
 def run_accuracy(run_dir: Path) -> float | None:
