@@ -4,12 +4,18 @@ Test sets come from data.mqar.build_test_sets (labels at the query positions: ``
 computed at position q, after reading the key, must predict; see data/mqar.py). ``evaluate`` scores a model on
 every slice (one (seq_len, num_kv_pairs) setting each) and returns
 
-    {"acc": accuracy over all queries of all slices (each query counts once, so slices with more pairs weigh more),
+    {"acc": the mean over all test examples of each example's accuracy over its queries (Zoology's valid/accuracy,
+            whose protocol the log-linear paper follows; with as many examples in every slice, the mean of the
+            slices' accuracies),
+     "query_acc": accuracy over all queries of all slices (each query counts once, so slices with more pairs weigh
+                  more: lower than acc while the long slices fail),
      "loss": mean cross-entropy of the logits at the query positions (nats),
-     "slices": {"T256_kv4": {"acc", "loss", "num_queries", "seq_len", "num_kv_pairs"}, ...},
-     "num_queries": total}
+     "slices": {"T256_kv4": {"acc", "loss", "num_queries", "num_examples", "seq_len", "num_kv_pairs"}, ...},
+     "num_queries": total, "num_examples": total}
 
-``metrics(result)`` flattens it to the names train.py logs: val/mqar_acc, val/mqar_acc/<slice>, val/loss;
+A slice's acc is the mean of its examples' accuracies (each of its examples has num_kv_pairs queries, so it is also
+the accuracy over its queries). ``metrics(result)`` flattens it to the names train.py logs: val/mqar_acc,
+val/mqar_query_acc, val/mqar_acc/<slice>, val/loss;
 ``format_table`` prints it and ``write_report`` saves it as JSON (eval.py eval=mqar).
 """
 
@@ -45,45 +51,59 @@ def evaluate(model: Any, test_sets: Sequence[dict], batch_size: int, device: tor
     was_training = model.training
     model.eval()
     slices = {}
-    correct_all = queries_all = 0
-    loss_all = 0.0
+    correct_all = queries_all = examples_all = 0
+    loss_all = example_acc_all = 0.0
     for test in test_sets:
         correct = queries = 0
-        loss_sum = 0.0
+        loss_sum = example_acc_sum = 0.0
         for i in range(0, len(test["inputs"]), batch_size):
             inputs = test["inputs"][i:i + batch_size].to(device)
             labels = test["labels"][i:i + batch_size].to(device)
             logits = model(input_ids=inputs, use_cache=False).logits
             mask = labels != IGNORE_INDEX
+            per_example = mask.sum(-1)
+            if bool((per_example == 0).any()):
+                raise ValueError(f"MQAR test slice {test['name']} has an example without labelled positions")
             picked, targets = logits[mask].float(), labels[mask]
-            correct += int((picked.argmax(-1) == targets).sum())
+            hits = torch.zeros_like(mask)
+            hits[mask] = picked.argmax(-1) == targets
+            correct += int(hits.sum())
+            example_acc_sum += float((hits.sum(-1).double() / per_example).sum())
             loss_sum += float(F.cross_entropy(picked, targets, reduction="sum"))
             queries += int(mask.sum())
             if progress is not None:
                 progress(len(inputs))
-        if queries == 0:
-            raise ValueError(f"MQAR test slice {test['name']} has no labelled positions")
-        slices[test["name"]] = {"acc": correct / queries, "loss": loss_sum / queries, "num_queries": queries,
+        examples = len(test["inputs"])
+        if examples == 0:
+            raise ValueError(f"MQAR test slice {test['name']} has no examples")
+        slices[test["name"]] = {"acc": example_acc_sum / examples, "loss": loss_sum / queries,
+                                "num_queries": queries, "num_examples": examples,
                                 "seq_len": int(test["seq_len"]), "num_kv_pairs": int(test["num_kv_pairs"])}
         correct_all, queries_all, loss_all = correct_all + correct, queries_all + queries, loss_all + loss_sum
+        example_acc_all, examples_all = example_acc_all + example_acc_sum, examples_all + examples
     model.train(was_training)
-    return {"acc": correct_all / queries_all, "loss": loss_all / queries_all, "slices": slices,
-            "num_queries": queries_all}
+    return {"acc": example_acc_all / examples_all, "query_acc": correct_all / queries_all,
+            "loss": loss_all / queries_all, "slices": slices, "num_queries": queries_all,
+            "num_examples": examples_all}
 
 
 def metrics(result: dict, prefix: str = "val") -> dict[str, float]:
-    """The flat metric names of a result: <prefix>/mqar_acc, <prefix>/mqar_acc/<slice>, <prefix>/loss."""
-    out = {f"{prefix}/loss": result["loss"], f"{prefix}/mqar_acc": result["acc"]}
+    """The flat metric names of a result: <prefix>/mqar_acc, <prefix>/mqar_query_acc, <prefix>/mqar_acc/<slice>,
+    <prefix>/loss."""
+    out = {f"{prefix}/loss": result["loss"], f"{prefix}/mqar_acc": result["acc"],
+           f"{prefix}/mqar_query_acc": result["query_acc"]}
     out.update({f"{prefix}/mqar_acc/{name}": s["acc"] for name, s in result["slices"].items()})
     return out
 
 
 def format_table(result: dict) -> str:
-    """A plain-text table: one line per slice (accuracy %, queries) and the overall accuracy."""
+    """A plain-text table: one line per slice (accuracy %, queries), the overall accuracy (the mean over examples)
+    and the accuracy over all queries."""
     lines = [f"{'slice':<16}{'acc %':>8}{'queries':>10}"]
     for name, s in result["slices"].items():
         lines.append(f"{name:<16}{100 * s['acc']:>8.2f}{s['num_queries']:>10}")
     lines.append(f"{'all':<16}{100 * result['acc']:>8.2f}{result['num_queries']:>10}")
+    lines.append(f"{'all, per query':<16}{100 * result['query_acc']:>8.2f}{result['num_queries']:>10}")
     return "\n".join(lines)
 
 

@@ -64,7 +64,7 @@ def test_oracle_scores_everything_and_constant_nothing():
     assert late["acc"] < 0.05
 
 
-def test_partial_credit_is_per_query_and_pooled_over_slices():
+def test_partial_credit_is_per_example_and_averaged_over_examples():
     tests = build_test_sets(CFG)
     recall = Recall()
 
@@ -84,9 +84,16 @@ def test_partial_credit_is_per_query_and_pooled_over_slices():
     expected_48 = (t48["inputs"][query] % 2 == 0).double().mean().item()
     assert result["slices"]["T48_kv12"]["acc"] == pytest.approx(expected_48)
     assert result["slices"]["T32_kv4"]["acc"] == 1.0
-    assert result["acc"] == pytest.approx((80 + expected_48 * 120) / 200)
+    # overall, Zoology's accuracy: each example's accuracy, averaged over the examples
+    # of all slices; query_acc pools the queries instead, so the slice with more pairs weighs more
+    per_example_48 = ((t48["inputs"] % 2 == 0) & query).sum(-1).double() / query.sum(-1)
+    assert result["acc"] == pytest.approx((20 * 1.0 + per_example_48.sum().item()) / 30)
+    assert result["query_acc"] == pytest.approx((80 + expected_48 * 120) / 200)
+    assert result["acc"] != pytest.approx(result["query_acc"])
+    assert result["num_examples"] == 30 and result["slices"]["T48_kv12"]["num_examples"] == 10
     flat = mqar.metrics(result)
     assert flat["val/mqar_acc"] == result["acc"] and flat["val/mqar_acc/T48_kv12"] == pytest.approx(expected_48)
+    assert flat["val/mqar_query_acc"] == result["query_acc"]
     assert flat["val/loss"] == result["loss"]
 
 
