@@ -1,5 +1,6 @@
 """The MQAR table of an experiment=mqar_sweep sweep: per model and width, the best learning rate's mean +- std
-(over seeds) of each run's best overall accuracy, as Markdown and CSV.
+(over seeds) of each run's best overall accuracy (val/mqar_acc: the mean of the test examples' accuracies, as
+Zoology counts it), as Markdown and CSV.
 
     python benchmarks/mqar_table.py runs/sweeps/mqar_sweep [more run dirs ...] [--out runs/sweeps/mqar_sweep/mqar_table]
 
