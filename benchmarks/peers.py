@@ -18,7 +18,8 @@ backend and the peer on bf16 inputs, each against hilo's fp32 oracle (its "naive
 odd-length batch: the output and the gradient of every input the two share, as error ratios (docs/kernels.md); a
 peer is an independent oracle too, and a peer whose call fails (a version check, a dependency of another version) is
 a row naming the error, at the check or at one length of the timing. Times: median ms of triton.testing.do_bench for
-the forward and for forward + backward, at B * T = 32,768 tokens, and hilo's time over the fastest peer's.
+the forward and for forward + backward, at B * T = 32,768 tokens, and hilo's time over the fastest peer's. Each
+row goes to stderr as it is measured (a run stopped by a time limit keeps those); the tables go to stdout at the end.
 
 End to end (a training step of hilo's model beside the peer model with the same weights: tokens/s and peak memory)
 is benchmarks/lm_parity.py, e.g. `python benchmarks/lm_parity.py --size 340m --seq-len 8192 --batch-size 4
@@ -342,9 +343,11 @@ def timings(op: str, call, shape: Shape, t: int, device: str, tokens: int = TOKE
 
 
 def run(ops, seqlens, device: str, peers=None, check_t: int = 777, tokens: int = TOKENS,
-        backend: Callable[[str], str | None] = hilo_backend) -> tuple[list[dict], list[dict], list[str]]:
+        backend: Callable[[str], str | None] = hilo_backend,
+        report: Callable[[str], None] | None = None) -> tuple[list[dict], list[dict], list[str]]:
     """(correctness rows, timing rows, names of the missing peers); backend(op) is the hilo backend checked and
-    timed (on a GPU, the one hilo's layers use)."""
+    timed (on a GPU, the one hilo's layers use). report, if given, gets each row as a table line once measured (a
+    run stopped by a time limit keeps what it measured)."""
     peers = PEERS if peers is None else peers
     present = [p for p in peers if p.op in ops and installed(p.package)]
     missing = [f"{p.name} ({p.package})" for p in peers if p.op in ops and not installed(p.package)]
@@ -353,6 +356,9 @@ def run(ops, seqlens, device: str, peers=None, check_t: int = 777, tokens: int =
         for shape in peer.shapes:
             errors = cross_check(peer.op, peer, shape, device, backend(peer.op), t=check_t)
             checks.append({"op": peer.op, "peer": peer.name, "shape": shape.label, **errors})
+            if report is not None:
+                for line in check_lines(checks[-1]):
+                    report(line)
             if "refused" in errors:
                 continue
             for t in seqlens:
@@ -362,32 +368,40 @@ def run(ops, seqlens, device: str, peers=None, check_t: int = 777, tokens: int =
                 try:
                     theirs = timings(peer.op, peer.call, shape, t, device, tokens)
                 except Exception as err:  # noqa: BLE001 (a length the peer refuses is one row, not the end)
-                    times.append({**row, "refused": failure(err)})
-                    continue
-                times.append({**row, "peer_fwd": theirs[0], "peer_fwd_bwd": theirs[1]})
+                    row["refused"] = failure(err)
+                else:
+                    row.update(peer_fwd=theirs[0], peer_fwd_bwd=theirs[1])
+                times.append(row)
+                if report is not None:
+                    report(time_line(row))
     return checks, times, missing
+
+
+def check_lines(row: dict) -> list[str]:
+    """The correctness table's lines of one (op, peer, shape) row: one per quantity, or one naming the refusal."""
+    head = f"| {row['op']} | {row['peer']} | {row['shape']} |"
+    if "refused" in row:
+        return [f"{head} refused | {row['refused']} | - |"]
+    return [f"{head} {quantity} | {value[0]:.2e} | {value[1]:.2e} |"
+            for quantity, value in row.items() if isinstance(value, tuple)]
+
+
+def time_line(r: dict) -> str:
+    """The timing table's line of one (op, peer, shape, T) row."""
+    head = f"| {r['op']} | {r['peer']} | {r['shape']} | {r['T']} | {r['hilo_fwd']:.3f} |"
+    if "refused" in r:
+        return f"{head} refused: {r['refused']} | {r['hilo_fwd_bwd']:.3f} | - | - |"
+    return (f"{head} {r['peer_fwd']:.3f} | {r['hilo_fwd_bwd']:.3f} | {r['peer_fwd_bwd']:.3f} | "
+            f"{r['hilo_fwd_bwd'] / r['peer_fwd_bwd']:.2f}x |")
 
 
 def tables(checks: list[dict], times: list[dict], missing: list[str]) -> str:
     lines = ["| op | peer | shape | quantity | hilo error | peer error |", "|---|---|---|---|---|---|"]
     for row in checks:
-        head = f"| {row['op']} | {row['peer']} | {row['shape']} |"
-        if "refused" in row:
-            lines.append(f"{head} refused | {row['refused']} | - |")
-            continue
-        for quantity, value in row.items():
-            if isinstance(value, tuple):
-                lines.append(f"{head} {quantity} | {value[0]:.2e} | {value[1]:.2e} |")
+        lines += check_lines(row)
     lines += ["", ("| op | peer | shape | T | hilo fwd ms | peer fwd ms | hilo fwd+bwd ms | peer fwd+bwd ms | "
               "hilo / peer (fwd+bwd) |"), "|---|---|---|---|---|---|---|---|---|"]
-    for r in times:
-        if "refused" in r:
-            lines.append(f"| {r['op']} | {r['peer']} | {r['shape']} | {r['T']} | {r['hilo_fwd']:.3f} | refused: "
-                         f"{r['refused']} | {r['hilo_fwd_bwd']:.3f} | - | - |")
-            continue
-        lines.append(f"| {r['op']} | {r['peer']} | {r['shape']} | {r['T']} | {r['hilo_fwd']:.3f} | "
-                     f"{r['peer_fwd']:.3f} | {r['hilo_fwd_bwd']:.3f} | {r['peer_fwd_bwd']:.3f} | "
-                     f"{r['hilo_fwd_bwd'] / r['peer_fwd_bwd']:.2f}x |")
+    lines += [time_line(r) for r in times]
     lines += ["", "Missing peers (not installed): " + (", ".join(missing) if missing else "none")]
     return "\n".join(lines)
 
@@ -403,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = [t for t in args.seqlens if t <= 0 or TOKENS % t]
     if bad:
         ap.error(f"--seqlens must divide {TOKENS} (tokens per call), got {bad}")
-    checks, times, missing = run(args.ops, args.seqlens, "cuda")
+    checks, times, missing = run(args.ops, args.seqlens, "cuda", report=lambda line: print(line, file=sys.stderr, flush=True))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     print(tables(checks, times, missing))
     return 0

@@ -39,9 +39,10 @@ def test_cross_check_tells_right_wrong_and_refusing_peers_apart():
     absent = peers.Peer("absent", "linear_attn", "no_such_package_here", same.call)
     bare = peers.Peer("bare", "linear_attn", None, refuse_bare, (SMALL,))
     short = peers.Peer("short", "linear_attn", None, short_only(same.call), (SMALL,))
+    reported = []
     checks, times, missing = peers.run(["linear_attn"], [32, 64], "cpu",
                                        peers=[same, wrong, refusing, absent, bare, short],
-                                       check_t=45, tokens=64, backend=lambda op: "torch")
+                                       check_t=45, tokens=64, backend=lambda op: "torch", report=reported.append)
     by = {(c["peer"], c["shape"]): c for c in checks}
     for shape in (SMALL, GROUPED):
         row = by[("torch chunked", shape.label)]
@@ -59,6 +60,10 @@ def test_cross_check_tells_right_wrong_and_refusing_peers_apart():
     assert "| linear_attn | refusing | H2 K16 V16 | refused |" in text and "x |" in text
     assert "| linear_attn | short | H2 K16 V16 | 64 |" in text and "refused: NotImplementedError: T=64 |" in text
     assert "Missing peers (not installed): absent" in text
+    # every row was reported as it was measured, as the tables' lines: a run killed midway keeps them
+    assert sorted(reported) == sorted(line for line in text.splitlines() if line.startswith("| linear_attn |"))
+    assert reported.index("| linear_attn | refusing | H2 K16 V16 | refused | RuntimeError: this peer refuses the "
+                          "machine | - |") < reported.index(peers.time_line(times[-1]))
 
 
 def test_inputs_match_what_each_peer_family_takes():
