@@ -10,6 +10,7 @@ Peers (found if installed, never imported by hilo itself; the run lists the miss
   loglinear_attn  fla's chunk_log_linear_attn; the log-linear attention paper's own kernel, hattention_kernel of
                   github.com/HanGuo97/log-linear-attention (package `hattention`, its Mamba-2 form)
   loglinear_delta_rule  hattention_kernel in its Gated DeltaNet form
+  hla2            two passes of fla's chunk_simple_gla (K~ = LA(Q, K, K; 2g), o = LA(Q, K~, V; g))
   softmax_attn    torch's SDPA on its flash and cuDNN backends; flash-attn's flash_attn_func when installed
 Each peer computes the same function as the hilo op on the same values (mamba_ssm takes x and dt with v = x * dt and
 g = A * dt; A = -1 here, so dt = -g). For loglinear_delta_rule both sides L2-normalise q and k in the call: the
@@ -98,8 +99,10 @@ def make_inputs(op: str, shape: Shape, b: int, t: int, device: str, seed: int = 
          "k": torch.randn(b, t, hk, shape.dim_k, device=device, generator=gen),
          "v": torch.randn(b, t, h, shape.dim_v, device=device, generator=gen),
          "g": -0.01 - 0.29 * torch.rand(b, t, h, device=device, generator=gen)}
-    if op == "delta_rule":
+    if op in ("delta_rule", "hla2"):  # the delta rule's keys; HLA's q and k, as its layers feed them (scale 1)
         x["k"] = torch.nn.functional.normalize(x["k"], dim=-1)
+    if op == "hla2":
+        x["q"] = torch.nn.functional.normalize(x["q"], dim=-1)
     if op in ("delta_rule", "loglinear_delta_rule"):
         x["beta"] = torch.rand(b, t, h, device=device, generator=gen).sigmoid()
     if op in ("loglinear_attn", "loglinear_delta_rule"):
@@ -129,8 +132,9 @@ def oracle_backend(op: str) -> str:
 
 
 def hilo_backend(op: str) -> str | None:
-    """The backend hilo's layers use on a GPU (softmax_attn: its own pick, flash-attn or SDPA)."""
-    return None if op == "softmax_attn" else CASES[op].backend
+    """The backend hilo's layers use on a GPU (softmax_attn: its own pick, flash-attn or SDPA; hla2: its own pick,
+    the two bf16 passes for bf16 inputs)."""
+    return None if op in ("softmax_attn", "hla2") else CASES[op].backend
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -140,6 +144,15 @@ def _fla_simple_gla(x):
     from fla.ops.simple_gla import chunk_simple_gla
 
     return chunk_simple_gla(x["q"], x["k"], x["v"], g=x["g"], scale=x["q"].shape[-1] ** -0.5)[0]
+
+
+def _fla_hla2(x):
+    """Second-order HLA as fla runs it: two chunk_simple_gla passes, K~ = LA(Q, K, K; 2g), o = LA(Q, K~, V; g)
+    (hla2's default decay placement, "d1"; scale 1, on L2-normalised q and k as the HLA layers feed it)."""
+    from fla.ops.simple_gla import chunk_simple_gla
+
+    k_tilde = chunk_simple_gla(x["q"], x["k"], x["k"], g=2 * x["g"], scale=1.0)[0]
+    return chunk_simple_gla(x["q"], k_tilde, x["v"], g=x["g"], scale=1.0)[0]
 
 
 def _fla_gated_delta_rule(x):
@@ -264,6 +277,7 @@ PEERS = [
     Peer("mamba_ssm mamba_chunk_scan_combined", "linear_attn", "mamba_ssm", _mamba_ssm_ssd, (MAMBA2,)),
     Peer("fla chunk_gated_delta_rule", "delta_rule", "fla", _fla_gated_delta_rule),
     Peer("fla chunk_log_linear_attn", "loglinear_attn", "fla", _fla_log_linear_attn),
+    Peer("two fla chunk_simple_gla passes", "hla2", "fla", _fla_hla2),
     Peer("hattention hattention_kernel (Mamba-2)", "loglinear_attn", "hattention",
          functools.partial(_hattention_kernel, delta=False)),
     Peer("hattention hattention_kernel (Gated DeltaNet)", "loglinear_delta_rule", "hattention",

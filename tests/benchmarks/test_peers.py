@@ -197,3 +197,46 @@ def test_hattention_level_table_is_the_fenwick_level():
     with pytest.raises(NotImplementedError, match="HType.WEAK only"):
         peers._levels_table(length=5, base=2, htype=types.SimpleNamespace(name="STRONG"), dtype=torch.int64,
                             device="cpu")
+
+
+# A stand-in for fla's chunk_simple_gla (the peer of hla2, twice): its contract, (o, final state) from
+# q, k [B, T, H, K], v [B, T, H, V], g [B, T, H] per-token log decays and scale, computed from the definition
+# o_t = scale * sum_{s <= t} exp(G_t - G_s) (q_t . k_s) v_s, G the running sum of g.
+FAKE_SIMPLE_GLA = '''
+import torch
+
+
+def chunk_simple_gla(q, k, v, g, scale):
+    cum = g.float().cumsum(1)
+    decay = (cum[:, :, None] - cum[:, None]).permute(0, 3, 1, 2)  # [B, H, T target, S source]
+    causal = torch.ones(q.shape[1], q.shape[1], dtype=torch.bool).tril()
+    scores = torch.einsum("bthk,bshk->bhts", q.float(), k.float()) * torch.where(causal, decay, -torch.inf).exp()
+    return (scale * torch.einsum("bhts,bshv->bthv", scores, v.float())).to(q.dtype), None
+'''
+
+
+@pytest.fixture
+def fake_fla(tmp_path, monkeypatch):
+    pkg = tmp_path / "fla" / "ops" / "simple_gla"
+    pkg.mkdir(parents=True)
+    for init in (tmp_path / "fla", tmp_path / "fla" / "ops"):
+        (init / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text(FAKE_SIMPLE_GLA)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    yield
+    for name in [n for n in sys.modules if n == "fla" or n.startswith("fla.")]:
+        del sys.modules[name]
+
+
+def test_hla2_peer_is_hla2_as_two_simple_gla_passes(fake_fla):
+    (peer,) = [p for p in peers.PEERS if p.op == "hla2"]
+    x = peers.make_inputs("hla2", SMALL, 2, 40, "cpu")
+    assert all(x[n].norm(dim=-1).sub(1).abs().max() < 1e-5 for n in ("q", "k"))  # as the HLA layers feed it
+    checks, times, missing = peers.run(["hla2"], [32], "cpu", peers=[peers.Peer(peer.name, "hla2", "fla", peer.call,
+                                                                               (SMALL,))],
+                                       check_t=45, tokens=64, backend=lambda op: "torch")
+    assert missing == [] and len(times) == 1
+    (row,) = checks
+    assert {"o", "dq", "dk", "dv", "dg"} <= set(row), row
+    assert all(h < 1e-2 and p < 1e-2 for h, p in (row[q] for q in ("o", "dq", "dk", "dv", "dg"))), row
