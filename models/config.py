@@ -13,6 +13,7 @@ CONFIG_KEYS = (
     "mixer", "operator", "attn_layers", "mixer_kwargs", "attn_backend", "rope_theta", "max_position_embeddings",
     "norm_eps", "initializer_range", "tie_word_embeddings", "use_cache", "bos_token_id", "eos_token_id",
     "pad_token_id", "mlp", "pre_conv", "fused_loss_chunk", "loss_at_targets_only", "fused_projections",
+    "embed_dropout",
 )
 
 
@@ -62,6 +63,8 @@ class HiloConfig(PretrainedConfig):
     DeltaNet layers' q, k, v, output gate and decay / beta projections) as one matmul of their stacked weights
     (models.casts.ProjectionInput.project: the same products and parameters; one read of the input and one input
     gradient). Off by default until measured on a GPU.
+    embed_dropout: dropout on the token embeddings in training (Zoology's MQAR models use 0.1); 0 by default, and
+    no call is made then.
     """
 
     model_type = "hilo"
@@ -100,6 +103,7 @@ class HiloConfig(PretrainedConfig):
         fused_loss_chunk: int | None = 4096,
         loss_at_targets_only: bool = False,
         fused_projections: bool = False,
+        embed_dropout: float = 0.0,
         **kwargs,
     ):
         if num_kv_heads is None:
@@ -133,6 +137,8 @@ class HiloConfig(PretrainedConfig):
             raise TypeError(f"loss_at_targets_only must be true or false, got {loss_at_targets_only!r}")
         if not isinstance(fused_projections, bool):
             raise TypeError(f"fused_projections must be true or false, got {fused_projections!r}")
+        if isinstance(embed_dropout, bool) or not isinstance(embed_dropout, (int, float)) or not 0 <= embed_dropout < 1:
+            raise ValueError(f"embed_dropout must be a probability in [0, 1), got {embed_dropout!r}")
         attn_layers = sorted(int(i) for i in (attn_layers or []))
         bad = [i for i in attn_layers if not 0 <= i < num_layers]
         if bad:
@@ -159,6 +165,7 @@ class HiloConfig(PretrainedConfig):
         self.fused_loss_chunk = fused_loss_chunk
         self.loss_at_targets_only = loss_at_targets_only
         self.fused_projections = fused_projections
+        self.embed_dropout = float(embed_dropout)
         super().__init__(
             tie_word_embeddings=tie_word_embeddings,
             bos_token_id=bos_token_id,

@@ -172,6 +172,8 @@ class HiloModel(HiloPreTrainedModel):
         if cache is not None and not isinstance(cache, HiloCache):
             raise TypeError(f"hilo models decode with models.HiloCache, got {type(cache).__name__}")
         hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        if self.config.embed_dropout and self.training:
+            hidden = F.dropout(hidden, self.config.embed_dropout, training=True)
         b, t = hidden.shape[:2]
         past = cache.get_seq_length() if cache is not None else 0
         unpadded = key_mask = None  # a padded batch's packing, or the key mask of a forward continuing padded rows

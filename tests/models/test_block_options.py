@@ -1,4 +1,5 @@
-"""Block options of the MQAR recipe: mlp=False (mixer-only blocks) and pre_conv=K (a short conv before the mixer)."""
+"""Block options of the MQAR recipe: mlp=False (mixer-only blocks), pre_conv=K (a short conv before the mixer) and
+embed_dropout (Zoology's dropout on the token embeddings)."""
 
 import json
 
@@ -112,7 +113,9 @@ def test_new_fields_round_trip(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, error", [({"pre_conv": 0}, ValueError), ({"pre_conv": 2.5}, ValueError),
-                                           ({"pre_conv": True}, ValueError), ({"mlp": "no"}, TypeError)])
+                                           ({"pre_conv": True}, ValueError), ({"mlp": "no"}, TypeError),
+                                           ({"embed_dropout": 1.0}, ValueError), ({"embed_dropout": -0.1}, ValueError),
+                                           ({"embed_dropout": "0.1"}, ValueError)])
 def test_bad_values_are_refused(kwargs, error):
     with pytest.raises(error, match=next(iter(kwargs))):
         HiloConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=2, **kwargs)
@@ -127,3 +130,22 @@ def test_mlp_false_trains():
     assert all(g is not None and torch.isfinite(g).all() for g in grads.values())
     assert grads["model.layers.0.pre_conv.conv.weight"].abs().sum() > 0
     assert F.cross_entropy(model(x).logits[:, :-1].reshape(-1, VOCAB), x[:, 1:].reshape(-1)).isfinite()
+
+
+def test_embed_dropout_drops_embeddings_in_training_only(tmp_path):
+    model = tiny("mamba2", embed_dropout=0.5)
+    plain = tiny("mamba2")  # the same weights (same seed), no dropout
+    x = torch.randint(0, VOCAB, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x).logits, plain(x).logits)  # eval: the identity
+        model.train()
+        hidden = {}
+        hook = model.model.layers[0].register_forward_pre_hook(lambda m, args: hidden.update(h=args[0]))
+        model(x)
+        hook.remove()
+    embedded = plain.model.embed_tokens(x)
+    dropped = hidden["h"] == 0
+    assert 0.3 < dropped.float().mean() < 0.7  # about half the entries are zeroed
+    torch.testing.assert_close(hidden["h"][~dropped], 2 * embedded[~dropped])  # the others scaled by 1 / (1 - p)
+    model.save_pretrained(tmp_path)
+    assert HiloForCausalLM.from_pretrained(tmp_path).config.embed_dropout == 0.5
