@@ -9,6 +9,10 @@ Pairs (benchmarks/peer_models.py):
   transformer     hilo's Transformer         vs transformers' LlamaForCausalLM (SDPA attention)
   mamba2          hilo's Mamba-2, model.mlp=false  vs transformers' Mamba2ForCausalLM (mamba_ssm's kernels when
                   installed, else its PyTorch path)
+  gated_deltanet_qwen3_next  hilo's Gated DeltaNet  vs transformers' Qwen3NextForCausalLM with every layer linear
+                  attention (Qwen3NextGatedDeltaNet) and a dense MLP, on its own PyTorch delta rule: a GDN peer
+                  independent of fla, for machines where fla's kernels refuse (its backward on Hopper with Triton
+                  >= 3.4, < 3.7.1); slower than hilo by its PyTorch chunk loop
 
 For each family and seed, the hilo model is built from conf/model/<family>.yaml and conf/model/size/<size>.yaml
 (model.max_position_embeddings = --seq-len) under torch.manual_seed(seed); the peer is built with the same sizes
@@ -21,7 +25,7 @@ steps, the held-out loss (32 rows of --seq-len tokens from the corpus' held-out 
 steps after the first 10, and the peak GPU memory of its training (both models stay resident: each run's peak
 holds the other model's weights too, the same amount on both sides). The seeds give the noise floor: hilo matches
 its peer when |hilo - peer| at one seed is within the spread between seeds. Needs CUDA for fla's kernels (the
-transformer and mamba2 pairs also run on CPU).
+other pairs also run on CPU).
 """
 from __future__ import annotations
 
@@ -40,7 +44,10 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 PEERS = {"gated_deltanet": "fla GatedDeltaNetForCausalLM", "transformer": "transformers LlamaForCausalLM",
-         "mamba2": "transformers Mamba2ForCausalLM"}
+         "mamba2": "transformers Mamba2ForCausalLM",
+         "gated_deltanet_qwen3_next": "transformers Qwen3NextForCausalLM (linear attention, PyTorch path)"}
+# the hilo family of each pair (the pair's name where they are the same)
+HILO_FAMILY = {"gated_deltanet_qwen3_next": "gated_deltanet"}
 
 
 # overrides that make hilo's model the peer's architecture (Mamba2ForCausalLM's blocks have no MLP)
@@ -84,7 +91,8 @@ def build_pair(cfg, family: str, seed: int, tokenizer, device: str):
     torch.manual_seed(seed)
     hilo = models.build_model(model_kwargs(cfg.model, tokenizer.vocab_size, tokenizer)).to(device)
     builders = {"gated_deltanet": peer_models.fla_gated_deltanet_model, "transformer": peer_models.llama_model,
-                "mamba2": peer_models.mamba2_model}
+                "mamba2": peer_models.mamba2_model,
+                "gated_deltanet_qwen3_next": peer_models.qwen3_next_gated_deltanet_model}
     return hilo, builders[family](hilo)
 
 
@@ -204,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     batches = val = None
     for family in families:
-        cfg = compose(family, args.size, args.seq_len)
+        cfg = compose(HILO_FAMILY.get(family, family), args.size, args.seq_len)
         if batches is None:
             batches, val, tokenizer = token_stream(cfg, args.seq_len, args.batch_size, args.steps, 32)
         for seed in seeds:

@@ -7,6 +7,9 @@ language-model comparison, benchmarks/lm_parity.py).
     llama_model(model)                          transformers' LlamaForCausalLM == a hilo transformer
     mamba2_model(model)                         transformers' Mamba2ForCausalLM == a hilo mamba2 model (mlp=false;
                                                 mamba_ssm's kernels when installed, else its PyTorch path)
+    qwen3_next_gated_deltanet_model(model)     transformers' Qwen3NextForCausalLM, every layer linear attention
+                                                (Qwen3NextGatedDeltaNet) with a dense MLP, on its PyTorch path ==
+                                                a hilo gated_deltanet model
 
 fla (flash-linear-attention, its kernels need CUDA) is imported when a builder is called, never by hilo itself.
 Each builder makes the peer with the same sizes as the hilo module, loads the mapped state dict strictly (every
@@ -122,3 +125,54 @@ def mamba2_model(model: nn.Module) -> nn.Module:
 
     peer = Mamba2ForCausalLM(convert.mamba2_config_from_hilo(model.config))
     return _load(peer, convert.hilo_to_mamba2_state_dict(model.config, model.state_dict()), model)
+
+
+def _qwen3_next_torch_path():
+    """Make transformers' Qwen3-Next layers take their own PyTorch delta rule and conv. At import, transformers
+    binds the kernels of fla and causal_conv1d when they are importable; fla's training backward refuses Hopper
+    with Triton >= 3.4, < 3.7.1, and the peer is meant to be an implementation independent of fla."""
+    from transformers.models.qwen3_next import modeling_qwen3_next as qwen3_next
+
+    for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
+                 "causal_conv1d_update"):
+        fn = getattr(qwen3_next, name, None)
+        if fn is None:
+            raise ImportError(f"transformers' Qwen3-Next has no {name}: this transformers version is not the one "
+                              f"peer_models.py reads (5.x)")
+        while hasattr(fn, "__wrapped__"):  # the hub-kernel wrapper around the PyTorch function
+            fn = fn.__wrapped__
+        setattr(qwen3_next, name, fn)
+
+
+def qwen3_next_gated_deltanet_model(model: nn.Module) -> nn.Module:
+    """transformers' Qwen3NextForCausalLM with the sizes and weights of a hilo gated_deltanet model: every layer
+    "linear_attention" (Qwen3NextGatedDeltaNet, models.convert's layer mapping) and a dense MLP, on the PyTorch path
+    (_qwen3_next_torch_path). Qwen3-Next's RMSNorms are zero-centred (x_hat * (1 + w)): they get hilo's weights
+    minus one, the same function, and the same Adam updates (the gradient w.r.t. w is the same)."""
+    from transformers import Qwen3NextForCausalLM
+
+    from models import convert
+
+    _qwen3_next_torch_path()
+    config = model.config
+    peer_config = convert.qwen3_next_gdn_config_from_hilo(config)
+    layers = list(range(config.num_layers))
+    peer_config.mlp_only_layers = layers
+    peer_config.intermediate_size = config.intermediate_size
+    peer_config.tie_word_embeddings = config.tie_word_embeddings
+    peer_config.initializer_range = config.initializer_range
+    peer_config.use_cache = False
+    state = model.state_dict()
+    mapped = {"model.embed_tokens.weight": state["model.embed_tokens.weight"],
+              "model.norm.weight": state["model.norm.weight"] - 1, "lm_head.weight": state["lm_head.weight"]}
+    for i in layers:
+        src, dst = f"model.layers.{i}.", f"model.layers.{i}."
+        mixer = {k[len(src) + 6:]: v for k, v in state.items() if k.startswith(f"{src}mixer.")}
+        mapped.update({f"{dst}linear_attn.{k}": v
+                       for k, v in convert.hilo_to_qwen3_next_gdn_state_dict(config, mixer).items()})
+        mapped[f"{dst}input_layernorm.weight"] = state[f"{src}mixer_norm.weight"] - 1
+        mapped[f"{dst}post_attention_layernorm.weight"] = state[f"{src}mlp_norm.weight"] - 1
+        gate, up = state[f"{src}mlp.gate_up_proj.weight"].chunk(2, dim=0)
+        mapped[f"{dst}mlp.gate_proj.weight"], mapped[f"{dst}mlp.up_proj.weight"] = gate, up
+        mapped[f"{dst}mlp.down_proj.weight"] = state[f"{src}mlp.down_proj.weight"]
+    return _load(Qwen3NextForCausalLM(peer_config), mapped, model)

@@ -7,6 +7,7 @@ import itertools
 import torch
 
 from benchmarks import lm_parity, peer_models
+from kernels.common.metrics import error_ratio
 from models import build_model
 
 
@@ -63,3 +64,35 @@ def test_mamba2_pair_trains_alike_from_equal_weights():
     ours, theirs = (lm_parity.train(m, batches, val, 3e-3, "cpu") for m in (hilo, peer))
     assert type(peer).__name__ == "Mamba2ForCausalLM"
     assert abs(ours["val_loss"] - theirs["val_loss"]) < 1e-5
+
+
+def test_gated_deltanet_qwen3_next_pair_is_the_same_model_and_trains_alike():
+    """hilo's Gated DeltaNet model and transformers' Qwen3NextForCausalLM with every layer linear attention (its
+    PyTorch path): equal logits from the mapped weights (norm weights moved off zero, so the zero-centred norms'
+    w - 1 is exercised), then equal losses after training from them."""
+    gen = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, 97, (2, 70), generator=gen) for _ in range(3)]
+    val = torch.randint(0, 97, (2, 70), generator=gen)  # 70 tokens: two of the peer's 64-token chunks
+    torch.manual_seed(0)
+    hilo = build_model({"vocab_size": 97, "hidden_size": 48, "num_layers": 2, "mixer": "gated_deltanet",
+                        "mixer_kwargs": {"head_dim": 12, "num_heads": 3, "expand_v": 2, "conv_size": 4},
+                        "max_position_embeddings": 128})
+    with torch.no_grad():
+        for name, p in hilo.named_parameters():
+            if "norm" in name:
+                p.add_(0.2 * torch.randn(p.shape, generator=gen))
+    peer = peer_models.qwen3_next_gated_deltanet_model(hilo)
+    assert type(peer).__name__ == "Qwen3NextForCausalLM"
+    from transformers.models.qwen3_next import modeling_qwen3_next as qwen3_next
+
+    # the layers call transformers' own PyTorch functions, not the wrappers that pick fla's or causal_conv1d's
+    for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn"):
+        assert not hasattr(getattr(qwen3_next, name), "__wrapped__"), name
+    assert all(layer.linear_attn is not None and type(layer.mlp).__name__ == "Qwen3NextMLP"
+               for layer in peer.model.layers)
+    with torch.no_grad():
+        assert error_ratio(peer(input_ids=val).logits, hilo(val).logits) <= 1e-5
+    ours, theirs = (lm_parity.train(m, batches, val, 3e-3, "cpu") for m in (hilo, peer))
+    assert abs(ours["val_loss"] - theirs["val_loss"]) < 1e-5
+    assert "gated_deltanet_qwen3_next" in lm_parity.PEERS and lm_parity.HILO_FAMILY["gated_deltanet_qwen3_next"] == (
+        "gated_deltanet")
