@@ -94,6 +94,9 @@ def test_partial_credit_is_per_example_and_averaged_over_examples():
     flat = mqar.metrics(result)
     assert flat["val/mqar_acc"] == result["acc"] and flat["val/mqar_acc/T48_kv12"] == pytest.approx(expected_48)
     assert flat["val/mqar_query_acc"] == result["query_acc"]
+    *_, overall, pooled = mqar.format_table(result).splitlines()
+    assert overall.split() == ["all", f"{100 * result['acc']:.2f}", "200"]
+    assert pooled.split() == ["all,", "per", "query", f"{100 * result['query_acc']:.2f}", "200"]
     assert flat["val/loss"] == result["loss"]
 
 
