@@ -431,7 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = [t for t in args.seqlens if t <= 0 or TOKENS % t]
     if bad:
         ap.error(f"--seqlens must divide {TOKENS} (tokens per call), got {bad}")
-    checks, times, missing = run(args.ops, args.seqlens, "cuda", report=lambda line: print(line, file=sys.stderr, flush=True))
+    checks, times, missing = run(args.ops, args.seqlens, "cuda",
+                                 report=lambda line: print(line, file=sys.stderr, flush=True))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     print(tables(checks, times, missing))
     return 0
