@@ -35,8 +35,9 @@ IGNORE_INDEX = -100
 @torch.no_grad()
 def evaluate(model: Any, test_sets: Sequence[dict], batch_size: int, device: torch.device | str | None = None,
              progress: Callable[[int], None] | None = None) -> dict:
-    """Accuracy and loss of ``model`` (called as model(input_ids=..., use_cache=False).logits, [B, T, V]) on the MQAR
-    test sets (dicts with name, seq_len, num_kv_pairs, inputs [N, T], labels [N, T]); see the module docstring.
+    """Accuracy and loss of ``model`` (called as model(input_ids=..., use_cache=False, logits_to_keep=positions).logits:
+    [B, len(positions), V], the logits at the positions that hold a query in some row of the batch, as HF models
+    take logits_to_keep; a model that returns [B, T, V] is read at the same positions) on the MQAR test sets (dicts with name, seq_len, num_kv_pairs, inputs [N, T], labels [N, T]); see the module docstring.
 
     Every process evaluates every example (no reduction across ranks), so the result is the same on all of them.
     The model's training mode is restored afterwards. progress, if given, is called with the number of examples of
@@ -59,11 +60,15 @@ def evaluate(model: Any, test_sets: Sequence[dict], batch_size: int, device: tor
         for i in range(0, len(test["inputs"]), batch_size):
             inputs = test["inputs"][i:i + batch_size].to(device)
             labels = test["labels"][i:i + batch_size].to(device)
-            logits = model(input_ids=inputs, use_cache=False).logits
             mask = labels != IGNORE_INDEX
             per_example = mask.sum(-1)
             if bool((per_example == 0).any()):
                 raise ValueError(f"MQAR test slice {test['name']} has an example without labelled positions")
+            # the LM head only at the positions some row queries: the batch's logits are most of the memory
+            keep = mask.any(0).nonzero().squeeze(-1)
+            logits = model(input_ids=inputs, use_cache=False, logits_to_keep=keep).logits
+            if logits.shape[1] != inputs.shape[1]:  # the model kept those positions (else it returned every one)
+                mask, labels = mask[:, keep], labels[:, keep]
             picked, targets = logits[mask].float(), labels[mask]
             hits = torch.zeros_like(mask)
             hits[mask] = picked.argmax(-1) == targets

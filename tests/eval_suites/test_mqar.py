@@ -125,3 +125,36 @@ def test_evaluate_restores_training_mode_and_checks_inputs():
     with pytest.raises(ValueError, match="no MQAR test sets"):
         mqar.evaluate(model, [], batch_size=4)
     assert slice_name(256, 64) == "T256_kv64"
+
+
+def test_logits_are_asked_for_at_the_queried_positions_only():
+    """evaluate passes logits_to_keep = the positions some row of the batch queries; a model that keeps them and one
+    that returns every position score the same."""
+    tests = build_test_sets(CFG)
+    full = Recall()
+    seen = []
+
+    class Keeping(Recall):
+        def forward(self, input_ids, use_cache=False, logits_to_keep=0, **kwargs):
+            logits = full(input_ids).logits
+            seen.append((input_ids.shape[1], len(logits_to_keep)))
+            return Out(logits[:, logits_to_keep])
+
+    class HalfWrongKeeping(Keeping):  # wrong on odd keys: partial credit, so a misread position would show
+        def forward(self, input_ids, use_cache=False, logits_to_keep=0, **kwargs):
+            logits = full(input_ids).logits
+            wrong = (input_ids % 2 == 1).unsqueeze(-1) & (logits.max(-1, keepdim=True).values > 0)
+            return Out(torch.where(wrong, logits.roll(1, dims=-1), logits)[:, logits_to_keep])
+
+    class HalfWrongFull(Recall):
+        def forward(self, input_ids, use_cache=False, **kwargs):
+            logits = full(input_ids).logits
+            wrong = (input_ids % 2 == 1).unsqueeze(-1) & (logits.max(-1, keepdim=True).values > 0)
+            return Out(torch.where(wrong, logits.roll(1, dims=-1), logits))
+
+    kept = mqar.evaluate(Keeping(), tests, batch_size=7, device="cpu")
+    assert kept["acc"] == 1.0 and kept["num_queries"] == 20 * 4 + 10 * 12
+    assert seen and all(n < t for t, n in seen)  # fewer positions than the sequence
+    a = mqar.evaluate(HalfWrongKeeping(), tests, batch_size=7, device="cpu")
+    b = mqar.evaluate(HalfWrongFull(), tests, batch_size=7, device="cpu")
+    assert 0.2 < a["acc"] < 0.9 and a == b
