@@ -81,6 +81,23 @@ def dense_outputs(fn: Callable) -> Callable:
     return wrapper
 
 
+def unused_grads_stay_none(ctx, output: tuple[torch.Tensor, ...]) -> None:
+    """For a custom op's setup_context: the gradients of outputs nothing downstream reads (the intermediates an op
+    returns for its own backward, a final state not asked for) reach its backward as None. Autograd's default fills
+    them with zeros, a write of the saved chunk states' whole size each backward. The backward then takes its first
+    output's gradient through grad_or_zeros."""
+    ctx.set_materialize_grads(False)
+    ctx.first_output = (output[0].shape, output[0].dtype, output[0].device)
+
+
+def grad_or_zeros(ctx, grad: torch.Tensor | None) -> torch.Tensor:
+    """The gradient of the op's first output (see unused_grads_stay_none): zeros when nothing read that output."""
+    if grad is not None:
+        return grad
+    shape, dtype, device = ctx.first_output
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
 def absent_grad(like: torch.Tensor) -> torch.Tensor:
     """A backward custom op's output for an input that has no gradient (an optional g or initial state left None):
     an empty fp32 tensor, a new one each time, since a custom op's outputs may not alias one another."""

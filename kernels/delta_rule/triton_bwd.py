@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common.compile import absent_grad, dense_outputs
+from kernels.common.compile import absent_grad, dense_outputs, grad_or_zeros, unused_grads_stay_none
 from kernels.common.launch import current
 from kernels.common.varlen import chunk_table, sequence_bounds
 
@@ -264,7 +264,7 @@ def grads_launch() -> dict:
 def delta_rule_bwd(q, k, v, beta, g, scale, want_dh0, bounds, table, choff, saved, do, dht):
     """Gradients (dq, dk, dv, dbeta fp32, dg fp32 or None, dh0 fp32 or None unless want_dh0) on the packed
     [L, H, *] layout."""
-    gamma, tinv, w, _ut, u, hs = saved
+    gamma, tinv, w, u, hs = saved
     total, h, dk = q.shape
     dv = v.shape[-1]
     n = bounds.numel() - 1
@@ -314,9 +314,9 @@ _OptTensor = Optional[torch.Tensor]  # noqa: UP045 (custom_op reads the annotati
 @dense_outputs
 def _delta_rule_op(q: _Tensor, k: _Tensor, v: _Tensor, beta: _Tensor, g: _OptTensor, h0: _OptTensor, scale: float,
                    output_final_state: bool, bounds: _Tensor, table: _Tensor, choff: _Tensor
-                   ) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
+                   ) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
     """(o [L, H, V], final [N, H, K, V] fp32 (empty unless output_final_state), then the intermediates the backward
-    reuses: gamma, tinv, w, ut, u, hs) on the packed [L, H, *] layout."""
+    reuses: gamma, tinv, w, u, hs) on the packed [L, H, *] layout."""
     # the kernels index dense rows: a compiled graph may hand the op other strides than eager code does
     q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
     g = None if g is None else g.contiguous()
@@ -332,28 +332,27 @@ def _(q, k, v, beta, g, h0, scale, output_final_state, bounds, table, choff):
     f32 = torch.float32
     final = q.new_empty(n, h, dk, dv, dtype=f32) if output_final_state else q.new_empty(0, dtype=f32)
     return (v.new_empty(total, h, dv), final, q.new_empty(total, h, dtype=f32), q.new_empty(total, h, CHUNK, dtype=f32),
-            q.new_empty(total, h, dk), q.new_empty(total, h, dv), q.new_empty(total, h, dv),
-            q.new_empty(rows, h, dk, dv))
+            q.new_empty(total, h, dk), q.new_empty(total, h, dv), q.new_empty(rows, h, dk, dv))
 
 
 @torch.library.custom_op("hilo::delta_rule_backward", mutates_args=())
 @dense_outputs
 def _delta_rule_backward_op(do: _Tensor, dht: _OptTensor, q: _Tensor, k: _Tensor, v: _Tensor, beta: _Tensor,
                             g: _OptTensor, h0: _OptTensor, scale: float, want_dh0: bool, bounds: _Tensor,
-                            table: _Tensor, choff: _Tensor, gamma: _Tensor, tinv: _Tensor, w: _Tensor, ut: _Tensor,
-                            u: _Tensor, hs: _Tensor) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
+                            table: _Tensor, choff: _Tensor, gamma: _Tensor, tinv: _Tensor, w: _Tensor, u: _Tensor,
+                            hs: _Tensor) -> tuple[_Tensor, _Tensor, _Tensor, _Tensor, _Tensor, _Tensor]:
     """(dq, dk, dv, dbeta in beta's dtype, dg (empty without g), dh0 fp32 (empty unless want_dh0))."""
     q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
     g = None if g is None else g.contiguous()
     dq, dk, dv, dbeta, dg, dh0 = delta_rule_bwd(q, k, v, beta, g, scale, want_dh0, bounds, table, choff,
-                                                (gamma, tinv, w, ut, u, hs), do.contiguous(),
+                                                (gamma, tinv, w, u, hs), do.contiguous(),
                                                 None if dht is None else dht.contiguous().float())
     return (dq, dk, dv, dbeta.to(beta.dtype), absent_grad(q) if dg is None else dg.to(g.dtype),
             absent_grad(q) if dh0 is None else dh0)
 
 
 @_delta_rule_backward_op.register_fake
-def _(do, dht, q, k, v, beta, g, h0, scale, want_dh0, bounds, table, choff, gamma, tinv, w, ut, u, hs):
+def _(do, dht, q, k, v, beta, g, h0, scale, want_dh0, bounds, table, choff, gamma, tinv, w, u, hs):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), beta.new_empty(beta.shape),
             absent_grad(q) if g is None else g.new_empty(g.shape),
             h0.new_empty(h0.shape) if want_dh0 else absent_grad(q))
@@ -363,10 +362,12 @@ def _delta_rule_setup(ctx, inputs, output):
     q, k, v, beta, g, h0, scale, output_final_state, bounds, table, choff = inputs
     ctx.save_for_backward(q, k, v, beta, g, h0, bounds, table, choff, *output[2:])
     ctx.scale, ctx.output_final_state = scale, output_final_state
+    unused_grads_stay_none(ctx, output)
 
 
 def _delta_rule_grads(ctx, do, dht, *_):
     q, k, v, beta, g, h0, bounds, table, choff, *saved = ctx.saved_tensors
+    do = grad_or_zeros(ctx, do)
     want_dh0 = h0 is not None and ctx.needs_input_grad[5]
     dq, dk, dv, dbeta, dg, dh0 = _delta_rule_backward_op(
         do, dht if ctx.output_final_state else None, q, k, v, beta, g, h0, ctx.scale, want_dh0, bounds, table,

@@ -309,7 +309,7 @@ def block_sizes(dk: int, dv: int):
 def delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, bounds, table, choff):
     """q, k [L, H, K]; v [L, H, V]; beta, g [L, H] (g None: no decay); bounds int64 [N+1]; table/choff from
     kernels.common.varlen.chunk_table. Returns (o [L, H, V], final [N, H, K, V] fp32 or None, and the saved
-    intermediates (gamma, tinv, w, ut, u, h) that the backward reuses)."""
+    intermediates (gamma, tinv, w, u, h) that the backward reuses; ut, read by the forward alone, is not kept)."""
     total, h, dk = q.shape
     dv = v.shape[-1]
     n = bounds.numel() - 1
@@ -343,4 +343,4 @@ def delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, b
         q, k, gamma, hs, u, table, o, scale,
         H=h, K=dk, V=dv, C=CHUNK, BK=bk, BV=bv, PREC=prec, num_warps=launch.output_warps,
     )
-    return o, final, (gamma, tinv, w, ut, u, hs)
+    return o, final, (gamma, tinv, w, u, hs)

@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 import triton
 
-from kernels.common.compile import absent_grad, dense_outputs
+from kernels.common.compile import absent_grad, dense_outputs, grad_or_zeros, unused_grads_stay_none
 from kernels.linear_attn.triton_bwd import _flat_inputs, chunk_bwd, fused_accumulation
 from kernels.linear_attn.triton_fwd import BT, chunk_fwd
 
@@ -107,10 +107,12 @@ def _setup(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, g, s0, f0, kt, hs_in, hs_out)
     ctx.args = (scale, p_in, p_out)
     ctx.output_final_state = output_final_state
+    unused_grads_stay_none(ctx, output)
 
 
 def _grads(ctx, do, _dkt, _dhs_in, _dhs_out, ds, df):
     q, k, v, g, s0, f0, kt, hs_in, hs_out = ctx.saved_tensors
+    do = grad_or_zeros(ctx, do)
     if not ctx.output_final_state:
         ds = df = None
     dq, dk, dv, dg, ds0, df0 = _hla2_passes_backward(do, ds, df, q, k, v, g, s0, f0, kt, hs_in, hs_out, *ctx.args)
@@ -203,10 +205,12 @@ def _setup3(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, g, s0, p0, f0, kt, vt, hs_s, hs_p, hs_f)
     ctx.scale = scale
     ctx.output_final_state = output_final_state
+    unused_grads_stay_none(ctx, output)
 
 
 def _grads3(ctx, do, _dkt, _dvt, _dhs_s, _dhs_p, _dhs_f, ds, dp, df):
     q, k, v, g, s0, p0, f0, kt, vt, hs_s, hs_p, hs_f = ctx.saved_tensors
+    do = grad_or_zeros(ctx, do)
     if not ctx.output_final_state:
         ds = dp = df = None
     dq, dk, dv, dg, ds0, dp0, df0 = _hla3_passes_backward(do, ds, dp, df, q, k, v, g, s0, p0, f0, kt, vt, hs_s,

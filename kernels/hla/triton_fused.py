@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common.compile import dense_outputs
+from kernels.common.compile import dense_outputs, grad_or_zeros, unused_grads_stay_none
 from kernels.common.launch import current, hla_cols
 from kernels.linear_attn.triton_bwd import _segment_reverse_cumsum
 from kernels.linear_attn.triton_fwd import BT, Layout, _chunk_bounds, _pow2, _seq_bounds
@@ -524,10 +524,12 @@ def _hla_fused_setup(ctx, inputs, output):
     q, k, v, g, op, scale, p_in, p_out, _ = inputs
     ctx.save_for_backward(q, k, v, g, *output[1:])
     ctx.args = (op, scale, p_in, p_out)
+    unused_grads_stay_none(ctx, output)
 
 
 def _hla_fused_grads(ctx, do, *_d_saved):
     q, k, v, g, *saved = ctx.saved_tensors
+    do = grad_or_zeros(ctx, do)
     dq, dk, dv, dg = _hla_fused_backward_op(do, q, k, v, g, *saved, *ctx.args)
     return dq, dk, dv, (dg if g is not None else None), None, None, None, None, None
 

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common.compile import absent_grad, dense_outputs
+from kernels.common.compile import absent_grad, dense_outputs, grad_or_zeros, unused_grads_stay_none
 from kernels.common.launch import current
 
 from .triton_fwd import (
@@ -535,10 +535,12 @@ def _linear_attn_setup(ctx, inputs, output):
     _, _, hs = output
     ctx.save_for_backward(q, k, v, g, h0, hs)
     ctx.scale, ctx.output_final_state = scale, output_final_state
+    unused_grads_stay_none(ctx, output)
 
 
 def _linear_attn_grads(ctx, do, dht, _dhs):
     q, k, v, g, h0, hs = ctx.saved_tensors
+    do = grad_or_zeros(ctx, do)
     dht = dht if ctx.output_final_state else None
     dq, dk, dv, dg, dh0 = _linear_attn_backward_op(do, dht, q, k, v, g, h0, hs, ctx.scale)
     return dq, dk, dv, (dg if g is not None else None), (dh0 if h0 is not None else None), None, None
