@@ -157,20 +157,26 @@ def hattention_kernel(q, k, v, b, g, l, scale, head_first, level_base, htype, hs
 '''
 
 
-@pytest.fixture
-def fake_hattention(tmp_path, monkeypatch):
-    pkg = tmp_path / "hattention"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text('raise ImportError("the package __init__ ran (it imports causal_conv1d)")\n')
-    (pkg / "base.py").write_text(FAKE_BASE)
-    (pkg / "chunkwise.py").write_text(FAKE_TABLE)
-    (pkg / "chunkwise_hgdn.py").write_text(FAKE_TABLE)
-    (pkg / "kernel.py").write_text(FAKE_KERNEL)
+def fake_package(tmp_path, monkeypatch, name: str, files: dict[str, str]):
+    """A stand-in package for a fixture: files (path under tmp_path -> text) written, tmp_path first on sys.path
+    while the test runs, then package name's modules forgotten."""
+    for rel, text in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.invalidate_caches()
     yield
-    for name in [n for n in sys.modules if n == "hattention" or n.startswith("hattention.")]:
-        del sys.modules[name]
+    for module in [n for n in sys.modules if n == name or n.startswith(f"{name}.")]:
+        del sys.modules[module]
+
+
+@pytest.fixture
+def fake_hattention(tmp_path, monkeypatch):
+    yield from fake_package(tmp_path, monkeypatch, "hattention", {
+        "hattention/__init__.py": 'raise ImportError("the package __init__ ran (it imports causal_conv1d)")\n',
+        "hattention/base.py": FAKE_BASE, "hattention/chunkwise.py": FAKE_TABLE,
+        "hattention/chunkwise_hgdn.py": FAKE_TABLE, "hattention/kernel.py": FAKE_KERNEL})
 
 
 @pytest.mark.parametrize("t", [20, 70])  # padded to 64 tokens (and from 6 to 7 levels), to 128
@@ -217,16 +223,8 @@ def chunk_simple_gla(q, k, v, g, scale):
 
 @pytest.fixture
 def fake_fla(tmp_path, monkeypatch):
-    pkg = tmp_path / "fla" / "ops" / "simple_gla"
-    pkg.mkdir(parents=True)
-    for init in (tmp_path / "fla", tmp_path / "fla" / "ops"):
-        (init / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text(FAKE_SIMPLE_GLA)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    importlib.invalidate_caches()
-    yield
-    for name in [n for n in sys.modules if n == "fla" or n.startswith("fla.")]:
-        del sys.modules[name]
+    yield from fake_package(tmp_path, monkeypatch, "fla", {
+        "fla/__init__.py": "", "fla/ops/__init__.py": "", "fla/ops/simple_gla/__init__.py": FAKE_SIMPLE_GLA})
 
 
 def test_hla2_peer_is_hla2_as_two_simple_gla_passes(fake_fla):
