@@ -40,6 +40,13 @@ def renamed(state_dict: dict[str, torch.Tensor], keys: dict[str, str], prefix: s
     return out
 
 
+def split_mlp(state_dict: dict[str, torch.Tensor], prefix: str, new_prefix: str) -> dict[str, torch.Tensor]:
+    """hilo's SwiGLU under prefix (one gate_up_proj, gate rows first) as the peers' gate_proj, up_proj, down_proj."""
+    gate, up = state_dict[f"{prefix}gate_up_proj.weight"].chunk(2, dim=0)
+    return {f"{new_prefix}gate_proj.weight": gate, f"{new_prefix}up_proj.weight": up,
+            f"{new_prefix}down_proj.weight": state_dict[f"{prefix}down_proj.weight"]}
+
+
 def _load(peer: nn.Module, state_dict: dict[str, torch.Tensor], like: nn.Module) -> nn.Module:
     peer.load_state_dict(state_dict, strict=True)
     param = next(like.parameters())
@@ -98,9 +105,7 @@ def fla_gated_deltanet_model(model: nn.Module) -> nn.Module:
         mapped.update(renamed(state, GDN_LAYER_KEYS, f"{src}mixer.", f"{dst}attn."))
         mapped[f"{dst}attn_norm.weight"] = state[f"{src}mixer_norm.weight"]
         mapped[f"{dst}mlp_norm.weight"] = state[f"{src}mlp_norm.weight"]
-        gate, up = state[f"{src}mlp.gate_up_proj.weight"].chunk(2, dim=0)
-        mapped[f"{dst}mlp.gate_proj.weight"], mapped[f"{dst}mlp.up_proj.weight"] = gate, up
-        mapped[f"{dst}mlp.down_proj.weight"] = state[f"{src}mlp.down_proj.weight"]
+        mapped.update(split_mlp(state, f"{src}mlp.", f"{dst}mlp."))
     return _load(GatedDeltaNetForCausalLM(peer_config), mapped, model)
 
 
@@ -166,13 +171,11 @@ def qwen3_next_gated_deltanet_model(model: nn.Module) -> nn.Module:
     mapped = {"model.embed_tokens.weight": state["model.embed_tokens.weight"],
               "model.norm.weight": state["model.norm.weight"] - 1, "lm_head.weight": state["lm_head.weight"]}
     for i in layers:
-        src, dst = f"model.layers.{i}.", f"model.layers.{i}."
-        mixer = {k[len(src) + 6:]: v for k, v in state.items() if k.startswith(f"{src}mixer.")}
-        mapped.update({f"{dst}linear_attn.{k}": v
-                       for k, v in convert.hilo_to_qwen3_next_gdn_state_dict(config, mixer).items()})
-        mapped[f"{dst}input_layernorm.weight"] = state[f"{src}mixer_norm.weight"] - 1
-        mapped[f"{dst}post_attention_layernorm.weight"] = state[f"{src}mlp_norm.weight"] - 1
-        gate, up = state[f"{src}mlp.gate_up_proj.weight"].chunk(2, dim=0)
-        mapped[f"{dst}mlp.gate_proj.weight"], mapped[f"{dst}mlp.up_proj.weight"] = gate, up
-        mapped[f"{dst}mlp.down_proj.weight"] = state[f"{src}mlp.down_proj.weight"]
+        layer = f"model.layers.{i}."  # the same prefix on both sides
+        mixer = renamed(state, {}, f"{layer}mixer.")
+        mapped.update(renamed(convert.hilo_to_qwen3_next_gdn_state_dict(config, mixer), {}, "",
+                              f"{layer}linear_attn."))
+        mapped[f"{layer}input_layernorm.weight"] = state[f"{layer}mixer_norm.weight"] - 1
+        mapped[f"{layer}post_attention_layernorm.weight"] = state[f"{layer}mlp_norm.weight"] - 1
+        mapped.update(split_mlp(state, f"{layer}mlp.", f"{layer}mlp."))
     return _load(Qwen3NextForCausalLM(peer_config), mapped, model)

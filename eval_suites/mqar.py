@@ -35,9 +35,10 @@ IGNORE_INDEX = -100
 @torch.no_grad()
 def evaluate(model: Any, test_sets: Sequence[dict], batch_size: int, device: torch.device | str | None = None,
              progress: Callable[[int], None] | None = None) -> dict:
-    """Accuracy and loss of ``model`` (called as model(input_ids=..., use_cache=False, logits_to_keep=positions).logits:
-    [B, len(positions), V], the logits at the positions that hold a query in some row of the batch, as HF models
-    take logits_to_keep; a model that returns [B, T, V] is read at the same positions) on the MQAR test sets (dicts with name, seq_len, num_kv_pairs, inputs [N, T], labels [N, T]); see the module docstring.
+    """Accuracy and loss of ``model`` on the MQAR test sets (dicts with name, seq_len, num_kv_pairs, inputs [N, T],
+    labels [N, T]); see the module docstring. The model is called as model(input_ids=..., use_cache=False,
+    logits_to_keep=positions).logits, [B, len(positions), V]: the logits at the positions that hold a query in some
+    row of the batch, as HF models take logits_to_keep (a model that returns [B, T, V] is read at those positions).
 
     Every process evaluates every example (no reduction across ranks), so the result is the same on all of them.
     The model's training mode is restored afterwards. progress, if given, is called with the number of examples of
