@@ -123,14 +123,16 @@ def test_triton_operator_is_one_node_of_the_block_graph(family):
 
 def _assert_one_block_graph(config, op_in_graph, seed):
     """compile_blocks (aot_eager) on the model of config: every block one graph with no break that holds
-    op_in_graph, and the compiled loss and gradients equal eager's."""
+    op_in_graph, and the compiled loss and gradients equal eager's. On CUDA when there is one: there the Triton
+    backends refuse CPU tensors (no interpreter)."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
-    eager = models.build_model(config)
+    eager = models.build_model(config).to(dev)
     compiled = copy.deepcopy(eager)
     backend = CompileCounterWithBackend("aot_eager")
     counters.clear()
     compile_blocks(compiled, backend=backend)
-    ids = torch.randint(0, TINY["vocab_size"], (2, SEQ), generator=torch.Generator().manual_seed(seed))
+    ids = torch.randint(0, TINY["vocab_size"], (2, SEQ), generator=torch.Generator().manual_seed(seed)).to(dev)
     ref_loss, ref_grads = _loss_and_grads(eager, ids)
     loss, grads = _loss_and_grads(compiled, ids)
     assert _rel(loss, ref_loss) < 1e-5
