@@ -9,8 +9,10 @@ Every directory under the given ones that holds a config.yaml is a run: its mode
 best_mqar_acc, or, for a run without a summary (still running, killed), the largest val/mqar_acc in
 metrics.jsonl; runs with neither are skipped and counted. A run of a recipe variant (mqar_sweep.py --variant) has
 its variant's name on the first line of variant.txt and gets rows of its own ("mamba2 (init)"). For each (model,
-variant, width, lr) the accuracies are averaged over seeds (std: sample standard deviation, 0 for one seed); the lr
-with the highest mean is reported.
+variant, width, lr) the accuracies are averaged over seeds (std: sample standard deviation, 0 for one seed). The
+rates are ranked on the seeds that all of them have run (a rate run with seeds 0-2 against one run with seed 0
+only: on seed 0), so another rate's extra seeds neither help nor hurt it; with no seed in common, on each rate's own
+mean. The best rate's mean and std over all its seeds are reported.
 
 Reference (the log-linear attention paper, T = 256, 4-64 pairs; accuracy % at widths 16 / 32 / 64), to
 reproduce in trend:
@@ -95,8 +97,14 @@ def collect_runs(roots: list[Path]) -> tuple[list[dict], int]:
     return runs, skipped
 
 
+def _mean_on_shared_seeds(by_lr: dict[float, dict[int, float]], lr: float) -> float:
+    """lr's mean accuracy over the seeds every rate of by_lr has run; over its own seeds when they share none."""
+    shared = set.intersection(*(set(seeds) for seeds in by_lr.values()))
+    return statistics.fmean([by_lr[lr][seed] for seed in shared] if shared else by_lr[lr].values())
+
+
 def build_table(runs: list[dict]) -> list[dict]:
-    """Per (model, variant, width): the lr whose mean accuracy over seeds is highest, with that mean and its std."""
+    """Per (model, variant, width): the best lr (ranked on the seeds every lr has run), with its mean and std."""
     groups: dict[tuple, dict[float, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
     for r in runs:
         groups[(r["model"], r.get("variant", ""), r["width"])][r["lr"]][r["seed"]] = r["acc"]
@@ -104,7 +112,7 @@ def build_table(runs: list[dict]) -> list[dict]:
     for (model, variant, width), by_lr in groups.items():
         stats = {lr: (statistics.fmean(s.values()), statistics.stdev(s.values()) if len(s) > 1 else 0.0, s)
                  for lr, s in by_lr.items()}
-        best_lr = max(stats, key=lambda lr: (stats[lr][0], -lr))
+        best_lr = max(stats, key=lambda lr: (_mean_on_shared_seeds(by_lr, lr), -lr))
         mean, std, seeds = stats[best_lr]
         rows.append({"model": model, "variant": variant, "width": width, "best_lr": best_lr, "mean_acc": mean, "std_acc": std,
                      "num_seeds": len(seeds), "seeds": " ".join(str(s) for s in sorted(seeds)),

@@ -1,4 +1,5 @@
-"""benchmarks/mqar_table.py on synthetic sweep directories: best lr by mean over seeds, mean ± std, Markdown + CSV."""
+"""benchmarks/mqar_table.py on synthetic sweep directories: best lr by mean over the seeds the rates share, mean ± std,
+Markdown + CSV."""
 import csv
 import json
 import statistics
@@ -56,6 +57,19 @@ def test_best_learning_rate_mean_and_std(sweep):
     assert gdn["lrs"] == "0.001 0.003"
     assert rows[0]["best_lr"] == 1e-3 and rows[0]["std_acc"] == 0.0
     assert rows[1]["mean_acc"] == 0.25
+
+
+def test_rates_are_ranked_on_the_seeds_they_share(tmp_path):
+    """A rate run with one seed is not the best because another rate's extra seeds happen to be worse: 1e-2 beats
+    2.2e-2 on seed 0, the only seed both have, though 2.2e-2's one accuracy is above 1e-2's three-seed mean."""
+    for seed, acc in enumerate([0.9, 0.6, 0.6]):
+        make_run(tmp_path, f"a{seed}", "mamba2", 32, 1e-2, seed, best=acc)
+    make_run(tmp_path, "b0", "mamba2", 32, 2.2e-2, 0, best=0.8)
+    [row] = build_table(collect_runs([tmp_path])[0])
+    assert row["best_lr"] == 1e-2 and row["num_seeds"] == 3 and row["mean_acc"] == pytest.approx(0.7)
+    make_run(tmp_path, "b1", "mamba2", 32, 2.2e-2, 1, best=0.75)  # now seeds 0 and 1: 0.775 against 0.75
+    [row] = build_table(collect_runs([tmp_path])[0])
+    assert row["best_lr"] == 2.2e-2 and row["mean_acc"] == pytest.approx(0.775)
 
 
 def test_cli_writes_markdown_and_csv(sweep, tmp_path, capsys):
