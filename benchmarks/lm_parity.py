@@ -9,13 +9,15 @@ Pairs (benchmarks/peer_models.py):
   transformer     hilo's Transformer         vs transformers' LlamaForCausalLM (SDPA attention)
   mamba2          hilo's Mamba-2, model.mlp=false  vs transformers' Mamba2ForCausalLM (mamba_ssm's kernels when
                   installed, else its PyTorch path)
+  loglinear_mamba2  hilo's log-linear Mamba-2 (with MLPs, 15 levels: max_position_embeddings = 16384) vs fla's
+                  LogLinearMamba2ForCausalLM (CUDA)
   gated_deltanet_qwen3_next  hilo's Gated DeltaNet  vs transformers' Qwen3NextForCausalLM with every layer linear
                   attention (Qwen3NextGatedDeltaNet) and a dense MLP, on its own PyTorch delta rule: a GDN peer
                   independent of fla, for machines where fla's kernels refuse (its backward on Hopper with Triton
                   >= 3.4, < 3.7.1); slower than hilo by its PyTorch chunk loop
 
 For each family and seed, the hilo model is built from conf/model/<family>.yaml and conf/model/size/<size>.yaml
-(model.max_position_embeddings = --seq-len) under torch.manual_seed(seed); the peer is built with the same sizes
+(model.max_position_embeddings = --seq-len; 16384 for loglinear_mamba2) under torch.manual_seed(seed); the peer is built with the same sizes
 and hilo's initial weights copied in, so the two start equal and differ only in their implementations. Both
 train on the same batches (the embedded corpus through hilo's loader, fixed packing, drawn once) with the same
 recipe: AdamW (betas 0.9 / 0.95, weight decay 0.1 on matrices other than the embedding), linear warmup over the
@@ -44,7 +46,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 PEERS = {"gated_deltanet": "fla GatedDeltaNetForCausalLM", "transformer": "transformers LlamaForCausalLM",
-         "mamba2": "transformers Mamba2ForCausalLM",
+         "mamba2": "transformers Mamba2ForCausalLM", "loglinear_mamba2": "fla LogLinearMamba2ForCausalLM",
          "gated_deltanet_qwen3_next": "transformers Qwen3NextForCausalLM (linear attention, PyTorch path)"}
 # the hilo family of each pair (the pair's name where they are the same)
 HILO_FAMILY = {"gated_deltanet_qwen3_next": "gated_deltanet"}
@@ -52,6 +54,8 @@ HILO_FAMILY = {"gated_deltanet_qwen3_next": "gated_deltanet"}
 
 # overrides that make hilo's model the peer's architecture (Mamba2ForCausalLM's blocks have no MLP)
 FAMILY_OVERRIDES = {"mamba2": ["model.mlp=false"]}
+# fla's LogLinearMamba2 fixes 15 levels, hilo's max_position_embeddings = 16384 (otherwise the training length)
+FAMILY_MAX_POSITIONS = {"loglinear_mamba2": 16384}
 
 
 def compose(family: str, size: str, seq_len: int):
@@ -60,7 +64,8 @@ def compose(family: str, size: str, seq_len: int):
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         return hydra_compose(config_name="train", overrides=[
-            f"model={family}", f"model/size={size}", f"model.max_position_embeddings={seq_len}",
+            f"model={family}", f"model/size={size}",
+            f"model.max_position_embeddings={FAMILY_MAX_POSITIONS.get(family, seq_len)}",
             f"trainer.seq_len={seq_len}", "logger=none", *FAMILY_OVERRIDES.get(family, [])])
 
 
@@ -91,7 +96,7 @@ def build_pair(cfg, family: str, seed: int, tokenizer, device: str):
     torch.manual_seed(seed)
     hilo = models.build_model(model_kwargs(cfg.model, tokenizer.vocab_size, tokenizer)).to(device)
     builders = {"gated_deltanet": peer_models.fla_gated_deltanet_model, "transformer": peer_models.llama_model,
-                "mamba2": peer_models.mamba2_model,
+                "mamba2": peer_models.mamba2_model, "loglinear_mamba2": peer_models.fla_loglinear_mamba2_model,
                 "gated_deltanet_qwen3_next": peer_models.qwen3_next_gated_deltanet_model}
     return hilo, builders[family](hilo)
 

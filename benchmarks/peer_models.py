@@ -4,6 +4,8 @@ language-model comparison, benchmarks/lm_parity.py).
     fla_gated_deltanet_layer(mixer, config)    fla's GatedDeltaNet layer == hilo's GatedDeltaNetMixer
     fla_loglinear_mamba2_layer(mixer, config)  fla's LogLinearMamba2 layer == hilo's LogLinearMamba2Mixer
     fla_gated_deltanet_model(model)            fla's GatedDeltaNetForCausalLM == a hilo gated_deltanet model
+    fla_loglinear_mamba2_model(model)          fla's LogLinearMamba2ForCausalLM == a hilo loglinear_mamba2 model
+                                                (with MLPs, max_position_embeddings = 16384)
     llama_model(model)                          transformers' LlamaForCausalLM == a hilo transformer
     mamba2_model(model)                         transformers' Mamba2ForCausalLM == a hilo mamba2 model (mlp=false;
                                                 mamba_ssm's kernels when installed, else its PyTorch path)
@@ -107,6 +109,40 @@ def fla_gated_deltanet_model(model: nn.Module) -> nn.Module:
         mapped[f"{dst}mlp_norm.weight"] = state[f"{src}mlp_norm.weight"]
         mapped.update(split_mlp(state, f"{src}mlp.", f"{dst}mlp."))
     return _load(GatedDeltaNetForCausalLM(peer_config), mapped, model)
+
+
+def fla_loglinear_mamba2_model(model: nn.Module) -> nn.Module:
+    """fla's LogLinearMamba2ForCausalLM with the sizes and weights of a hilo loglinear_mamba2 model: every layer a
+    LogLinearMamba2Mixer with an MLP (fla's blocks always have one, of 4 x 2/3 x hidden_size rounded up to 256, hilo's
+    default), pre-norm blocks, final norm, LM head. fla fixes 15 levels: build the hilo model with
+    max_position_embeddings = 16384."""
+    from fla.models import LogLinearMamba2Config, LogLinearMamba2ForCausalLM
+
+    config = model.config
+    mixer = model.model.layers[0].mixer
+    fla_intermediate = 256 * -(-int(config.hidden_size * 4 * 2 / 3) // 256)
+    if not config.mlp or config.intermediate_size != fla_intermediate:
+        raise ValueError(f"fla's LogLinearMamba2 blocks have an MLP of width {fla_intermediate}; the hilo model has "
+                         f"{config.intermediate_size if config.mlp else 'none'}: build it with model.mlp=true and "
+                         f"model.intermediate_size=null")
+    peer_config = LogLinearMamba2Config(
+        num_heads=mixer.num_heads, head_dim=mixer.head_dim, vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size, state_size=mixer.state_size, num_hidden_layers=config.num_layers,
+        norm_eps=config.norm_eps, expand=mixer.d_inner // config.hidden_size, conv_kernel=mixer.conv.kernel_size,
+        n_groups=mixer.n_groups, use_bias=False, use_conv_bias=mixer.conv.conv.bias is not None,
+        residual_in_fp32=False, rmsnorm=True, norm_before_gate=False, chunk_size=64, fuse_cross_entropy=False,
+        initializer_range=config.initializer_range, tie_word_embeddings=config.tie_word_embeddings, use_cache=False,
+        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id)
+    state = model.state_dict()
+    mapped = {"backbone.embeddings.weight": state["model.embed_tokens.weight"],
+              "backbone.norm_f.weight": state["model.norm.weight"], "lm_head.weight": state["lm_head.weight"]}
+    for i in range(config.num_layers):
+        src, dst = f"model.layers.{i}.", f"backbone.layers.{i}."
+        mapped.update(renamed(state, LOGLINEAR_MAMBA2_LAYER_KEYS, f"{src}mixer.", f"{dst}mixer."))
+        mapped.update(renamed(state, {}, f"{src}mixer_norm.", f"{dst}mixer_norm."))
+        mapped.update(renamed(state, {}, f"{src}mlp_norm.", f"{dst}mlp_norm."))
+        mapped.update(split_mlp(state, f"{src}mlp.", f"{dst}mlp."))
+    return _load(LogLinearMamba2ForCausalLM(peer_config), mapped, model)
 
 
 def llama_model(model: nn.Module) -> nn.Module:

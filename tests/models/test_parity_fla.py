@@ -121,3 +121,39 @@ def test_layer_matches_fla(family, backward):
     assert max(errors.values()) <= TOL, errors
     peer.load_state_dict(broken(peer.state_dict()))
     assert error_ratio(run(peer, x, hilo=False, backward=False)[0], ref[0]) > WRONG
+
+
+MODEL_CASES = {
+    "gated_deltanet": ({"mixer": "gated_deltanet", "num_heads": 2,
+                        "mixer_kwargs": {"head_dim": 32, "num_heads": 2, "expand_v": 2, "backend": "torch"}},
+                       peer_models.fla_gated_deltanet_model),
+    "loglinear_mamba2": ({"mixer": "loglinear_mamba2", "num_heads": 4, "max_position_embeddings": 16384,
+                          "mixer_kwargs": {"head_dim": 16, "state_size": 64, "expand": 2, "backend": "torch"}},
+                         peer_models.fla_loglinear_mamba2_model),
+}
+
+
+@pytest.mark.parametrize("family", sorted(MODEL_CASES))
+def test_model_matches_fla(family):
+    """The whole model (embeddings, pre-norm blocks with MLPs, final norm, LM head) against fla's CausalLM with hilo's
+    weights, as benchmarks/lm_parity.py trains them: logits within TF32 rounding; with two layers' weights exchanged,
+    no longer."""
+    import models
+
+    extra, build_peer = MODEL_CASES[family]
+    torch.manual_seed(0)
+    hilo = models.build_model({"vocab_size": 96, "hidden_size": 64, "num_layers": 2, **extra})
+    randomize_(hilo, seed=7)
+    hilo = hilo.cuda().eval()
+    peer = build_peer(hilo).eval()
+    ids = torch.randint(0, 96, (2, 203), generator=torch.Generator().manual_seed(8)).cuda()
+    with torch.no_grad():
+        ref = hilo(input_ids=ids).logits.float()
+        assert error_ratio(peer(input_ids=ids).logits.float(), ref) <= TOL
+        state = peer.state_dict()
+        layer0 = {k: v.clone() for k, v in state.items() if ".layers.0." in k}
+        for key, value in layer0.items():
+            state[key] = state[key.replace(".layers.0.", ".layers.1.")].clone()
+            state[key.replace(".layers.0.", ".layers.1.")] = value
+        peer.load_state_dict(state)
+        assert error_ratio(peer(input_ids=ids).logits.float(), ref) > WRONG
