@@ -17,17 +17,17 @@ Pairs (benchmarks/peer_models.py):
                   >= 3.4, < 3.7.1); slower than hilo by its PyTorch chunk loop
 
 For each family and seed, the hilo model is built from conf/model/<family>.yaml and conf/model/size/<size>.yaml
-(model.max_position_embeddings = --seq-len; 16384 for loglinear_mamba2) under torch.manual_seed(seed); the peer is built with the same sizes
-and hilo's initial weights copied in, so the two start equal and differ only in their implementations. Both
-train on the same batches (the embedded corpus through hilo's loader, fixed packing, drawn once) with the same
-recipe: AdamW (betas 0.9 / 0.95, weight decay 0.1 on matrices other than the embedding), linear warmup over the
-first 10% of steps then cosine to 10% of --lr, global grad-norm clipping at 1.0, bf16 autocast, and one loss
-function (fp32 next-token cross-entropy of the logits). Reported per run: the training loss over the last 10% of
-steps, the held-out loss (32 rows of --seq-len tokens from the corpus' held-out file) at the end, tokens/s over the
-steps after the first 10, and the peak GPU memory of its training (both models stay resident: each run's peak
-holds the other model's weights too, the same amount on both sides). The seeds give the noise floor: hilo matches
-its peer when |hilo - peer| at one seed is within the spread between seeds. Needs CUDA for fla's kernels (the
-other pairs also run on CPU).
+(model.max_position_embeddings = --seq-len; 16384 for loglinear_mamba2) under torch.manual_seed(seed); the peer is
+built with the same sizes and hilo's initial weights copied in, so the two start equal and differ only in their
+implementations. Both train on the same batches (the embedded corpus through hilo's loader, fixed packing, drawn
+once) with the same recipe: AdamW (betas 0.9 / 0.95, weight decay 0.1 on matrices other than the embedding), linear
+warmup over the first 10% of steps then cosine to 10% of --lr, global grad-norm clipping at 1.0, bf16 autocast, and
+one loss function (fp32 next-token cross-entropy of the logits). Reported per run: the training loss over the last
+10% of steps, the held-out loss (32 rows of --seq-len tokens from the corpus' held-out file) at the end, tokens/s
+over the steps after the first 10, and the peak GPU memory of its training (both models stay resident: each run's
+peak holds the other model's weights too, the same amount on both sides). The seeds give the noise floor: hilo
+matches its peer when |hilo - peer| at one seed is within the spread between seeds. Needs CUDA for fla's kernels
+(the other pairs also run on CPU).
 """
 from __future__ import annotations
 
