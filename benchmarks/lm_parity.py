@@ -194,6 +194,19 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def train_or_refusal(impl: str, model, batches, val, lr: float, device: str) -> dict:
+    """train()'s results with status "ok"; for a peer that raises (fla's Triton-version checks raise RuntimeError,
+    a kernel that does not compile on this Triton raises its CompilationError), status "failed: <first line>"
+    instead, so the other rows still run. hilo's own failures propagate."""
+    try:
+        return {"status": "ok", **train(model, batches, val, lr, device)}
+    except Exception as err:  # third-party code: any failure is the peer's row
+        if impl == "hilo":
+            raise
+        lines = str(err).strip().splitlines()
+        return {"status": f"failed: {type(err).__name__}" + (f": {lines[0]}" if lines else "")}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--families", default="gated_deltanet,transformer,mamba2",
@@ -225,12 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             for impl, model in (("hilo", hilo), ("peer", peer)):
                 row = {"family": family, "impl": impl, "peer": PEERS[family], "seed": seed, "size": args.size,
                        "seq_len": args.seq_len, "batch_size": args.batch_size, "steps": args.steps, "lr": args.lr}
-                try:
-                    row.update(status="ok", **train(model, batches, val, args.lr, device))
-                except RuntimeError as err:  # a peer that refuses this machine (fla's Triton-version checks)
-                    if impl == "hilo":
-                        raise
-                    row["status"] = f"failed: {str(err).splitlines()[0]}"
+                row.update(train_or_refusal(impl, model, batches, val, args.lr, device))
                 print(json.dumps({k: v for k, v in row.items() if k != "train_loss_curve"}), flush=True)
                 results.append(row)
             del hilo, peer

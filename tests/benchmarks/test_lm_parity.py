@@ -96,3 +96,30 @@ def test_gated_deltanet_qwen3_next_pair_is_the_same_model_and_trains_alike():
     assert abs(ours["val_loss"] - theirs["val_loss"]) < 1e-5
     assert "gated_deltanet_qwen3_next" in lm_parity.PEERS and lm_parity.HILO_FAMILY["gated_deltanet_qwen3_next"] == (
         "gated_deltanet")
+
+
+def test_a_peer_that_raises_is_a_failed_row_and_hilo_failures_propagate():
+    """Any exception of the peer's (fla's version checks raise RuntimeError, a kernel that does not compile on this
+    Triton its CompilationError) becomes the row's status, so the other rows still run; hilo's own is raised."""
+    class CompilationError(Exception):  # Triton's is not a RuntimeError
+        pass
+
+    class Refusing(torch.nn.Module):
+        def __init__(self, err):
+            super().__init__()
+            self.weight, self.err = torch.nn.Parameter(torch.zeros(2, 2)), err
+
+        def forward(self, **_):
+            raise self.err
+
+    batches, val = [torch.zeros(1, 5, dtype=torch.long)] * 2, torch.zeros(1, 5, dtype=torch.long)
+    for err, status in ((CompilationError("at 12:4:\nmore"), "failed: CompilationError: at 12:4:"),
+                        (RuntimeError("Triton >= 3.4 refuses"), "failed: RuntimeError: Triton >= 3.4 refuses"),
+                        (ValueError(), "failed: ValueError")):
+        assert lm_parity.train_or_refusal("peer", Refusing(err), batches, val, 1e-3, "cpu") == {"status": status}
+    try:
+        lm_parity.train_or_refusal("hilo", Refusing(CompilationError("ours")), batches, val, 1e-3, "cpu")
+    except CompilationError:
+        pass
+    else:
+        raise AssertionError("hilo's failure must propagate")
