@@ -4,19 +4,24 @@ docs/performance.md has the current numbers).
 
     python benchmarks/kernels.py                         # every op in CASES
     python benchmarks/kernels.py --ops linear_attn --seqlens 1024 4096 32768
+    python benchmarks/kernels.py --ops delta_rule --seqlens 8192 \
+        --settings delta_rule.grads_warps=4,8 delta_rule.grads_stages=2,3   # every combination, a row each
 
 Each op is one entry of CASES (an OpCase, kernels/common/checks.py): how to make its inputs, how to call it, and
 which gradients it has with their tolerances. Correctness compares the op's GPU backend (OpCase.backend, "triton" unless
 named) on bf16 inputs with the "naive" backend (the token recurrence) on the same values in fp32, for the
 output, the final state and every gradient, on a small odd-length batch and on a packed varlen batch. An op may
 name baselines (other backends of the same op, e.g. hla2's two-pass composition beside its fused kernel): they
-are checked and timed in rows of their own. Times are medians of triton.testing.do_bench in ms. Imports only
-torch, triton and kernels.
+are checked and timed in rows of their own. Times are medians of triton.testing.do_bench in ms. --settings
+FAMILY.SETTING=V1,V2,... (the launch settings of kernels/common/launch.py, docs/kernel_settings.md) checks and times
+the ops once per combination of the values given, inside launch_settings, each row labelled with its combination:
+the way to tune a kernel's launch for another GPU. Imports only torch, triton and kernels.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -26,7 +31,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kernels.common import checks
+from kernels.common import checks, launch_settings
 from kernels.common.checks import CASES, check, make_leaves, variants
 
 
@@ -63,7 +68,50 @@ def _op_fn(case, b, t, h, d, device, backend=None):
     return fwd, fwd_bwd, list(x.values())
 
 
-def bench(ops, seqlens, tokens, heads, dim, device):
+def _setting_value(text: str):
+    """One value of --settings: an int, true / false, or none (the setting's head-size rule)."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered == "none":
+        return None
+    try:
+        return int(lowered)
+    except ValueError:
+        raise ValueError(f"--settings value {text!r}: expected an integer, true, false or none") from None
+
+
+def parse_settings(specs: list[str]) -> list[dict]:
+    """--settings FAMILY.SETTING=V1,V2 ... as the launch_settings overrides of every combination of the values, in
+    order ([{}] when none is given). Each combination is entered once here, so an unknown family or setting, or a
+    value of the wrong type, fails before anything runs, with launch_settings' message naming the valid ones."""
+    axes, seen = [], set()
+    for spec in specs:
+        key, eq, values = spec.partition("=")
+        family, dot, name = key.strip().partition(".")
+        if not (eq and dot and family and name and values.strip()):
+            raise ValueError(f"--settings {spec!r}: expected FAMILY.SETTING=V1[,V2...], e.g. delta_rule.grads_warps=4,8")
+        if (family, name) in seen:
+            raise ValueError(f"--settings {family}.{name} is given twice: list all its values in one, comma-separated")
+        seen.add((family, name))
+        axes.append((family, name, [_setting_value(v) for v in values.split(",")]))
+    combos = []
+    for values in itertools.product(*(axis[2] for axis in axes)):
+        combo: dict[str, dict] = {}
+        for (family, name, _), value in zip(axes, values, strict=True):
+            combo.setdefault(family, {})[name] = value
+        with launch_settings(**combo):
+            pass
+        combos.append(combo)
+    return combos
+
+
+def settings_label(combo: dict) -> str:
+    """A combination as rows show it: "grads_warps=8 grads_stages=2" ("" for the defaults)."""
+    return " ".join(f"{name}={value}" for fields in combo.values() for name, value in fields.items())
+
+
+def bench(ops, seqlens, tokens, heads, dim, device, tag: str = ""):
     import triton.testing
 
     rows = []
@@ -75,6 +123,7 @@ def bench(ops, seqlens, tokens, heads, dim, device):
         entries += [(f"sdpa_{kind}", (lambda kind=kind, b=b, t=t: _sdpa_fn(kind, b, t, heads, dim, device)))
                     for kind in ("flash", "cudnn")]
         for label, build in entries:
+            label = f"{label} [{tag}]" if tag and not label.startswith("sdpa_") else label
             try:
                 fwd, fwd_bwd, leaves = build()
                 f = triton.testing.do_bench(fwd, warmup=25, rep=100, return_mode="median")
@@ -140,7 +189,13 @@ def main(argv=None):
     p.add_argument("--profile", type=int, default=0, metavar="T", help="also profile one fwd+bwd at this T")
     p.add_argument("--also-backends", nargs="+", default=[], metavar="BACKEND",
                    help="check and time these backends of every op too (e.g. torch), as rows OP_BACKEND")
+    p.add_argument("--settings", nargs="+", default=[], metavar="FAMILY.SETTING=V1,V2",
+                   help="launch settings to sweep (kernels/common/launch.py): every combination is checked and timed")
     args = p.parse_args(argv)
+    try:
+        combos = parse_settings(args.settings)
+    except ValueError as err:
+        p.error(str(err))
     for name in args.ops:
         CASES[name] = dataclasses.replace(CASES[name], baselines={
             **CASES[name].baselines, **{f"{name}_{b}": b for b in args.also_backends if b != CASES[name].backend}})
@@ -148,6 +203,19 @@ def main(argv=None):
         raise SystemExit("benchmarks/kernels.py needs a CUDA GPU")
     device = "cuda"
     failed = False
+    for combo in combos:
+        tag = settings_label(combo)
+        if tag:
+            print(f"\n## launch settings: {tag}", flush=True)
+        with launch_settings(**combo):
+            failed |= run(args, device, tag)
+    return 1 if failed else 0
+
+
+def run(args, device: str, tag: str) -> bool:
+    """Check, time and profile args.ops under the launch settings in effect; True when a check failed."""
+    failed = False
+    checks.VALUE_DIM = None  # the check's own shapes
     if not args.skip_check:
         print("| op | case | quantity | error ratio | tolerance | ok |\n|---|---|---|---|---|---|", flush=True)
         for op in args.ops:  # rows are printed as each op finishes, so a later crash or timeout keeps them
@@ -158,10 +226,10 @@ def main(argv=None):
     checks.VALUE_DIM = args.dim_v
     if not args.skip_bench:
         print("\n| T | B | kernel | fwd ms | fwd+bwd ms |\n|---|---|---|---|---|", flush=True)
-        bench(args.ops, args.seqlens, args.tokens, args.heads, args.dim, device)  # prints each row as it is measured
+        bench(args.ops, args.seqlens, args.tokens, args.heads, args.dim, device, tag)  # prints each row as measured
     if args.profile:
         profile(args.ops, args.profile, args.tokens, args.heads, args.dim, device)
-    return 1 if failed else 0
+    return failed
 
 
 if __name__ == "__main__":

@@ -55,3 +55,34 @@ def test_profile_gives_every_call_fresh_gradients(monkeypatch, capsys):
     kb.profile(["linear_attn"], 64, 128, 2, 16, "cpu")
     assert len(calls) == 13 and all(calls), calls
     assert "linear_attn T=64 B=2" in capsys.readouterr().out
+
+
+def test_settings_sweep_every_combination_under_its_launch_settings(monkeypatch, capsys):
+    """--settings FAMILY.SETTING=V1,V2 ...: every combination of the values, in order, each run with its launch
+    settings in effect (and the defaults back after), its rows labelled with it; bad specs fail before anything
+    runs, naming the problem."""
+    from kernels.common import launch
+
+    combos = kb.parse_settings(["delta_rule.grads_warps=4,8", "delta_rule.grads_maxnreg=none,128",
+                                "hla.out_warps=8"])
+    assert combos == [{"delta_rule": {"grads_warps": w, "grads_maxnreg": r}, "hla": {"out_warps": 8}}
+                      for w in (4, 8) for r in (None, 128)]
+    assert kb.settings_label(combos[3]) == "grads_warps=8 grads_maxnreg=128 out_warps=8"
+    assert kb.parse_settings([]) == [{}] and kb.settings_label({}) == ""
+    seen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(kb, "run", lambda args, device, tag: seen.append(
+        (tag, launch.current("delta_rule").grads_warps, launch.current("delta_rule").grads_stages)) or False)
+    assert kb.main(["--ops", "delta_rule", "--settings", "delta_rule.grads_warps=8,2", "delta_rule.grads_stages=1"]) == 0
+    assert seen == [("grads_warps=8 grads_stages=1", 8, 1), ("grads_warps=2 grads_stages=1", 2, 1)]
+    assert launch.current("delta_rule") == launch.defaults("delta_rule")
+    assert "## launch settings: grads_warps=2 grads_stages=1" in capsys.readouterr().out
+    for bad, message in ((["delta_rule.grads_warps"], "expected FAMILY.SETTING=V1"),
+                         (["grads_warps=4"], "expected FAMILY.SETTING=V1"),
+                         (["delta_rule.grads_warps=four"], "expected an integer"),
+                         (["delta_rule.grads_warps=4", "delta_rule.grads_warps=8"], "given twice"),
+                         (["delta_rule.no_such_setting=4"], "no_such_setting"),
+                         (["no_such_family.x=4"], "no_such_family")):
+        with pytest.raises(SystemExit):
+            kb.main(["--ops", "delta_rule", "--settings", *bad])
+        assert message in capsys.readouterr().err, bad
