@@ -123,13 +123,14 @@ def test_layer_matches_fla(family, backward):
     assert error_ratio(run(peer, x, hilo=False, backward=False)[0], ref[0]) > WRONG
 
 
+# (hilo config, the peer's builder, sequence length: the layer tests' lengths, 320 = five of fla's log-linear chunks)
 MODEL_CASES = {
     "gated_deltanet": ({"mixer": "gated_deltanet", "num_heads": 2,
                         "mixer_kwargs": {"head_dim": 32, "num_heads": 2, "expand_v": 2, "backend": "torch"}},
-                       peer_models.fla_gated_deltanet_model),
+                       peer_models.fla_gated_deltanet_model, 203),
     "loglinear_mamba2": ({"mixer": "loglinear_mamba2", "num_heads": 4, "max_position_embeddings": 16384,
                           "mixer_kwargs": {"head_dim": 16, "state_size": 64, "expand": 2, "backend": "torch"}},
-                         peer_models.fla_loglinear_mamba2_model),
+                         peer_models.fla_loglinear_mamba2_model, 320),
 }
 
 
@@ -140,13 +141,13 @@ def test_model_matches_fla(family):
     no longer."""
     import models
 
-    extra, build_peer = MODEL_CASES[family]
+    extra, build_peer, seq_len = MODEL_CASES[family]
     torch.manual_seed(0)
     hilo = models.build_model({"vocab_size": 96, "hidden_size": 64, "num_layers": 2, **extra})
     randomize_(hilo, seed=7)
     hilo = hilo.cuda().eval()
     peer = build_peer(hilo).eval()
-    ids = torch.randint(0, 96, (2, 203), generator=torch.Generator().manual_seed(8)).cuda()
+    ids = torch.randint(0, 96, (2, seq_len), generator=torch.Generator().manual_seed(8)).cuda()
     with torch.no_grad():
         ref = hilo(input_ids=ids).logits.float()
         assert error_ratio(peer(input_ids=ids).logits.float(), ref) <= TOL
