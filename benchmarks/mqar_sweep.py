@@ -81,11 +81,6 @@ def parse_variants(specs: list[list[str]] | None) -> list[tuple[str, tuple[str, 
     return variants
 
 
-def finished(summary: dict | None) -> bool:
-    """Whether a point's run ended (max_steps or its early stop), not stopped by a signal to be resumed."""
-    return summary is not None and not summary.get("stopped_by_signal")
-
-
 class StopFlag:
     """SIGTERM / SIGINT set the flag while the grid runs (the previous handlers are restored after)."""
 
@@ -125,7 +120,7 @@ def run_grid(points: list[tuple], out: Path, jobs: int, gpus: list[str] | None, 
         variant, overrides = rest[0] if rest else NO_VARIANT
         run_dir = out / point_name(model, width, lr, seed, variant)
         summary = mqar_table.read_summary(run_dir)
-        if finished(summary):
+        if mqar_table.finished(summary):
             continue
         start_step[run_dir] = int(summary.get("step", 0)) if summary else 0  # a resumed point counts its new steps
         if variant:

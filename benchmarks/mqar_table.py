@@ -12,7 +12,8 @@ its variant's name on the first line of variant.txt and gets rows of its own ("m
 variant, width, lr) the accuracies are averaged over seeds (std: sample standard deviation, 0 for one seed). The
 rates are ranked on the seeds that all of them have run (a rate run with seeds 0-2 against one run with seed 0
 only: on seed 0), so another rate's extra seeds neither help nor hurt it; with no seed in common, on each rate's own
-mean. The best rate's mean and std over all its seeds are reported.
+mean. The best rate's mean and std over all its seeds are reported, with the number of its runs that are unfinished
+(no summary, or stopped by a signal: their accuracy is the best so far, a lower bound).
 
 Reference (the log-linear attention paper, T = 256, 4-64 pairs; accuracy % at widths 16 / 32 / 64), to
 reproduce in trend:
@@ -41,7 +42,8 @@ MODEL_ORDER = ("transformer", "mamba2", "loglinear_mamba2", "gated_deltanet", "l
                "hla_transformer", "hla_mamba2", "hla_gated_deltanet")
 REFERENCE = {"mamba2": (46.9, 75.1, 89.6), "loglinear_mamba2": (55.9, 76.5, 92.9),
              "gated_deltanet": (38.4, 79.0, 99.0), "loglinear_gated_deltanet": (40.0, 84.4, 99.0)}
-CSV_FIELDS = ("model", "variant", "width", "best_lr", "mean_acc", "std_acc", "num_seeds", "seeds", "lrs")
+CSV_FIELDS = ("model", "variant", "width", "best_lr", "mean_acc", "std_acc", "num_seeds", "seeds", "lrs",
+              "unfinished")
 
 
 def read_summary(run_dir: Path) -> dict | None:
@@ -62,6 +64,11 @@ def read_summary(run_dir: Path) -> dict | None:
     return None
 
 
+def finished(summary: dict | None) -> bool:
+    """Whether a run ended (max_steps or its early stop), not stopped by a signal to be resumed."""
+    return summary is not None and not summary.get("stopped_by_signal")
+
+
 def run_accuracy(run_dir: Path) -> float | None:
     """A run's best overall MQAR accuracy: summary.json's best_mqar_acc, else the max val/mqar_acc logged."""
     best = (read_summary(run_dir) or {}).get("best_mqar_acc")
@@ -77,8 +84,8 @@ def run_accuracy(run_dir: Path) -> float | None:
 
 
 def collect_runs(roots: list[Path]) -> tuple[list[dict], int]:
-    """(runs, skipped): one dict per run dir (model, variant, width, lr, seed, acc, dir); skipped counts runs without any
-    accuracy."""
+    """(runs, skipped): one dict per run dir (model, variant, width, lr, seed, acc, finished, dir); skipped counts
+    runs without any accuracy."""
     runs, skipped = [], 0
     for root in roots:
         for config_path in sorted(Path(root).rglob("config.yaml")):
@@ -93,7 +100,8 @@ def collect_runs(roots: list[Path]) -> tuple[list[dict], int]:
             variant_file = run_dir / "variant.txt"
             variant = variant_file.read_text().split("\n")[0].strip() if variant_file.is_file() else ""
             runs.append({"model": cfg["model"]["name"], "variant": variant, "width": int(cfg["model"]["hidden_size"]),
-                         "lr": float(cfg["optim"]["lr"]), "seed": int(cfg["seed"]), "acc": acc, "dir": str(run_dir)})
+                         "lr": float(cfg["optim"]["lr"]), "seed": int(cfg["seed"]), "acc": acc,
+                         "finished": finished(read_summary(run_dir)), "dir": str(run_dir)})
     return runs, skipped
 
 
@@ -106,8 +114,11 @@ def _mean_on_shared_seeds(by_lr: dict[float, dict[int, float]], lr: float) -> fl
 def build_table(runs: list[dict]) -> list[dict]:
     """Per (model, variant, width): the best lr (ranked on the seeds every lr has run), with its mean and std."""
     groups: dict[tuple, dict[float, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    unfinished: dict[tuple, set[int]] = defaultdict(set)  # (model, variant, width, lr) -> seeds still running
     for r in runs:
         groups[(r["model"], r.get("variant", ""), r["width"])][r["lr"]][r["seed"]] = r["acc"]
+        if not r.get("finished", True):
+            unfinished[(r["model"], r.get("variant", ""), r["width"], r["lr"])].add(r["seed"])
     rows = []
     for (model, variant, width), by_lr in groups.items():
         stats = {lr: (statistics.fmean(s.values()), statistics.stdev(s.values()) if len(s) > 1 else 0.0, s)
@@ -116,7 +127,8 @@ def build_table(runs: list[dict]) -> list[dict]:
         mean, std, seeds = stats[best_lr]
         rows.append({"model": model, "variant": variant, "width": width, "best_lr": best_lr, "mean_acc": mean, "std_acc": std,
                      "num_seeds": len(seeds), "seeds": " ".join(str(s) for s in sorted(seeds)),
-                     "lrs": " ".join(f"{lr:g}" for lr in sorted(by_lr))})
+                     "lrs": " ".join(f"{lr:g}" for lr in sorted(by_lr)),
+                     "unfinished": len(unfinished[(model, variant, width, best_lr)])})
     rank = {m: i for i, m in enumerate(MODEL_ORDER)}
     return sorted(rows, key=lambda r: (rank.get(r["model"], len(rank)), r["model"], r["variant"], r["width"]))
 
@@ -132,8 +144,9 @@ def to_markdown(rows: list[dict]) -> str:
         cells = []
         for w in widths:
             r = cell.get((m, variant, w))
+            unfinished = f", {r['unfinished']} unfinished" if r is not None and r.get("unfinished") else ""
             cells.append("" if r is None else f"{100 * r['mean_acc']:.1f} ± {100 * r['std_acc']:.1f} "
-                                              f"(lr {r['best_lr']:g}, {r['num_seeds']} seeds)")
+                                              f"(lr {r['best_lr']:g}, {r['num_seeds']} seeds{unfinished})")
         ref = REFERENCE.get(m)
         ref_text = " / ".join(f"{v:.1f}" if v < 99 else "≥99" for v in ref) if ref else ""
         label = f"{m} ({variant})" if variant else m

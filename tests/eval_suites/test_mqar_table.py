@@ -75,12 +75,14 @@ def test_rates_are_ranked_on_the_seeds_they_share(tmp_path):
 def test_cli_writes_markdown_and_csv(sweep, tmp_path, capsys):
     assert main([str(sweep), "--out", str(tmp_path / "out" / "table")]) == 0
     md = (tmp_path / "out" / "table.md").read_text()
-    assert "| gated_deltanet | 85.0 ± 7.1 (lr 0.003, 2 seeds) |  | 38.4 / 79.0 / ≥99 |" in md
+    # seed 1 of 3e-3 has no summary yet: its accuracy is the best so far, and the cell says so
+    assert "| gated_deltanet | 85.0 ± 7.1 (lr 0.003, 2 seeds, 1 unfinished) |  | 38.4 / 79.0 / ≥99 |" in md
     assert "| mamba2 | 40.0 ± 0.0 (lr 0.001, 1 seeds) | 25.0 ± 0.0 (lr 0.01, 1 seeds) | 46.9 / 75.1 / 89.6 |" in md
     with open(tmp_path / "out" / "table.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["model"] for r in rows] == ["mamba2", "mamba2", "gated_deltanet"]
     assert float(rows[2]["mean_acc"]) == pytest.approx(0.85) and rows[2]["num_seeds"] == "2"
+    assert [r["unfinished"] for r in rows] == ["0", "0", "1"]
     assert "8 runs (1 skipped" in capsys.readouterr().out
 
 
@@ -96,3 +98,12 @@ def test_an_unreadable_summary_falls_back_to_the_logged_accuracy(tmp_path, capsy
     runs, skipped = collect_runs([tmp_path])
     assert skipped == 0 and [r["acc"] for r in runs] == [0.6]
     assert str(run / "summary.json") in capsys.readouterr().err
+
+
+def test_a_run_stopped_by_a_signal_counts_as_unfinished(tmp_path):
+    """A run whose summary says it was stopped by a signal (the sweep resumes it) is unfinished; one that ended is not."""
+    make_run(tmp_path, "a", "mamba2", 32, 1e-2, 0, best=0.5)
+    stopped = make_run(tmp_path, "b", "mamba2", 32, 1e-2, 1, best=0.4)
+    (stopped / "summary.json").write_text(json.dumps({"step": 5, "best_mqar_acc": 0.4, "stopped_by_signal": True}))
+    [row] = build_table(collect_runs([tmp_path])[0])
+    assert row["unfinished"] == 1 and row["num_seeds"] == 2
