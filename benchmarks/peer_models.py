@@ -55,6 +55,23 @@ def _load(peer: nn.Module, state_dict: dict[str, torch.Tensor], like: nn.Module)
     return peer.to(device=param.device, dtype=param.dtype)
 
 
+def _fla_causal_lm_state(model: nn.Module, mixer_keys: dict[str, str], *, backbone: str, final_norm: str, mixer: str,
+                         mixer_norm: str) -> dict[str, torch.Tensor]:
+    """A hilo model's weights under the names of an fla CausalLM of pre-norm blocks with MLPs: the embeddings and the
+    final norm under backbone, each block's mixer (its keys renamed by mixer_keys) and mixer norm under the peer's
+    names for them, the MLP norm and the split SwiGLU, and the LM head."""
+    state = model.state_dict()
+    mapped = {f"{backbone}.embeddings.weight": state["model.embed_tokens.weight"],
+              f"{backbone}.{final_norm}.weight": state["model.norm.weight"], "lm_head.weight": state["lm_head.weight"]}
+    for i in range(model.config.num_layers):
+        src, dst = f"model.layers.{i}.", f"{backbone}.layers.{i}."
+        mapped.update(renamed(state, mixer_keys, f"{src}mixer.", f"{dst}{mixer}."))
+        mapped[f"{dst}{mixer_norm}.weight"] = state[f"{src}mixer_norm.weight"]
+        mapped[f"{dst}mlp_norm.weight"] = state[f"{src}mlp_norm.weight"]
+        mapped.update(split_mlp(state, f"{src}mlp.", f"{dst}mlp."))
+    return mapped
+
+
 def fla_gated_deltanet_layer(mixer: nn.Module, config) -> nn.Module:
     """fla's GatedDeltaNet with the sizes and weights of a hilo GatedDeltaNetMixer (q, k and v heads equal)."""
     from fla.layers import GatedDeltaNet
@@ -99,15 +116,8 @@ def fla_gated_deltanet_model(model: nn.Module) -> nn.Module:
         vocab_size=config.vocab_size, tie_word_embeddings=config.tie_word_embeddings,
         initializer_range=config.initializer_range, fuse_cross_entropy=False, use_cache=False,
         bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id)
-    state = model.state_dict()
-    mapped = {"model.embeddings.weight": state["model.embed_tokens.weight"],
-              "model.norm.weight": state["model.norm.weight"], "lm_head.weight": state["lm_head.weight"]}
-    for i in range(config.num_layers):
-        src, dst = f"model.layers.{i}.", f"model.layers.{i}."
-        mapped.update(renamed(state, GDN_LAYER_KEYS, f"{src}mixer.", f"{dst}attn."))
-        mapped[f"{dst}attn_norm.weight"] = state[f"{src}mixer_norm.weight"]
-        mapped[f"{dst}mlp_norm.weight"] = state[f"{src}mlp_norm.weight"]
-        mapped.update(split_mlp(state, f"{src}mlp.", f"{dst}mlp."))
+    mapped = _fla_causal_lm_state(model, GDN_LAYER_KEYS, backbone="model", final_norm="norm", mixer="attn",
+                                  mixer_norm="attn_norm")
     return _load(GatedDeltaNetForCausalLM(peer_config), mapped, model)
 
 
@@ -133,15 +143,8 @@ def fla_loglinear_mamba2_model(model: nn.Module) -> nn.Module:
         residual_in_fp32=False, rmsnorm=True, norm_before_gate=False, chunk_size=64, fuse_cross_entropy=False,
         initializer_range=config.initializer_range, tie_word_embeddings=config.tie_word_embeddings, use_cache=False,
         bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id)
-    state = model.state_dict()
-    mapped = {"backbone.embeddings.weight": state["model.embed_tokens.weight"],
-              "backbone.norm_f.weight": state["model.norm.weight"], "lm_head.weight": state["lm_head.weight"]}
-    for i in range(config.num_layers):
-        src, dst = f"model.layers.{i}.", f"backbone.layers.{i}."
-        mapped.update(renamed(state, LOGLINEAR_MAMBA2_LAYER_KEYS, f"{src}mixer.", f"{dst}mixer."))
-        mapped.update(renamed(state, {}, f"{src}mixer_norm.", f"{dst}mixer_norm."))
-        mapped.update(renamed(state, {}, f"{src}mlp_norm.", f"{dst}mlp_norm."))
-        mapped.update(split_mlp(state, f"{src}mlp.", f"{dst}mlp."))
+    mapped = _fla_causal_lm_state(model, LOGLINEAR_MAMBA2_LAYER_KEYS, backbone="backbone", final_norm="norm_f",
+                                  mixer="mixer", mixer_norm="mixer_norm")
     return _load(LogLinearMamba2ForCausalLM(peer_config), mapped, model)
 
 
