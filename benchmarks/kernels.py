@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from kernels.common import checks, launch_settings
 from kernels.common.checks import CASES, check, make_leaves, variants
+from kernels.common.launch import check_settings
 
 
 def _sdpa_fn(backend_name, b, t, h, d, device):
@@ -83,8 +84,8 @@ def _setting_value(text: str):
 
 def parse_settings(specs: list[str]) -> list[dict]:
     """--settings FAMILY.SETTING=V1,V2 ... as the launch_settings overrides of every combination of the values, in
-    order ([{}] when none is given). Each combination is entered once here, so an unknown family or setting, or a
-    value of the wrong type, fails before anything runs, with launch_settings' message naming the valid ones."""
+    order ([{}] when none is given). Each combination is checked here (launch.check_settings), so an unknown family
+    or setting, or a value of the wrong type, fails before anything runs, with a message naming the valid ones."""
     axes, seen = [], set()
     for spec in specs:
         key, eq, values = spec.partition("=")
@@ -100,8 +101,7 @@ def parse_settings(specs: list[str]) -> list[dict]:
         combo: dict[str, dict] = {}
         for (family, name, _), value in zip(axes, values, strict=True):
             combo.setdefault(family, {})[name] = value
-        with launch_settings(**combo):
-            pass
+        check_settings(**combo)
         combos.append(combo)
     return combos
 

@@ -144,6 +144,13 @@ def _family_class(family: str) -> type:
     return FAMILIES[family]
 
 
+def check_settings(**families: dict) -> None:
+    """Raise the ValueError launch_settings would for these overrides (an unknown family or setting, a value of the
+    wrong type), without applying them."""
+    for family, fields in families.items():
+        _check(family, dict(fields))
+
+
 def _check(family: str, fields: dict) -> None:
     known = {f.name: f for f in dataclasses.fields(_family_class(family))}
     for name, value in fields.items():
@@ -160,8 +167,7 @@ def launch_settings(**families: dict):
     """Override launch settings inside a `with` block, per family: launch_settings(delta_rule=dict(state_warps=8)).
     An unknown family or setting, or a value of the wrong type, is a ValueError naming the valid ones; on leaving the
     block the settings are what they were before it."""
-    for family, fields in families.items():
-        _check(family, dict(fields))
+    check_settings(**families)
     with _lock:
         saved = {family: _current[family] for family in families}
         for family, fields in families.items():

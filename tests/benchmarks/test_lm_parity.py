@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 import torch
 
 from benchmarks import lm_parity, peer_models
@@ -101,8 +102,8 @@ def test_gated_deltanet_qwen3_next_pair_is_the_same_model_and_trains_alike():
 def test_a_peer_that_raises_is_a_failed_row_and_hilo_failures_propagate():
     """Any exception of the peer's (fla's version checks raise RuntimeError, a kernel that does not compile on this
     Triton its CompilationError) becomes the row's status, so the other rows still run; hilo's own is raised."""
-    class CompilationError(Exception):  # Triton's is not a RuntimeError
-        pass
+    class CompilationError(Exception):
+        """As Triton's: not a RuntimeError."""
 
     class Refusing(torch.nn.Module):
         def __init__(self, err):
@@ -117,9 +118,5 @@ def test_a_peer_that_raises_is_a_failed_row_and_hilo_failures_propagate():
                         (RuntimeError("Triton >= 3.4 refuses"), "failed: RuntimeError: Triton >= 3.4 refuses"),
                         (ValueError(), "failed: ValueError")):
         assert lm_parity.train_or_refusal("peer", Refusing(err), batches, val, 1e-3, "cpu") == {"status": status}
-    try:
+    with pytest.raises(CompilationError, match="ours"):  # hilo's own failure propagates
         lm_parity.train_or_refusal("hilo", Refusing(CompilationError("ours")), batches, val, 1e-3, "cpu")
-    except CompilationError:
-        pass
-    else:
-        raise AssertionError("hilo's failure must propagate")
