@@ -111,7 +111,7 @@ def settings_label(combo: dict) -> str:
     return " ".join(f"{name}={value}" for fields in combo.values() for name, value in fields.items())
 
 
-def bench(ops, seqlens, tokens, heads, dim, device, tag: str = ""):
+def bench(ops, seqlens, tokens, heads, dim, device, tag: str = "", sdpa: bool = True):
     import triton.testing
 
     rows = []
@@ -121,9 +121,9 @@ def bench(ops, seqlens, tokens, heads, dim, device, tag: str = ""):
                                                                              backend)))
                    for op in ops for label, backend in variants(op, CASES[op])]
         entries += [(f"sdpa_{kind}", (lambda kind=kind, b=b, t=t: _sdpa_fn(kind, b, t, heads, dim, device)))
-                    for kind in ("flash", "cudnn")]
+                    for kind in ("flash", "cudnn") if sdpa]
         for label, build in entries:
-            label = f"{label} [{tag}]" if tag and not label.startswith("sdpa_") else label
+            label = f"{label} [{tag}]" if tag and not label.startswith("sdpa_") else label  # SDPA has no hilo settings
             try:
                 fwd, fwd_bwd, leaves = build()
                 f = triton.testing.do_bench(fwd, warmup=25, rep=100, return_mode="median")
@@ -203,17 +203,18 @@ def main(argv=None):
         raise SystemExit("benchmarks/kernels.py needs a CUDA GPU")
     device = "cuda"
     failed = False
-    for combo in combos:
+    for i, combo in enumerate(combos):
         tag = settings_label(combo)
         if tag:
             print(f"\n## launch settings: {tag}", flush=True)
         with launch_settings(**combo):
-            failed |= run(args, device, tag)
+            failed |= run(args, device, tag, sdpa=i == 0)  # SDPA's rows once: hilo's settings do not touch it
     return 1 if failed else 0
 
 
-def run(args, device: str, tag: str) -> bool:
-    """Check, time and profile args.ops under the launch settings in effect; True when a check failed."""
+def run(args, device: str, tag: str, sdpa: bool = True) -> bool:
+    """Check, time (beside SDPA when sdpa) and profile args.ops under the launch settings in effect; True when a check
+    failed."""
     failed = False
     checks.VALUE_DIM = None  # the check's own shapes
     if not args.skip_check:
@@ -226,7 +227,7 @@ def run(args, device: str, tag: str) -> bool:
     checks.VALUE_DIM = args.dim_v
     if not args.skip_bench:
         print("\n| T | B | kernel | fwd ms | fwd+bwd ms |\n|---|---|---|---|---|", flush=True)
-        bench(args.ops, args.seqlens, args.tokens, args.heads, args.dim, device, tag)  # prints each row as measured
+        bench(args.ops, args.seqlens, args.tokens, args.heads, args.dim, device, tag, sdpa)  # prints rows as measured
     if args.profile:
         profile(args.ops, args.profile, args.tokens, args.heads, args.dim, device)
     return failed
