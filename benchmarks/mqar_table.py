@@ -69,9 +69,9 @@ def finished(summary: dict | None) -> bool:
     return summary is not None and not summary.get("stopped_by_signal")
 
 
-def run_accuracy(run_dir: Path) -> float | None:
-    """A run's best overall MQAR accuracy: summary.json's best_mqar_acc, else the max val/mqar_acc logged."""
-    best = (read_summary(run_dir) or {}).get("best_mqar_acc")
+def run_accuracy(run_dir: Path, summary: dict | None) -> float | None:
+    """A run's best overall MQAR accuracy: its summary's best_mqar_acc, else the max val/mqar_acc logged."""
+    best = (summary or {}).get("best_mqar_acc")
     if best is not None:
         return float(best)
     metrics = run_dir / "metrics.jsonl"
@@ -93,7 +93,8 @@ def collect_runs(roots: list[Path]) -> tuple[list[dict], int]:
                 continue
             run_dir = config_path.parent
             cfg = yaml.safe_load(config_path.read_text())
-            acc = run_accuracy(run_dir)
+            summary = read_summary(run_dir)  # once: an unreadable one warns once
+            acc = run_accuracy(run_dir, summary)
             if acc is None:
                 skipped += 1
                 continue
@@ -101,7 +102,7 @@ def collect_runs(roots: list[Path]) -> tuple[list[dict], int]:
             variant = variant_file.read_text().split("\n")[0].strip() if variant_file.is_file() else ""
             runs.append({"model": cfg["model"]["name"], "variant": variant, "width": int(cfg["model"]["hidden_size"]),
                          "lr": float(cfg["optim"]["lr"]), "seed": int(cfg["seed"]), "acc": acc,
-                         "finished": finished(read_summary(run_dir)), "dir": str(run_dir)})
+                         "finished": finished(summary), "dir": str(run_dir)})
     return runs, skipped
 
 
