@@ -40,8 +40,9 @@ from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# first even when PYTHONPATH holds it: run as a script, this folder is sys.path[0], and its kernels.py would
+# shadow the kernels package that models import
+sys.path.insert(0, str(REPO))
 
 from benchmarks.decode import FAMILIES, build
 

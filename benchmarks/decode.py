@@ -35,8 +35,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# first even when PYTHONPATH holds it: run as a script, this folder is sys.path[0], and its kernels.py would
+# shadow the kernels package that models import
+sys.path.insert(0, str(REPO))
 
 FAMILIES = ("transformer", "mamba2", "gated_deltanet", "loglinear_mamba2", "loglinear_gated_deltanet",
             "hla_transformer", "ahla_transformer", "hla3_transformer", "hla_mamba2", "hla_gated_deltanet")

@@ -40,8 +40,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# first even when PYTHONPATH holds it: run as a script, this folder is sys.path[0], and its kernels.py would
+# shadow the kernels package that models import
+sys.path.insert(0, str(REPO))
 
 # label -> (kernels op, decay convention); hla2 "d2" equals "d1" without decay, so it has decayed rows only
 OPS = {"hla2": ("hla2", "d1"), "hla2_d2": ("hla2", "d2"), "ahla": ("ahla", "d1"), "hla3": ("hla3", "d1")}

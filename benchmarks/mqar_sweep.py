@@ -32,8 +32,9 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+# first even when PYTHONPATH holds it: run as a script, this folder is sys.path[0], and its kernels.py would
+# shadow the kernels package that models import
+sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks import mqar_table
 

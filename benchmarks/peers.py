@@ -48,8 +48,9 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# first even when PYTHONPATH holds it: run as a script, this folder is sys.path[0], and its kernels.py would
+# shadow the kernels package that models import
+sys.path.insert(0, str(REPO))
 
 from kernels.common.checks import CASES
 from kernels.common.metrics import error_ratio
