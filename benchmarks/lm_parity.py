@@ -197,15 +197,17 @@ def table(results: list[dict]) -> str:
 
 def train_or_refusal(impl: str, model, batches, val, lr: float, device: str) -> dict:
     """train()'s results with status "ok"; for a peer that raises (fla's Triton-version checks raise RuntimeError,
-    a kernel that does not compile on this Triton raises its CompilationError), status "failed: <first line>"
+    a kernel that does not compile on this Triton raises its CompilationError), status "failed: <first line> ... <last line>"
     instead, so the other rows still run. hilo's own failures propagate."""
     try:
         return {"status": "ok", **train(model, batches, val, lr, device)}
     except Exception as err:  # third-party code: any failure is the peer's row
         if impl == "hilo":
             raise
-        lines = str(err).strip().splitlines()
-        return {"status": f"failed: {type(err).__name__}" + (f": {lines[0]}" if lines else "")}
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        # the first line says where; Triton's CompilationError gives the reason on its last
+        said = lines[:1] + lines[-1:] if len(lines) > 1 else lines
+        return {"status": f"failed: {type(err).__name__}" + (f": {' ... '.join(said)}" if said else "")}
 
 
 def main(argv: list[str] | None = None) -> int:
