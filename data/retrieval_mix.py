@@ -29,6 +29,9 @@ global rows (rank 0 of 1), so the rows do not depend on the number of processes.
 theirs from ``ruler/{seed}/{task}/{length}/{index}`` (eval_suites.ruler.sample_seed): another namespace, so no
 training document repeats an evaluation sample's needles.
 
+Validation: ``heldout_needle_documents`` builds the documents a run with the mix on scores each validation
+(training.validation.evaluate_needles: val/needle_acc), seeded from ``val-niah/{seed}/{i}``, a third namespace.
+
 Varlen packing works as fixed does: the document and its padding are separate segments (the document attends to
 nothing else, its positions start at 0, as an evaluation prompt's do).
 """
@@ -38,21 +41,52 @@ import hashlib
 import random
 from collections.abc import Mapping, Sequence
 
-from .niah import NOISE, TASK_NAMES, NeedleBuilder, PromptTooLong, answer_text, get_task, load_words, make_document
+from .niah import (
+    NOISE,
+    TASK_NAMES,
+    NeedleBuilder,
+    NeedleDocument,
+    PromptTooLong,
+    answer_text,
+    get_task,
+    load_words,
+    make_document,
+)
 from .packing import Piece
 
 FIELDS = ("fraction", "tasks")
 SEED_NAMESPACE = "train-niah"
+HELDOUT_NAMESPACE = "val-niah"
 # Needle documents with no haystack vary in length with their random keys and values (word pieces, uuids): the
 # seq_len check measures this many of each task and asks for this much room beyond the longest.
 _PROBES, _MARGIN = 16, 16
 
 
+def _hashed_seed(*parts) -> int:
+    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
 def row_seed(seed: int, rank: int, row: int) -> int:
     """The seed of training row ``row`` of ``rank``: a hash of (train-niah, seed, rank, row), never one of RULER's
     sample seeds' inputs (those start with ``ruler/``)."""
-    digest = hashlib.sha256(f"{SEED_NAMESPACE}/{seed}/{rank}/{row}".encode()).digest()
-    return int.from_bytes(digest[:8], "little")
+    return _hashed_seed(SEED_NAMESPACE, seed, rank, row)
+
+
+def heldout_needle_documents(cfg: Mapping, tokenizer, *, seq_len: int, seed: int, num: int,
+                             essay_words: Sequence[str]) -> list[NeedleDocument]:
+    """The needle documents a run with the mix on validates its retrieval on (training.validation.needle_set):
+    ``num`` documents of at most seq_len tokens, of the mix's tasks in turn, document i seeded from a hash of
+    (val-niah, seed, i), a namespace that neither the training rows nor RULER's samples use. Their essay haystacks
+    are ``essay_words``: the held-out split's text, never trained on, as RULER's haystack is."""
+    tasks = [get_task(name) for name in _tasks(cfg.get("tasks"))]
+    docs = []
+    for i in range(num):
+        task = tasks[i % len(tasks)]
+        docs.append(make_document(task, length=seq_len, tokenizer=tokenizer,
+                                  rng=random.Random(_hashed_seed(HELDOUT_NAMESPACE, seed, i)),
+                                  essay_words=essay_words if task.haystack == "essay" else None))
+    return docs
 
 
 def _fraction(value) -> float:

@@ -70,8 +70,11 @@ def window_line(step: int, max_steps: int, metrics: dict) -> str:
 
 
 def validation_line(step: int, metrics: dict, seconds: float) -> str:
-    """The console line of a validation: its loss, and the MQAR accuracies (overall and per slice) when present."""
+    """The console line of a validation: its loss, and the MQAR accuracies (overall and per slice) or the needle
+    retrieval accuracies when present."""
     parts = [f"val step {step}", f"loss {metrics['val/loss']:.4f}"]
+    if "val/needle_acc" in metrics:
+        parts.append(f"needle_acc {metrics['val/needle_acc']:.3f} (tokens {metrics['val/needle_token_acc']:.3f})")
     if "val/mqar_acc" in metrics:
         parts.append(f"mqar_acc {metrics['val/mqar_acc']:.4f}")
         slices = {k.removeprefix("val/mqar_acc/"): v for k, v in metrics.items() if k.startswith("val/mqar_acc/")}

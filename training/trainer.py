@@ -4,7 +4,8 @@
     resume(path) the checkpoint's model, optimizer, schedule, loader state, RNG, step, tokens and W&B id
     step()       one optimizer step: grad_accum micro steps, clipping, the update (skipped when non-finite)
     log_window() the train/ and perf/ metrics of the steps since the last log (and their line on the console)
-    validate()   val/loss, or the MQAR accuracies for data=mqar (and their line on the console)
+    validate()   val/loss (and teacher-forced needle retrieval with data.retrieval_mix on), or the MQAR accuracies
+                 for data=mqar (and their line on the console)
     save()       an atomic checkpoint of everything a resumed run needs to continue bit for bit
     fit()        setup, then step / log / validate / save until trainer.max_steps, a stop signal or an early stop
     finish()     the last validation and checkpoint, the final evaluations and the summary
@@ -30,6 +31,7 @@ from tqdm.auto import tqdm
 import models
 from data import build_train_loader, load_tokenizer
 from data.mqar import build_test_sets
+from data.retrieval_mix import heldout_needle_documents
 from eval_suites import mqar
 from training.checkpoint import CheckpointManager
 from training.compile import compile_blocks
@@ -52,10 +54,13 @@ from training.resume_check import check_resume_config
 from training.run_lock import RunLock
 from training.validation import (
     DEFAULT_VAL_BATCHES,
+    NEEDLE_DOCUMENTS,
     ValidationProgress,
     evaluate_loss,
+    evaluate_needles,
     heldout_rows,
     mqar_validation_sets,
+    needle_set,
     rank_rows,
 )
 
@@ -176,6 +181,7 @@ class Trainer:
         else:
             self.val_rows = heldout_rows(self.data_cfg, self.tokenizer, int(tr.seq_len),
                                          int(val_batches or DEFAULT_VAL_BATCHES) * int(tr.batch_size))
+        self.needles = self._needle_set(int(cfg.seed))
 
         optimizer = build_optimizer(model, cfg.optim, on_cuda=not self.use_cpu)
         self.model, self.optimizer = acc.prepare(model, optimizer)
@@ -412,12 +418,13 @@ class Trainer:
         self.window = self._new_window()
 
     def validate(self) -> dict:
-        """The validation metrics: val/loss, plus val/mqar_acc and val/mqar_acc/<slice> for MQAR data. Its progress
+        """The validation metrics: val/loss, plus val/needle_acc and val/needle_token_acc with data.retrieval_mix on
+        (training.validation.evaluate_needles), or val/mqar_acc and val/mqar_acc/<slice> for MQAR data. Its progress
         and its result go to the console."""
         acc, batch_size = self.accelerator, int(self.tr.batch_size)
         t0 = time.perf_counter()
         total = (sum(len(t["inputs"]) for t in self.mqar_tests) if self.is_mqar
-                 else len(rank_rows(self.val_rows, acc)))
+                 else len(rank_rows(self.val_rows, acc)) + (len(self.needles["inputs"]) if self.needles else 0))
         progress = ValidationProgress(total, enabled=acc.is_main_process, bar=self.progress is not None,
                                       write=self._say)
         try:
@@ -427,6 +434,10 @@ class Trainer:
                                                      progress=progress))
             else:
                 val = {"val/loss": evaluate_loss(self.model, self.val_rows, batch_size, acc, progress=progress)}
+                if self.needles is not None:
+                    with acc.autocast():
+                        val.update(evaluate_needles(self.model, self.needles, batch_size, acc.device,
+                                                    progress=progress))
         finally:
             progress.close()
         self._say(validation_line(self.state["step"], val, time.perf_counter() - t0))
@@ -456,8 +467,12 @@ class Trainer:
         """What each validation evaluates, for the console at start-up."""
         tr = self.tr
         if not self.is_mqar:
+            needles = ("" if self.needles is None else
+                       f"; retrieval: {len(self.needles['inputs'])} held-out needle documents of "
+                       f"{', '.join(sorted(set(self.needles['tasks'])))} (val/needle_acc, val/needle_token_acc)")
             return (f"validation: {len(self.val_rows)} held-out rows of {int(tr.seq_len)} tokens "
-                    f"(trainer.val_batches={val_batches or DEFAULT_VAL_BATCHES} batches of {int(tr.batch_size)})")
+                    f"(trainer.val_batches={val_batches or DEFAULT_VAL_BATCHES} batches of {int(tr.batch_size)})"
+                    + needles)
         sizes = [len(t["inputs"]) for t in self.mqar_tests]
         if val_batches is None:
             return (f"validation: MQAR, {len(sizes)} test slice(s), {sum(sizes)} examples (every test example, the "
@@ -465,6 +480,17 @@ class Trainer:
         return (f"validation: MQAR, the first {max(sizes)} examples of each of {len(sizes)} test slice(s), "
                 f"{sum(sizes)} in all (trainer.val_batches={val_batches}: val/mqar_acc is the accuracy on this "
                 f"subset; eval=mqar scores the full test sets)")
+
+    def _needle_set(self, seed: int) -> dict | None:
+        """The held-out needle documents of a run with data.retrieval_mix on (else None), their essay haystacks the
+        validation rows' text: held-out, as RULER's haystack is."""
+        mix = self.data_cfg.get("retrieval_mix") or {}
+        if self.is_mqar or not float(mix.get("fraction") or 0):
+            return None
+        words = " ".join(self.tokenizer.decode(row.tolist()) for row in self.val_rows).split()
+        docs = heldout_needle_documents(mix, self.tokenizer, seq_len=int(self.tr.seq_len), seed=seed,
+                                        num=NEEDLE_DOCUMENTS, essay_words=words)
+        return needle_set(docs, self.tokenizer, int(self.tr.seq_len))
 
     def _new_window(self) -> dict:
         device = self.accelerator.device

@@ -288,3 +288,29 @@ def test_interpolated_haystack_search_finds_the_largest_fitting_size():
             assert search(count, budget, budget + 1) == expected, (trial, name)
             evaluations[name] += len(seen)
     assert evaluations["interpolated"] < evaluations["bisection"] / 2  # why it exists: fewer prompt encodes
+
+
+def test_heldout_needle_documents_are_fixed_and_apart_from_training_and_ruler(tok):
+    """The documents a run validates its retrieval on: the mix's tasks in turn, the same for the same seed, other
+    needles for another seed, and never a training row's or a RULER sample's needles (their own namespaces)."""
+    from data.retrieval_mix import heldout_needle_documents
+    from eval_suites.ruler.niah import make_sample
+
+    tasks = ["niah_single_1", "niah_single_2"]
+    essay = NOISE_LINE.replace("The", "An").split()
+    docs = heldout_needle_documents({"fraction": 0.5, "tasks": tasks}, tok, seq_len=SEQ_LEN, seed=3, num=6,
+                                    essay_words=essay)
+    assert [d.task for d in docs] == tasks * 3
+    assert all(len(d.input_ids) <= SEQ_LEN for d in docs)
+    again = heldout_needle_documents({"tasks": tasks}, tok, seq_len=SEQ_LEN, seed=3, num=6, essay_words=essay)
+    assert [d.input_ids for d in again] == [d.input_ids for d in docs]
+    other = heldout_needle_documents({"tasks": tasks}, tok, seq_len=SEQ_LEN, seed=4, num=6, essay_words=essay)
+    values = {v for d in docs for _, v, _ in d.needles}
+    assert not values & {v for d in other for _, v, _ in d.needles}
+    assert "An grass" in docs[1].prompt and "An grass" not in docs[0].prompt  # the essay task's haystack is essay
+    loader = build_train_loader(cfg("fixed", 1.0, tasks), tok, seq_len=SEQ_LEN, batch_size=4, seed=3)
+    trained = {tok.decode(ids) for batch in take(loader, 4) for ids, _ in rows_of(batch)}
+    assert not any(v in text for v in values for text in trained)
+    ruler = [make_sample(t, length=SEQ_LEN, tokenizer=tok, index=i, seed=3, essay_words=essay, max_new_tokens=16)
+             for t in tasks for i in range(3)]
+    assert not values & {a for s in ruler for a in s.answers}
