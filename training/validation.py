@@ -129,10 +129,10 @@ def evaluate_needles(model, needles: dict, batch_size: int, device,
                      progress: Callable[[int], None] | None = None) -> dict:
     """Teacher-forced retrieval on the held-out needle documents of needle_set: val/needle_acc, the fraction of
     documents whose every answer token is the model's top prediction after the right prefix (so exactly the
-    documents whose greedy answer is the reference: RULER's score without its decoding), val/needle_token_acc, the
-    fraction of answer tokens so predicted, and val/needle_acc/<task> per task when there are several. Unlike a
-    RULER score, the token accuracy moves while the retrieval is forming. Every process scores every document (FSDP
-    forwards are collective), so the result is the same on all of them."""
+    documents whose greedy decoding starts with the reference answer, which RULER's match passes),
+    val/needle_token_acc, the fraction of answer tokens so predicted, and val/needle_acc/<task> per task when there
+    are several. Unlike a RULER score, the token accuracy moves while the retrieval is forming. Every process scores
+    every document (FSDP forwards are collective), so the result is the same on all of them."""
     was_training = model.training
     model.eval()
     exact, hits, tokens = [], 0, 0
