@@ -32,6 +32,19 @@ import torch.nn.functional as F
 IGNORE_INDEX = -100
 
 
+def labelled_logits(model: Any, inputs: torch.Tensor, labels: torch.Tensor):
+    """The model's logits where some row of the batch has a label (labels[t] is what the logits at t must predict,
+    IGNORE_INDEX elsewhere), with the mask and labels at the same positions: (logits [B, K, V], mask [B, K], labels
+    [B, K]). The LM head runs only at those positions (HF's logits_to_keep; a model that returns [B, T, V] is read at
+    them), since the batch's logits are most of an evaluation's memory."""
+    mask = labels != IGNORE_INDEX
+    keep = mask.any(0).nonzero().squeeze(-1)
+    logits = model(input_ids=inputs, use_cache=False, logits_to_keep=keep).logits
+    if logits.shape[1] != inputs.shape[1]:  # the model kept those positions (else it returned every one)
+        mask, labels = mask[:, keep], labels[:, keep]
+    return logits, mask, labels
+
+
 @torch.no_grad()
 def evaluate(model: Any, test_sets: Sequence[dict], batch_size: int, device: torch.device | str | None = None,
              progress: Callable[[int], None] | None = None) -> dict:
@@ -61,15 +74,10 @@ def evaluate(model: Any, test_sets: Sequence[dict], batch_size: int, device: tor
         for i in range(0, len(test["inputs"]), batch_size):
             inputs = test["inputs"][i:i + batch_size].to(device)
             labels = test["labels"][i:i + batch_size].to(device)
-            mask = labels != IGNORE_INDEX
-            per_example = mask.sum(-1)
+            per_example = (labels != IGNORE_INDEX).sum(-1)
             if bool((per_example == 0).any()):
                 raise ValueError(f"MQAR test slice {test['name']} has an example without labelled positions")
-            # the LM head only at the positions some row queries: the batch's logits are most of the memory
-            keep = mask.any(0).nonzero().squeeze(-1)
-            logits = model(input_ids=inputs, use_cache=False, logits_to_keep=keep).logits
-            if logits.shape[1] != inputs.shape[1]:  # the model kept those positions (else it returned every one)
-                mask, labels = mask[:, keep], labels[:, keep]
+            logits, mask, labels = labelled_logits(model, inputs, labels)
             picked, targets = logits[mask].float(), labels[mask]
             hits = torch.zeros_like(mask)
             hits[mask] = picked.argmax(-1) == targets

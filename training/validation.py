@@ -11,12 +11,12 @@ import torch
 from tqdm.auto import tqdm
 
 from data import iter_heldout_documents
+from eval_suites.mqar import IGNORE_INDEX, labelled_logits
 
 # trainer.val_batches=null: this many batches of held-out text (MQAR data: every test example)
 DEFAULT_VAL_BATCHES = 8
 # held-out needle documents a validation scores when data.retrieval_mix is on (each 1.6 points of val/needle_acc)
 NEEDLE_DOCUMENTS = 64
-IGNORE_INDEX = -100
 # without a progress bar, a validation running longer than this prints a progress line this often
 PROGRESS_EVERY_S = 30.0
 
@@ -138,12 +138,7 @@ def evaluate_needles(model, needles: dict, batch_size: int, device,
     exact, hits, tokens = [], 0, 0
     for i in range(0, len(needles["inputs"]), batch_size):
         inputs = needles["inputs"][i:i + batch_size].to(device)
-        labels = needles["labels"][i:i + batch_size].to(device)
-        mask = labels != IGNORE_INDEX
-        keep = mask.any(0).nonzero().squeeze(-1)  # the LM head only where some row predicts an answer token
-        logits = model(input_ids=inputs, use_cache=False, logits_to_keep=keep).logits
-        if logits.shape[1] != inputs.shape[1]:  # the model kept those positions (else it returned every one)
-            mask, labels = mask[:, keep], labels[:, keep]
+        logits, mask, labels = labelled_logits(model, inputs, needles["labels"][i:i + batch_size].to(device))
         right = (logits.argmax(-1) == labels) & mask
         exact += (right.sum(-1) == mask.sum(-1)).tolist()
         hits += int(right.sum())

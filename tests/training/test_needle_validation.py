@@ -44,9 +44,6 @@ class Oracle(nn.Module):
             logits = logits[:, logits_to_keep]
         return type("Out", (), {"logits": logits})()
 
-    def train(self, mode=True):
-        return self
-
 
 def test_the_labels_are_the_answer_tokens_after_the_prompt(tok, needles):
     docs, batch = needles
