@@ -14,7 +14,7 @@ float32 / bfloat16 run without autocast with the weights in that dtype.
 Every saved tensor is counted once per storage (untyped_storage().data_ptr(): views of one buffer count once, at
 the storage's full size, since a saved view keeps its whole buffer alive) and attributed to the first save of
 that storage: the module that was running (a module-path stack kept by forward pre/post hooks; layer indices
-become *), the line of models/ code that saved it (or "kernel op" when a frame of kernels/ is on the stack: the
+become *), the line of models/ code that saved it (or "kernel op" when a frame of hilo_kernels/ is on the stack: the
 operators' own saved tensors), its dtype and its shape per token (the token dimension dropped; "T" where the
 tokens are split into chunks). Saved parameters are not activations: they, and other saved tensors of a parameter's
 shape (autocast's bf16 weight casts, the fused loss's LM-head gradient: per-step costs that do not grow with the
@@ -40,13 +40,12 @@ from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# first even when PYTHONPATH holds it: run as a script, this folder is sys.path[0], and its kernels.py would
-# shadow the kernels package that models import
+# run as a script, this folder is sys.path[0]: the repository's packages are imported from REPO, ahead of the rest
 sys.path.insert(0, str(REPO))
 
 from benchmarks.decode import FAMILIES, build
 
-KERNELS_DIR = str(REPO / "kernels") + "/"
+KERNELS_DIR = str(REPO / "hilo_kernels") + "/"
 MODELS_DIR = str(REPO / "models") + "/"
 KERNEL_OP = "kernel op"
 DTYPES = ("autocast-bf16", "float32", "bfloat16")
@@ -74,7 +73,7 @@ class Saved:
 
 
 def _site(frame) -> str:
-    """KERNEL_OP when kernels/ code is on the stack, else the innermost models/ line (file:line), else '-'."""
+    """KERNEL_OP when hilo_kernels/ code is on the stack, else the innermost models/ line (file:line), else '-'."""
     site = None
     while frame is not None:
         name = frame.f_code.co_filename

@@ -17,7 +17,7 @@ memory). Every configuration runs the op on the same values four times:
   fp64  on backend "torch" (the exact chunked composition) in float64: checks the fp32 reference itself.
 Reported (magnitudes from the fp32 run): RMS of o over the first, middle and last `band` tokens; the growth
 exponent p of RMS(o) ~ t^p between the middle and last bands; max |o|; the RMS of every final-state field;
-error ratios (kernels.common.error_ratio: RMS(out - ref) / RMS(ref)) of low vs fp32 for o over the
+error ratios (hilo_kernels.common.error_ratio: RMS(out - ref) / RMS(ref)) of low vs fp32 for o over the
 whole sequence and in its worst band, of low vs fp32-of-rounded-inputs, of the final state (worst field) and of
 fp32 vs fp64; whether o is within the bf16 check's tolerance (5e-3); any inf / nan in any run. --grad adds the
 error ratios of dq, dk, dv (and dg with decay) of low vs fp32 for the loss sum(o * w), w a fixed normal tensor.
@@ -40,15 +40,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# first even when PYTHONPATH holds it: run as a script, this folder is sys.path[0], and its kernels.py would
-# shadow the kernels package that models import
+# run as a script, this folder is sys.path[0]: the repository's packages are imported from REPO, ahead of the rest
 sys.path.insert(0, str(REPO))
 
 # label -> (kernels op, decay convention); hla2 "d2" equals "d1" without decay, so it has decayed rows only
 OPS = {"hla2": ("hla2", "d1"), "hla2_d2": ("hla2", "d2"), "ahla": ("ahla", "d1"), "hla3": ("hla3", "d1")}
 FUSED_OPS = ("hla2", "ahla")
 BACKENDS = ("fused", "triton", "torch", "naive")
-OUT_TOL = 5e-3  # outputs and final states, bf16 on GPU vs the fp32 oracle (kernels/common/checks.py)
+OUT_TOL = 5e-3  # outputs and final states, bf16 on GPU vs the fp32 oracle (hilo_kernels/common/checks.py)
 GPU_DEFAULTS = {"seq_len": 32768, "heads": 4, "dim": 128}
 CPU_DEFAULTS = {"seq_len": 512, "heads": 4, "dim": 128}
 DEFAULT_DECAYS = ("none", "0.999", "0.99", "0.9")
@@ -110,9 +109,9 @@ def run_op(op: str, conv: str, q, k, v, g, normalize: bool, backend: str, weight
     respect to q, k, v (and g); returns (o, state fields as a tuple, grads dict or None)."""
     import torch
 
-    import kernels
+    import hilo_kernels
 
-    fn = getattr(kernels, op)
+    fn = getattr(hilo_kernels, op)
     if weight is None:
         with torch.no_grad():
             o, state = fn(q, k, v, g=g, decay=conv, normalize=normalize, output_final_state=True, backend=backend)
@@ -148,8 +147,8 @@ def measure(label: str, alpha: float | None, normalize: bool, backend: str, inpu
     in dtype against fp32 (see the module docstring)."""
     import torch
 
-    from kernels.common import error_ratio
-    from kernels.hla.state import STATE_TYPES
+    from hilo_kernels.common import error_ratio
+    from hilo_kernels.hla.state import STATE_TYPES
 
     op, conv = OPS[label]
     q, k, v, g = (None if x is None else x.to(device) for x in inputs)

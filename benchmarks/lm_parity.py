@@ -42,8 +42,7 @@ import torch
 import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
-# first even when PYTHONPATH holds it: run as a script, this folder is sys.path[0], and its kernels.py would
-# shadow the kernels package that models import
+# run as a script, this folder is sys.path[0]: the repository's packages are imported from REPO, ahead of the rest
 sys.path.insert(0, str(REPO))
 
 PEERS = {"gated_deltanet": "fla GatedDeltaNetForCausalLM", "transformer": "transformers LlamaForCausalLM",

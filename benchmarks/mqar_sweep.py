@@ -32,8 +32,7 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# first even when PYTHONPATH holds it: run as a script, this folder is sys.path[0], and its kernels.py would
-# shadow the kernels package that models import
+# run as a script, this folder is sys.path[0]: the repository's packages are imported from REPO, ahead of the rest
 sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks import mqar_table

@@ -48,12 +48,11 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-# first even when PYTHONPATH holds it: run as a script, this folder is sys.path[0], and its kernels.py would
-# shadow the kernels package that models import
+# run as a script, this folder is sys.path[0]: the repository's packages are imported from REPO, ahead of the rest
 sys.path.insert(0, str(REPO))
 
-from kernels.common.checks import CASES
-from kernels.common.metrics import error_ratio
+from hilo_kernels.common.checks import CASES
+from hilo_kernels.common.metrics import error_ratio
 
 SEQLENS = (2048, 4096, 8192, 16384, 32768)
 TOKENS = 32768
@@ -107,7 +106,7 @@ def make_inputs(op: str, shape: Shape, b: int, t: int, device: str, seed: int = 
     if op in ("delta_rule", "loglinear_delta_rule"):
         x["beta"] = torch.rand(b, t, h, device=device, generator=gen).sigmoid()
     if op in ("loglinear_attn", "loglinear_delta_rule"):
-        from kernels.loglinear_attn import num_levels
+        from hilo_kernels.loglinear_attn import num_levels
 
         x["level_scales"] = 0.5 + torch.rand(b, t, h, num_levels(t), device=device, generator=gen)
     return x
@@ -117,7 +116,7 @@ def hilo_call(op: str, backend: str) -> Callable[[dict], torch.Tensor]:
     """hilo's op on backend: the output only (no initial or final state); loglinear_delta_rule on L2-normalised q
     and k, the function its peer computes."""
     if op == "softmax_attn":
-        from kernels import softmax_attn
+        from hilo_kernels import softmax_attn
 
         return lambda x: softmax_attn(x["q"], x["k"], x["v"], causal=True, backend=backend)
     call = CASES[op].call
@@ -236,7 +235,7 @@ def _hattention_kernel(x, delta: bool):
     both are padded with zeros. Mamba-2 form (hstruct MAMBA2): it takes no scale, so the output is multiplied by
     hilo's K ** -0.5. Gated DeltaNet form (GDELTA): b is beta; it L2-normalises q and k itself (the only mode it
     has) and multiplies q by scale. Neither form takes an initial state."""
-    from kernels.loglinear_attn import num_levels
+    from hilo_kernels.loglinear_attn import num_levels
 
     kernel, base = _hattention()
     t, scale = x["q"].shape[1], x["q"].shape[-1] ** -0.5

@@ -1,4 +1,4 @@
-"""Short conv benchmark (kernels.short_conv): bf16 correctness of the Triton kernels against the fp32 naive oracle on
+"""Short conv benchmark (hilo_kernels.short_conv): bf16 correctness of the Triton kernels against the fp32 naive oracle on
 the GPU, then forward and forward+backward times of the Triton kernels and of ATen's conv1d path ("torch", what the
 shells ran before) at the shells' widths, B*T = 32,768 tokens, K = 4, SiLU.
 
@@ -19,8 +19,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kernels.common import error_ratio
-from kernels.short_conv import short_conv
+from hilo_kernels.common import error_ratio
+from hilo_kernels.short_conv import short_conv
 
 TOL = {"y": 5e-3, "dx": 1e-2, "dweight": 1e-2, "dbias": 1e-2, "dstate": 1e-2}
 

@@ -34,8 +34,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# first even when PYTHONPATH holds it: run as a script, this folder is sys.path[0], and its kernels.py would
-# shadow the kernels package that models import
+# run as a script, this folder is sys.path[0]: the repository's packages are imported from REPO, ahead of the rest
 sys.path.insert(0, str(REPO))
 
 from benchmarks.decode import FAMILIES, parse_with_overrides, unknown_sizes

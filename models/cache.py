@@ -250,7 +250,7 @@ def expected_state_shapes(config, seq_len: int, batch: int = 1,
       loglinear_*     the shell's convs, "recurrent_levels" [B, H, levels, K, V] fp32 with levels =
                       bit_length(T - 1) + 1 (one K x V state per Fenwick level the positions reach, so it
                       grows by one state at every power of two), and "recurrent_tokens" [B] int64
-      hla             kernels.hla.state fields: hla2 "S" [B, H, D, D], "F" [B, H, D, Vs]; ahla "P", "E"
+      hla             hilo_kernels.hla.state fields: hla2 "S" [B, H, D, D], "F" [B, H, D, Vs]; ahla "P", "E"
                       [B, H, D, Vs]; hla3 "S", "P", "F" (Vs = D, + 1 with normalize); "conv_q" [B, H D, Kc - 1],
                       "conv_k", "conv_v" [B, Hkv D, Kc - 1] with mixer_kwargs.conv_size
       hla_mamba2      "conv_state" as mamba2 and the operator's fields with (K, V) = (N, P)
@@ -262,8 +262,8 @@ def expected_state_shapes(config, seq_len: int, batch: int = 1,
         raise ValueError(f"expected_state_shapes needs seq_len >= 0 and batch >= 1, got {seq_len}, {batch}")
     if seq_len == 0:
         return [{} for _ in range(config.num_layers)]
-    from kernels.hla.state import state_shapes
-    from kernels.loglinear_attn import num_levels
+    from hilo_kernels.hla.state import state_shapes
+    from hilo_kernels.loglinear_attn import num_levels
     from models.mixers.gated_deltanet import default_num_heads
     from models.registry import MIXERS, mixer_options
 

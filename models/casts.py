@@ -63,7 +63,7 @@ class ProjectionInput:
             return [linear(self()) for linear in linears]
         sizes = [linear.out_features for linear in linears]
         # zero rows up to a multiple of 8 outputs: 16-byte rows in bf16, so the GEMM takes aligned kernels and a
-        # slice that starts on a multiple of 8 columns (q, k, v, ...) can be read in place (kernels.short_conv)
+        # slice that starts on a multiple of 8 columns (q, k, v, ...) can be read in place (hilo_kernels.short_conv)
         pad = -sum(sizes) % 8
         weights = [linear.weight for linear in linears]
         if pad:

@@ -1,11 +1,11 @@
 """Depthwise causal short convolution (the short conv of the Mamba-2 and Gated DeltaNet shells): the module around
-kernels.short_conv (parameters, decoding state, autocast) and its single-token decoding step."""
+hilo_kernels.short_conv (parameters, decoding state, autocast) and its single-token decoding step."""
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.short_conv import short_conv
+from hilo_kernels.short_conv import short_conv
 from models.casts import autocast_dtype
 
 
@@ -17,7 +17,7 @@ class ShortConv(nn.Module):
     cat(state, x), which is the state to pass with the next tokens (decoding). With cu_seqlens [N+1] (B == 1,
     packed documents) no tap reaches across a document boundary: each document starts from zeros, as if it ran
     alone, and new_state is [N, C, K-1], each document's own last K-1 inputs (zeros before its start: what a
-    padded batch's prefill leaves for each row, models/padding.py). activation is "silu" or None. Sequences of several tokens go through kernels.short_conv (its Triton
+    padded batch's prefill leaves for each row, models/padding.py). activation is "silu" or None. Sequences of several tokens go through hilo_kernels.short_conv (its Triton
     kernels on CUDA, ATen's conv1d elsewhere; `backend` picks one), in autocast's dtype where autocast is on.
     """
 

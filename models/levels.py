@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.loglinear_attn import LogLinearState, num_levels
+from hilo_kernels.loglinear_attn import LogLinearState, num_levels
 from models.gates import no_weight_decay
 
 # HiloCache slot keys of the per-level state (the two fields of kernels' LogLinearState, kept as tensors so the

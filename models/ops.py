@@ -3,8 +3,8 @@ an HLA operator (hla2, ahla, hla3) with its cache-slot state and FLOP count."""
 
 import torch
 
-from kernels import ahla, hla2, hla3
-from kernels.hla import AHLAState, HLA2State, HLA3State, hla_step
+from hilo_kernels import ahla, hla2, hla3
+from hilo_kernels.hla import AHLAState, HLA2State, HLA3State, hla_step
 
 
 def value_blocks(dv: int, width: int) -> list[tuple[int, int]]:
@@ -29,7 +29,7 @@ PASS_CHUNK = 64
 
 
 def read_operator_state(operator: str, slot: dict | None):
-    """operator's state (kernels.hla.state) from the fields of a cache slot, or None when it holds none yet."""
+    """operator's state (hilo_kernels.hla.state) from the fields of a cache slot, or None when it holds none yet."""
     fields = STATES[operator]._fields
     if slot is None or fields[0] not in slot:
         return None
@@ -47,7 +47,7 @@ def run_operator(operator, q, k, v, g, state, output_final_state, cu_seqlens, *,
     continuing state (None: from zeros); returns (o [B, T, H, V], the final state or None).
 
     A single token that continues a cached state (T == 1, output_final_state, no cu_seqlens) takes the recurrent
-    step kernels.hla.hla_step; anything else runs the chunked operator (cu_seqlens restarts it per document).
+    step hilo_kernels.hla.hla_step; anything else runs the chunked operator (cu_seqlens restarts it per document).
     """
     kwargs = {"decay": decay, "normalize": normalize, "scale": 1.0}
     if output_final_state and q.shape[1] == 1 and cu_seqlens is None:

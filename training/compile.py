@@ -2,7 +2,7 @@
 
 Each models.Block's forward is compiled (inductor, dynamic=False), so the shells' elementwise code (norms, gates,
 activations, residual adds, casts) runs as fused kernels. How the kernels' operators enter the graphs
-(kernels.common.compile): Triton paths that are torch.library custom ops are traced as one node each (short_conv
+(hilo_kernels.common.compile): Triton paths that are torch.library custom ops are traced as one node each (short_conv
 always; linear_attn, delta_rule and loglinear_attn for fixed-length rows on CUDA, and hla2 / ahla's fused backend
 there without states), so a Mamba-2, GDN, log-linear Mamba-2 or HLA (hla2 / ahla) block on a GPU compiles to a single
 graph; softmax_attn is traced (SDPA) except with cu_seqlens; every other call (loglinear_delta_rule, hla3, the torch
@@ -63,7 +63,7 @@ def compile_blocks(model: torch.nn.Module, backend="inductor", mode: str | None 
     """
     import sys
 
-    from kernels.common.compile import make_opaque_in
+    from hilo_kernels.common.compile import make_opaque_in
     from models.blocks import Block
 
     if mode is not None and mode not in COMPILE_MODES:

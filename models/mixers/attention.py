@@ -1,9 +1,9 @@
-"""Softmax attention mixer: q/k/v/o projections, GQA, RoPE, kernels.softmax_attn, KV cache."""
+"""Softmax attention mixer: q/k/v/o projections, GQA, RoPE, hilo_kernels.softmax_attn, KV cache."""
 
 import torch
 from torch import nn
 
-from kernels import softmax_attn
+from hilo_kernels import softmax_attn
 from models.casts import ProjectionInput
 from models.registry import register_mixer
 from models.rope import rope_tables, rotate

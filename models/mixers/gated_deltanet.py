@@ -1,4 +1,4 @@
-"""Gated DeltaNet mixer (the gated_deltanet shell, operator kernels.delta_rule; docs/kernels.md)."""
+"""Gated DeltaNet mixer (the gated_deltanet shell, operator hilo_kernels.delta_rule; docs/kernels.md)."""
 
 import math
 from typing import ClassVar
@@ -6,8 +6,8 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from kernels.common.validate import MAX_DELTA_VALUE_DIM, MAX_HEAD_DIM
-from kernels.delta_rule import delta_rule, delta_rule_step
+from hilo_kernels.common.validate import MAX_DELTA_VALUE_DIM, MAX_HEAD_DIM
+from hilo_kernels.delta_rule import delta_rule, delta_rule_step
 from models.casts import ProjectionInput
 from models.conv import ShortConv
 from models.gates import a_log_init, dt_bias_init, log_decay
@@ -49,7 +49,7 @@ class GatedDeltaNetMixer(nn.Module):
     # Whether the operator takes the delta rule's write strength beta (then b_proj exists); operators without it
     # (the HLA family) leave it out, so no parameter goes untrained.
     USES_BETA: ClassVar[bool] = True
-    # The widest value block the operator takes in one call (kernels.common.validate: 512 for the delta rules, 256 for
+    # The widest value block the operator takes in one call (hilo_kernels.common.validate: 512 for the delta rules, 256 for
     # the HLA operators), and the default of mixer_kwargs.value_block (None). Wider heads run in blocks of value_block
     # columns, exact either way: each column of the K x V state evolves on its own (see _operator). One 512-column
     # call does the K-only WY work once: delta_rule fwd+bwd at H = 3, K = 256, 16K x 2 on the H200 takes 6.71 ms

@@ -32,7 +32,7 @@ class HLAMixer(nn.Module):
     conv (SiLU); RoPE (theta = config.rope_theta) on q and k; with normalize, the feature map elu + 1 on q and k
     (after RoPE, so they stay non-negative); q and k L2-normalised per head; optionally a per-head
     data-dependent log decay g = -exp(A_log) * softplus(a_proj x + dt_bias) (fp32, as in the recurrent shells);
-    o = operator(q, k, v, g=g) with scale 1.0 (kernels.hla2 / ahla / hla3: the masked operators of docs/kernels.md);
+    o = operator(q, k, v, g=g) with scale 1.0 (hilo_kernels.hla2 / ahla / hla3: the masked operators of docs/kernels.md);
     per-head RMSNorm(o) * SiLU(g_proj x); o_proj.
 
     Options (config.mixer_kwargs, all optional):
@@ -43,16 +43,16 @@ class HLAMixer(nn.Module):
       conv_size         None: no short conv; an int: the kernel size of the short convs on q, k and v.
       a_init_range, dt_min, dt_max   decay init: exp(A_log) ~ U[1, 16]; softplus(dt_bias) log-uniform in
                         [1e-3, 1e-1].
-      backend           the operator's backend: None (kernels.hla.default_backend: on CUDA the composition for
+      backend           the operator's backend: None (hilo_kernels.hla.default_backend: on CUDA the composition for
                         hla3 and for bf16 hla2, the fused kernels otherwise; torch elsewhere), "triton" (the
                         composition of linear_attn kernels: bf16 passes for bf16 hla2 / hla3, fp32 ones
                         otherwise), "fused" (one-pass Triton hla2/ahla), "torch", "naive".
 
     forward(hidden [B, T, C], position_ids [B, T], cu_seqlens [N+1] or None, cache HiloCache or None) -> [B, T, C].
-    The cache slot holds the operator's recurrent state field by field (kernels.hla.state: "S", "F" for hla2;
+    The cache slot holds the operator's recurrent state field by field (hilo_kernels.hla.state: "S", "F" for hla2;
     "P", "E" for ahla; "S", "P", "F" for hla3; fp32, batch rows first) and, with short convs, "conv_q", "conv_k",
     "conv_v" ([B, channels, conv_size - 1]). A single new token with a cache takes the operator's recurrent step
-    (kernels.hla.step); longer inputs continue the state through the chunked operator. Packed documents
+    (hilo_kernels.hla.step); longer inputs continue the state through the chunked operator. Packed documents
     (cu_seqlens, B == 1) restart the convs and the state at every boundary; positions restart with them.
     """
 

@@ -5,7 +5,7 @@ from typing import ClassVar
 
 import torch
 
-from kernels.common.validate import MAX_HEAD_DIM
+from hilo_kernels.common.validate import MAX_HEAD_DIM
 from models.mixers.gated_deltanet import GatedDeltaNetMixer
 from models.ops import (
     OPERATORS,
@@ -40,7 +40,7 @@ class HLAGatedDeltaNetMixer(GatedDeltaNetMixer):
 
         o = operator(q, k, v, g, scale = 1)
 
-    (kernels.hla2 / ahla / hla3, docs/kernels.md; ahla is o_t = sum_{j <= i <= t} (b_t/b_j) (q_t.k_i)(q_i.k_j) v_j with
+    (hilo_kernels.hla2 / ahla / hla3, docs/kernels.md; ahla is o_t = sum_{j <= i <= t} (b_t/b_j) (q_t.k_i)(q_i.k_j) v_j with
     b_t = prod_{r <= t} exp(g_r)). Scale 1 as for the HLA family: q and k are unit vectors already. The HLA
     operators have no write strength, so there is no beta and no b_proj (a projection nothing reads would never
     train).
@@ -52,8 +52,8 @@ class HLAGatedDeltaNetMixer(GatedDeltaNetMixer):
     nothing.
 
     Cache slot: "conv_q", "conv_k", "conv_v" as GatedDeltaNetMixer, and the operator's state field by field
-    (kernels.hla.state, fp32: "S" [B, H, K, K] and "F" [B, H, K, V] for hla2; "P", "E" [B, H, K, V] for ahla;
-    "S", "P", "F" for hla3). A single new token takes the recurrent step kernels.hla.hla_step.
+    (hilo_kernels.hla.state, fp32: "S" [B, H, K, K] and "F" [B, H, K, V] for hla2; "P", "E" [B, H, K, V] for ahla;
+    "S", "P", "F" for hla3). A single new token takes the recurrent step hilo_kernels.hla.hla_step.
     """
 
     NAME: ClassVar[str] = "hla_gated_deltanet"

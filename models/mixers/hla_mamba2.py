@@ -22,7 +22,7 @@ class HLAMamba2Mixer(Mamba2Mixer):
 
         y = operator(q = C / |C|, k = B / |B|, v = x * dt, g = A * dt, scale = 1) + D x
 
-    (kernels.hla2 / ahla / hla3, docs/kernels.md; with b_t = prod_{r <= t} exp(g_r), hla2 "d1" is
+    (hilo_kernels.hla2 / ahla / hla3, docs/kernels.md; with b_t = prod_{r <= t} exp(g_r), hla2 "d1" is
     y_t = sum_{i <= j <= t} (b_t/b_i)(b_j/b_i) (q_t.k_i)(k_i.q_j) v_j + D x_t).
 
     B and C are L2-normalised per head (over the state_size N), as the HLA layer normalises q and k:
@@ -36,9 +36,9 @@ class HLAMamba2Mixer(Mamba2Mixer):
                         or "d2" ("decay every summary", (b_t/b_i)(b_t/b_j)); ahla and hla3 have "d1" only.
     backend is the operator's: None (triton on CUDA, torch otherwise), "triton", "torch", "naive".
 
-    Cache slot: "conv_state" as Mamba2Mixer, and the operator's state field by field (kernels.hla.state, fp32,
+    Cache slot: "conv_state" as Mamba2Mixer, and the operator's state field by field (hilo_kernels.hla.state, fp32,
     batch rows first: "S" [B, H, N, N] and "F" [B, H, N, P] for hla2; "P", "E" [B, H, N, P] for ahla; "S", "P", "F"
-    for hla3). A single new token takes the recurrent step kernels.hla.hla_step; packed documents (cu_seqlens)
+    for hla3). A single new token takes the recurrent step hilo_kernels.hla.hla_step; packed documents (cu_seqlens)
     restart the conv and the state at every boundary.
     """
 

@@ -1,12 +1,12 @@
-"""Log-linear Gated DeltaNet mixer (the gated_deltanet shell with kernels.loglinear_delta_rule; docs/kernels.md)."""
+"""Log-linear Gated DeltaNet mixer (the gated_deltanet shell with hilo_kernels.loglinear_delta_rule; docs/kernels.md)."""
 
 from typing import ClassVar
 
 import torch
 from torch import nn
 
-from kernels.loglinear_attn import LogLinearState
-from kernels.loglinear_delta_rule import loglinear_delta_rule, loglinear_delta_rule_step
+from hilo_kernels.loglinear_attn import LogLinearState
+from hilo_kernels.loglinear_delta_rule import loglinear_delta_rule, loglinear_delta_rule_step
 from models.levels import (
     FlagsLevelParameter,
     decode_levels,

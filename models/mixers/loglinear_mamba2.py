@@ -1,8 +1,8 @@
-"""Log-linear Mamba-2 mixer (the mamba2 shell with operator kernels.loglinear_attn; docs/kernels.md)."""
+"""Log-linear Mamba-2 mixer (the mamba2 shell with operator hilo_kernels.loglinear_attn; docs/kernels.md)."""
 
 from typing import ClassVar
 
-from kernels.loglinear_attn import LogLinearState, loglinear_attn, loglinear_attn_step
+from hilo_kernels.loglinear_attn import LogLinearState, loglinear_attn, loglinear_attn_step
 from models.levels import (
     FlagsLevelParameter,
     decode_levels,

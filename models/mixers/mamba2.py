@@ -1,11 +1,11 @@
-"""Mamba-2 mixer (the mamba2 shell, operator kernels.linear_attn: the SSD recurrence; docs/kernels.md)."""
+"""Mamba-2 mixer (the mamba2 shell, operator hilo_kernels.linear_attn: the SSD recurrence; docs/kernels.md)."""
 
 from typing import ClassVar
 
 import torch
 from torch import nn
 
-from kernels.linear_attn import linear_attn, linear_attn_step
+from hilo_kernels.linear_attn import linear_attn, linear_attn_step
 from models.conv import ShortConv
 from models.gates import a_log_init, dt_bias_init, log_decay, no_weight_decay
 from models.norms import GatedRMSNorm

@@ -1,7 +1,7 @@
 """benchmarks/hla_numerics.py on CPU at tiny shapes (T = 130, H = 2, D = 16, backend "torch").
 
 Every configuration must be measured once; magnitudes must be those of the masked-matrix definition
-(kernels.hla.hla_masked, float64) on the same inputs; fp32 against itself must give error ratios of exactly 0.
+(hilo_kernels.hla.hla_masked, float64) on the same inputs; fp32 against itself must give error ratios of exactly 0.
 """
 import json
 import math
@@ -11,7 +11,7 @@ import torch
 
 from benchmarks import hla_numerics
 from benchmarks.hla_numerics import OPS, bands, make_inputs, measure
-from kernels.hla import hla_masked
+from hilo_kernels.hla import hla_masked
 
 T, H, D = 130, 2, 16
 TINY = ["--device", "cpu", "--seq-len", str(T), "--heads", str(H), "--dim", str(D)]

@@ -1,30 +1,30 @@
-"""The bf16 check's HLA cases (kernels/common/checks.py, which benchmarks/kernels.py times) on CPU: each builds the
+"""The bf16 check's HLA cases (hilo_kernels/common/checks.py, which benchmarks/operators.py times) on CPU: each builds the
 op's inputs with an initial state of all its fields side by side and returns (o, the final state's fields side by
-side), equal to calling the operator directly; hla3 (three state fields) included. And kernels.py's profile."""
+side), equal to calling the operator directly; hla3 (three state fields) included. And operators.py's profile."""
 import pytest
 import torch
 
-from benchmarks import kernels as kb
-from kernels.common.checks import CASES
-from kernels.hla.state import STATE_TYPES
+from benchmarks import operators as kb
+from hilo_kernels.common.checks import CASES
+from hilo_kernels.hla.state import STATE_TYPES
 
 
 @pytest.mark.parametrize("op,fields", [("hla2", 2), ("ahla", 2), ("hla3", 3)])
 def test_hla_cases_pack_every_state_field(op, fields):
-    import kernels
+    import hilo_kernels
 
     x = CASES[op].make(1, 20, 2, 8, "cpu", seed=3, n_state=1)
     assert x["initial_state"].shape == (1, 2, 8, fields * 8)
     o, state = CASES[op].call(x, None, "torch")
     h0 = STATE_TYPES[op](*x["initial_state"].split(8, dim=-1))
-    o_ref, st_ref = getattr(kernels, op)(x["q"], x["k"], x["v"], g=x["g"], initial_state=h0, output_final_state=True,
+    o_ref, st_ref = getattr(hilo_kernels, op)(x["q"], x["k"], x["v"], g=x["g"], initial_state=h0, output_final_state=True,
                                          backend="torch")
     assert torch.equal(o, o_ref) and torch.equal(state, torch.cat(list(st_ref), dim=-1))
     assert CASES["hla3"].backend == "triton"  # no fused kernel: the composition is what runs on CUDA
 
 
 def test_profile_gives_every_call_fresh_gradients(monkeypatch, capsys):
-    """kernels.py --profile times forward + backward calls with the inputs' gradients reset before each (as
+    """operators.py --profile times forward + backward calls with the inputs' gradients reset before each (as
     do_bench's grad_to_none), so no gradient-accumulation kernels are counted as the op's."""
     import torch.profiler
 
@@ -61,7 +61,7 @@ def test_settings_sweep_every_combination_under_its_launch_settings(monkeypatch,
     """--settings FAMILY.SETTING=V1,V2 ...: every combination of the values, in order, each run with its launch
     settings in effect (and the defaults back after), its rows labelled with it; bad specs fail before anything
     runs, naming the problem."""
-    from kernels.common import launch
+    from hilo_kernels.common import launch
 
     combos = kb.parse_settings(["delta_rule.grads_warps=4,8", "delta_rule.grads_maxnreg=none,128",
                                 "hla.out_warps=8"])

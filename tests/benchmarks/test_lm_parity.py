@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from benchmarks import lm_parity, peer_models
-from kernels.common.metrics import error_ratio
+from hilo_kernels.common.metrics import error_ratio
 from models import build_model
 
 

@@ -1,5 +1,6 @@
 """Every benchmark runs as `python benchmarks/X.py` with the repository on PYTHONPATH too (as on a GPU machine set up
-by hand): run as a script, benchmarks/ is sys.path[0], and its kernels.py must not shadow the kernels package."""
+by hand): run as a script, benchmarks/ is sys.path[0], and none of its scripts may stand in for a module that hilo's
+models import (tests/test_module_names.py checks the names themselves)."""
 import re
 import subprocess
 import sys
@@ -23,7 +24,11 @@ for script in scripts:
     try:
         runpy.run_path(script, run_name="probe")
         importlib.import_module("models")
-        assert hasattr(sys.modules["kernels"], "__path__"), sys.modules["kernels"].__file__
+        assert sys.modules["hilo_kernels"].__file__.startswith(repo + "/hilo_kernels/")
+        stand_ins = [name for name, mod in sys.modules.items()
+                     if (getattr(mod, "__file__", None) or "").startswith(repo + "/benchmarks/")
+                     and not name.startswith("benchmarks.")]
+        assert not stand_ins, stand_ins
     except Exception as err:
         failed.append(f"{{script}}: {{type(err).__name__}}: {{err}}")
 print("\\n".join(failed))

@@ -3,9 +3,9 @@
 The operators take g, beta and level_scales by keyword only (docs/kernels.md); these wrappers name them, so a test
 can unpack (q, k, v, beta, g, ...) tuples into a call.
 """
-from kernels import ahla, delta_rule, hla2, hla3, linear_attn, loglinear_attn, loglinear_delta_rule
-from kernels.loglinear_attn import loglinear_attn_step
-from kernels.loglinear_delta_rule import loglinear_delta_rule_step
+from hilo_kernels import ahla, delta_rule, hla2, hla3, linear_attn, loglinear_attn, loglinear_delta_rule
+from hilo_kernels.loglinear_attn import loglinear_attn_step
+from hilo_kernels.loglinear_delta_rule import loglinear_delta_rule_step
 
 
 def linear_attn_pos(q, k, v, g=None, **kwargs):

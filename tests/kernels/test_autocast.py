@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kernels import ahla, delta_rule, hla2, linear_attn, loglinear_attn, loglinear_delta_rule
+from hilo_kernels import ahla, delta_rule, hla2, linear_attn, loglinear_attn, loglinear_delta_rule
 
 B, T, H, D = 2, 70, 2, 16
 

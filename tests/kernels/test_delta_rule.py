@@ -1,4 +1,4 @@
-"""kernels.delta_rule: the naive oracle against an explicit-matrix definition, then the chunked torch path and the
+"""hilo_kernels.delta_rule: the naive oracle against an explicit-matrix definition, then the chunked torch path and the
 Triton kernels (under TRITON_INTERPRET=1 on CPU, in fp32) against the oracle: outputs, final states, every
 gradient (q, k, v, beta, g, initial_state), varlen without leakage, and decoding steps."""
 
@@ -11,8 +11,8 @@ from compile_checks import assert_one_graph_with_eager_values
 from graph_checks import assert_no_per_chunk_selects
 from in_order import delta_rule_pos
 
-from kernels import delta_rule
-from kernels.delta_rule import delta_rule_step
+from hilo_kernels import delta_rule
+from hilo_kernels.delta_rule import delta_rule_step
 
 TOL = 1e-4  # docs/kernels.md: fp32 torch and interpreter runs against the fp32 oracle
 
@@ -233,7 +233,7 @@ def test_triton_output_only():
         assert err_ratio(a, ref) <= TOL
 
 
-# ---------------------------------------------------------------- launch settings (kernels/common/launch.py)
+# ---------------------------------------------------------------- launch settings (hilo_kernels/common/launch.py)
 
 @needs_triton
 def test_triton_initial_state_wide_heads_match_naive():
@@ -249,8 +249,8 @@ def test_state_pass_stages():
     """The state passes' pipelining depth: 3 up to K = 128 in 16-bit (2 for fp32 tiles at K = 128); at K = 256
     wide_stages (2 by default) for 16-bit V-blocks <= 32 only (wider ones would overflow sm_90's shared memory in
     the backward pass: 238 KB at BV = 64 in bf16, 267 KB at BV = 16 in fp32), 1 when overridden to 1."""
-    from kernels.common import launch_settings
-    from kernels.delta_rule import triton_fwd
+    from hilo_kernels.common import launch_settings
+    from hilo_kernels.delta_rule import triton_fwd
 
     stages = triton_fwd.state_stages
     assert (stages(64), stages(128), stages(128, 4), stages(256, 4, 16)) == (3, 3, 2, 1)
@@ -263,8 +263,8 @@ def test_state_pass_stages():
 def test_grads_launch_settings():
     """The fused backward kernel's launch: 4 warps, 3 stages and no register cap by default; the launch settings'
     grads_warps / grads_stages / grads_maxnreg override them."""
-    from kernels.common import launch_settings
-    from kernels.delta_rule import triton_bwd
+    from hilo_kernels.common import launch_settings
+    from hilo_kernels.delta_rule import triton_bwd
 
     assert triton_bwd.grads_launch() == {"num_warps": 4, "num_stages": 3}
     with launch_settings(delta_rule={"grads_maxnreg": 128, "grads_stages": 2}):
@@ -275,8 +275,8 @@ def test_grads_launch_settings():
 def test_state_pass_v_block_floor():
     """The state passes' smallest V-block: 16 up to K = 128 and 32 past it by default (GDN's K = 256 heads measured
     22% faster fwd+bwd with 32 on the H200); state_bv_min overrides it at every K (16 at the least)."""
-    from kernels.common import launch_settings
-    from kernels.common.launch import delta_rule_state_bv_floor as floor
+    from hilo_kernels.common import launch_settings
+    from hilo_kernels.common.launch import delta_rule_state_bv_floor as floor
 
     assert (floor(64), floor(128), floor(129), floor(256)) == (16, 16, 32, 32)
     for val, want in ((32, 32), (16, 16), (8, 16)):
@@ -301,10 +301,10 @@ def test_triton_fp16_path():
 
 
 def test_padded_small_heads_equal_unpadded():
-    """The zero-padding that CUDA applies to heads narrower than 32 (kernels.delta_rule.delta_rule_triton_padded) is
+    """The zero-padding that CUDA applies to heads narrower than 32 (hilo_kernels.delta_rule.delta_rule_triton_padded) is
     exact: outputs, final state and every gradient equal the chunked path on the unpadded heads."""
-    from kernels.common import error_ratio
-    from kernels.delta_rule import delta_rule_triton_padded
+    from hilo_kernels.common import error_ratio
+    from hilo_kernels.delta_rule import delta_rule_triton_padded
 
     gen = torch.Generator().manual_seed(5)
     b, t, h, dk, dv = 2, 75, 2, 16, 12
@@ -376,7 +376,7 @@ def test_wide_value_heads_match_naive(backend, b, t, dk, dv, bounds):
 def test_head_dim_limits_are_per_operator(backend):
     """The delta rule takes K up to 256 and V up to 512 on every backend; past them the error names the operator,
     the limits and the fix. Operators without wide-V kernels (linear_attn) keep V <= 256."""
-    from kernels import linear_attn
+    from hilo_kernels import linear_attn
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     q, k, v, beta, g = (x.to(dev) for x in make(1, 3, 1, 8, 513, seed=32))

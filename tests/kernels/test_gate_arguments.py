@@ -4,8 +4,8 @@ CPU."""
 import pytest
 import torch
 
-import kernels
-from kernels.common import validate
+import hilo_kernels
+from hilo_kernels.common import validate
 
 B, T, H, D = 1, 6, 2, 4
 
@@ -26,7 +26,7 @@ GATES = {"linear_attn": ("g",), "hla2": ("g",), "ahla": ("g",), "hla3": ("g",), 
 
 def _call(op, x, **overrides):
     gates = {n: overrides.get(n, x[n]) for n in GATES[op]}
-    return getattr(kernels, op)(x["q"], x["k"], x["v"], **gates, backend="torch")
+    return getattr(hilo_kernels, op)(x["q"], x["k"], x["v"], **gates, backend="torch")
 
 
 @pytest.mark.parametrize("op", sorted(GATES))
@@ -34,14 +34,14 @@ def test_gates_by_position_fail_with_the_keyword_form(op):
     x = _inputs()
     _call(op, x)  # by keyword: runs
     with pytest.raises(TypeError, match=rf"{op}\(q, k, v, {', '.join(f'{n}={n}' for n in GATES[op])}"):
-        getattr(kernels, op)(x["q"], x["k"], x["v"], *(x[n] for n in GATES[op]), backend="torch")
+        getattr(hilo_kernels, op)(x["q"], x["k"], x["v"], *(x[n] for n in GATES[op]), backend="torch")
 
 
 def test_delta_rule_in_fla_order_fails():
     """fla's chunk_gated_delta_rule(q, k, v, g, beta): the same positional call on hilo's op is refused."""
     x = _inputs()
     with pytest.raises(TypeError, match="keyword-only"):
-        kernels.delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"])
+        hilo_kernels.delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"])
 
 
 @pytest.mark.parametrize("op", sorted(GATES))

@@ -1,5 +1,5 @@
 """On a GPU: every Triton operator in bf16 against its fp32 oracle, outputs, final states and every gradient, at
-the tolerances of kernels/common/checks.py (docs/kernels.md; the same check benchmarks/kernels.py prints before it
+the tolerances of hilo_kernels/common/checks.py (docs/kernels.md; the same check benchmarks/operators.py prints before it
 times). Skipped without CUDA."""
 import pytest
 import torch
@@ -8,7 +8,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 Trit
 
 
 def _cases():
-    from kernels.common.checks import CASES
+    from hilo_kernels.common.checks import CASES
 
     return sorted(CASES)
 
@@ -16,7 +16,7 @@ def _cases():
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", _cases())
 def test_bf16_triton_matches_fp32_oracle(op):
-    from kernels.common.checks import CASES, check
+    from hilo_kernels.common.checks import CASES, check
 
     rows = check(op, CASES[op], "cuda")
     assert rows
@@ -29,8 +29,8 @@ def test_bf16_triton_matches_fp32_oracle(op):
 def test_bf16_loglinear_long_sequence(op):
     """T = 20000 reaches chunk level 9 (16 stacked levels in the level scans, a padded tile) and a prior state at
     position 100: bf16 Triton vs the fp32 chunked path, every gradient."""
-    from kernels.common import error_ratio
-    from kernels.common.checks import CASES, OUT_TOL, run_with_grads
+    from hilo_kernels.common import error_ratio
+    from hilo_kernels.common.checks import CASES, OUT_TOL, run_with_grads
 
     case = CASES[op]
     inputs = case.make(1, 20000, 2, 64, "cuda", seed=3, n_state=1)
@@ -50,9 +50,9 @@ def test_bf16_loglinear_small_head_dims(op, dk, dv):
     """The log-linear ops at the small and uneven head dims models use (narrow V tiles: Triton 3.6 on Hopper
     miscompiled some of linear_attn's, see tests/kernels/test_gpu_head_dims.py), T = 700 (four chunk levels) and
     T = 100 (one), bf16 vs the fp32 chunked path."""
-    from kernels import loglinear_attn, loglinear_delta_rule
-    from kernels.common import error_ratio
-    from kernels.loglinear_attn import num_levels
+    from hilo_kernels import loglinear_attn, loglinear_delta_rule
+    from hilo_kernels.common import error_ratio
+    from hilo_kernels.loglinear_attn import num_levels
 
     for t in (700, 100):
         gen = torch.Generator(device="cuda").manual_seed(dk * 1000 + dv + t)
@@ -88,8 +88,8 @@ def test_bf16_linear_attn_grouped_q_k(groups, heads, dk, dv, varlen):
     """Mamba-2's layout: q, k with G heads for H heads of v, read per group by the kernels (no repeat), bf16 Triton
     against the fp32 chunked path on the heads repeated; dq, dk are the sums over each group's heads. V = 160 takes
     the two-kernel backward, the others the fused one; fixed length (the custom op) and packed documents."""
-    from kernels import linear_attn
-    from kernels.common import error_ratio
+    from hilo_kernels import linear_attn
+    from hilo_kernels.common import error_ratio
 
     gen = torch.Generator(device="cuda").manual_seed(groups * 100 + dk + dv)
     b, t = (1, 900) if varlen else (2, 450)
@@ -122,7 +122,7 @@ def test_bf16_hla_compose16_matches_fp32_oracle(op):
     docs/kernels.md, with and without packed documents."""
     import dataclasses
 
-    from kernels.common.checks import CASES, check
+    from hilo_kernels.common.checks import CASES, check
 
     rows = check(op, dataclasses.replace(CASES[op], backend="triton", baselines={}), "cuda")
     assert rows

@@ -9,9 +9,9 @@ without CUDA."""
 import pytest
 import torch
 
-from kernels import ahla, delta_rule, hla2, hla3, linear_attn, loglinear_attn, loglinear_delta_rule
-from kernels.common import error_ratio
-from kernels.loglinear_attn import num_levels
+from hilo_kernels import ahla, delta_rule, hla2, hla3, linear_attn, loglinear_attn, loglinear_delta_rule
+from hilo_kernels.common import error_ratio
+from hilo_kernels.loglinear_attn import num_levels
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 Triton checks need a CUDA GPU")
 

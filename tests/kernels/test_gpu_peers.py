@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from benchmarks import peers
-from kernels.common.checks import CASES, OUT_TOL
+from hilo_kernels.common.checks import CASES, OUT_TOL
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="the peers need CUDA")]
 

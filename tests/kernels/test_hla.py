@@ -10,10 +10,10 @@ import pytest
 import torch
 from in_order import ahla_pos, hla2_pos, hla3_pos
 
-from kernels import ahla, hla2, hla3
-from kernels.common import error_ratio
-from kernels.hla import AHLAState, HLA2State, HLA3State, hla2_chunked, hla_masked, hla_step
-from kernels.hla.scan import (
+from hilo_kernels import ahla, hla2, hla3
+from hilo_kernels.common import error_ratio
+from hilo_kernels.hla import AHLAState, HLA2State, HLA3State, hla2_chunked, hla_masked, hla_step
+from hilo_kernels.hla.scan import (
     AHLASummary,
     Summary,
     ahla_combine,
@@ -24,8 +24,8 @@ from kernels.hla.scan import (
     hla2_scan,
     token_summaries,
 )
-from kernels.hla.state import signed_clamp, state_shapes
-from kernels.linear_attn import linear_attn
+from hilo_kernels.hla.state import signed_clamp, state_shapes
+from hilo_kernels.linear_attn import linear_attn
 
 OPS = {"hla2": hla2, "ahla": ahla, "hla3": hla3}
 POS = {"hla2": hla2_pos, "ahla": ahla_pos, "hla3": hla3_pos}  # g by position (in_order)
@@ -52,7 +52,7 @@ def random_state(op, n, h, dk, dvs, seed, dtype=torch.float64):
 
 
 def reference(op, decay, q, k, v, g, scale=1.0, normalize=False, eps=1e-6):
-    """The masked-matrix operator, normalized here independently of kernels.hla.state when asked."""
+    """The masked-matrix operator, normalized here independently of hilo_kernels.hla.state when asked."""
     num = hla_masked(op, q, k, v, g, decay=decay, scale=scale)
     if not normalize:
         return num
@@ -317,7 +317,7 @@ def test_compose16_runs_passes_in_the_input_dtype(monkeypatch, op, decay, normal
     output, final states and every gradient within 16-bit rounding of the float64 definition on the same values
     (varlen, initial state; normalized with non-negative features and a strong decay). An op outside compose16
     (ahla's default) runs the same call's passes in fp32, more exactly."""
-    from kernels.hla import compose
+    from hilo_kernels.hla import compose
 
     assert compose.COMPOSE16_DTYPES == (torch.bfloat16,)
     monkeypatch.setattr(compose, "COMPOSE16_DTYPES", (torch.bfloat16, torch.float16))
@@ -368,7 +368,7 @@ def test_default_backend_takes_compose16_for_bf16_hla2_and_hla3():
     """backend=None on CUDA: bf16 hla2 and hla3 take the bf16 composition (within the bf16 check on the H200 and
     faster than the fused kernels), ahla and other dtypes keep the fused kernels (hla3: fp32 passes); off CUDA the
     choice is resolve_backend's."""
-    from kernels.hla import compose, default_backend
+    from hilo_kernels.hla import compose, default_backend
 
     bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
     assert [default_backend(op, bf16, True) for op in ("hla2", "ahla", "hla3")] == ["triton", "fused", "triton"]
@@ -411,7 +411,7 @@ def test_errors():
 def test_fused_precision():
     """The fused kernels' dot precision: fp32 inputs multiply in full fp32 ("ieee"), 16-bit inputs take tf32 products
     of fp32 tiles."""
-    from kernels.hla import triton_fused
+    from hilo_kernels.hla import triton_fused
 
     assert triton_fused._precision(torch.zeros(1)) == "ieee"
     assert triton_fused._precision(torch.zeros(1, dtype=torch.bfloat16)) == "tf32"
@@ -513,7 +513,7 @@ def test_decayed_scan_operator_associativity():
 
 @pytest.mark.parametrize("gate", [None, "strong", "weak"])
 def test_ahla_scan_matches_masked_and_composition(gate):
-    """The AHLA associative scan (R not decayed) == masked ahla == kernels.ahla, chunks down to single tokens."""
+    """The AHLA associative scan (R not decayed) == masked ahla == hilo_kernels.ahla, chunks down to single tokens."""
     q, k, v, g = make(2, 23, 2, 4, 3, gate, seed=25)
     ref = hla_masked("ahla", q, k, v, g, scale=0.8)
     assert error_ratio(ahla(q, k, v, g=g, scale=0.8, backend="torch")[0], ref) < F64
@@ -676,8 +676,8 @@ def test_fused_hla2_normalize():
 def test_fused_launch_settings():
     """The fused kernels' launches per kernel family: 4 warps, 2 stages, no register cap by default; the launch
     settings override them inside launch_settings and not after."""
-    from kernels.common import launch_settings
-    from kernels.hla import triton_fused
+    from hilo_kernels.common import launch_settings
+    from hilo_kernels.hla import triton_fused
 
     for family in ("scan", "out", "dvalues", "dqk"):
         assert triton_fused._launch_kwargs(family) == {"num_warps": 4, "num_stages": 2}
@@ -689,9 +689,9 @@ def test_fused_launch_settings():
 
 
 def _record_launches(monkeypatch, names, key) -> dict:
-    """Wrap the fused kernels `names` of kernels.hla.triton_fused so every launch still runs and adds key(grid,
+    """Wrap the fused kernels `names` of hilo_kernels.hla.triton_fused so every launch still runs and adds key(grid,
     keyword arguments) to the returned {kernel name: set} (filled as the kernels launch)."""
-    from kernels.hla import triton_fused
+    from hilo_kernels.hla import triton_fused
 
     seen = {}
 
@@ -716,7 +716,7 @@ def test_fused_launch_tiles(monkeypatch, tile):
     """Every tile setting at 16 (several K- and V-blocks per loop at K = 60, V = 36, masked) and at 128 (one wide
     masked block), with other warps, stages and a register cap: the kernels launch with those tiles (recorded) and
     hla2 still matches the float64 references, varlen with an initial state."""
-    from kernels.common import launch_settings
+    from hilo_kernels.common import launch_settings
 
     options = {"scan_by": tile, "out_bk": tile, "out_by": tile, "dvalues_bk": tile, "dvalues_bv": tile,
                "dqk_bk": tile, "dqk_bv": tile, "out_warps": 4, "dqk_stages": 3, "dvalues_maxnreg": 128}
@@ -739,8 +739,8 @@ def test_fused_output_columns_by_head_size(monkeypatch, dk, cols):
     """The chunk kernels' output columns by default: 64 up to K = 128, 32 above (hla_cols, timed at K = 256),
     recorded at V = 72 (whose next power of two is 128) while ahla still matches the float64 references; a setting
     given by name wins at any K."""
-    from kernels.common import launch_settings
-    from kernels.common.launch import hla_cols
+    from hilo_kernels.common import launch_settings
+    from hilo_kernels.common.launch import hla_cols
 
     seen = _record_launches(monkeypatch, ("_chunk_out", "_pass_dvalues"),
                             lambda grid, kw: kw["BY"] if "BY" in kw else kw["BV"])
@@ -783,7 +783,7 @@ def test_fused_custom_op_compiles_into_one_graph(op, decay, normalize, gated):
     forward returns the inner output and both passes' chunk states for the backward, so nothing is recomputed):
     torch.compile traces them as one node (fullgraph), with eager's values and gradients, and the fakes give the
     real outputs' shapes, dtypes and strides (T = 70: a partial second chunk)."""
-    from kernels.common.compile import compile_safe_operators
+    from hilo_kernels.common.compile import compile_safe_operators
     from tests.kernels.compile_checks import assert_one_graph_with_eager_values
 
     traced = compile_safe_operators()[id(OPS[op])]  # what a compiled model holds: traced here, not opaque
@@ -808,8 +808,8 @@ def test_composition_compiles_into_one_graph(monkeypatch, op):
     eager's values and gradients; with packed documents it stays opaque."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    from kernels.common.compile import compile_safe_operators
-    from kernels.hla import compose
+    from hilo_kernels.common.compile import compile_safe_operators
+    from hilo_kernels.hla import compose
     from tests.kernels.compile_checks import assert_one_graph_with_eager_values
 
     monkeypatch.setattr(compose, "_one_op", lambda *args: False)  # the separate passes
@@ -904,8 +904,8 @@ def test_fused_backend_errors():
 
 
 def _spy_accumulating_backward(monkeypatch):
-    """Records (dq_acc given, self_values) of every linear_attn chunk_bwd call kernels.hla.compose_op makes."""
-    from kernels.hla import compose_op
+    """Records (dq_acc given, self_values) of every linear_attn chunk_bwd call hilo_kernels.hla.compose_op makes."""
+    from hilo_kernels.hla import compose_op
 
     calls = []
     real = compose_op.chunk_bwd
@@ -933,7 +933,7 @@ def test_hla_one_op_keeps_the_values(monkeypatch, op, decay, gate, states, dv):
     gradients summed: the same output, final states and gradients (initial states' included) as the separate
     linear_attn passes (fp32, T = 150: a partial last chunk, scale 0.7; V = K, wider and narrower, as hla_mamba2's
     V = 64 for K = 128), and the op is the path taken."""
-    from kernels.hla import compose
+    from hilo_kernels.hla import compose
 
     fn = {"hla2": hla2_pos, "hla3": hla3_pos}[op]
     q, k, v, g = make(2, 150, 2, 32, dv, gate, seed=51, dtype=torch.float32)
@@ -972,8 +972,8 @@ def test_hla_one_op_only_where_it_applies(monkeypatch):
     than 64 (the first pass's backward is not one tile), and for hla3 fp32 values wider than 64 (its second pass's
     backward accumulates dq too; hla2 takes them); and linear_attn's chunk_bwd refuses the accumulation where its
     one-tile kernel does not run."""
-    from kernels.linear_attn.triton_bwd import chunk_bwd
-    from kernels.linear_attn.triton_fwd import Layout
+    from hilo_kernels.linear_attn.triton_bwd import chunk_bwd
+    from hilo_kernels.linear_attn.triton_fwd import Layout
 
     calls = _spy_accumulating_backward(monkeypatch)
     q, k, v, g = (x.float().to(FUSED_DEV).requires_grad_() for x in make(1, 80, 2, 16, 16, "weak", seed=53))
@@ -1006,7 +1006,7 @@ def test_hla_one_op_only_where_it_applies(monkeypatch):
 def test_hla_one_op_compiles_into_one_graph(op):
     """The one op as a compiled model holds hla2 / hla3: "hilo::hla2_passes" / "hilo::hla3_passes" in one graph
     with eager's values and gradients, its fakes matching the real outputs."""
-    from kernels.common.compile import compile_safe_operators
+    from hilo_kernels.common.compile import compile_safe_operators
     from tests.kernels.compile_checks import assert_one_graph_with_eager_values
 
     traced = compile_safe_operators()[id({"hla2": hla2, "hla3": hla3}[op])]

@@ -1,4 +1,4 @@
-"""kernels.common.launch: the launch-settings table of every kernel family, launch_settings (the one override) and the
+"""hilo_kernels.common.launch: the launch-settings table of every kernel family, launch_settings (the one override) and the
 head-size rules that read it (docs/kernel_settings.md)."""
 
 import dataclasses
@@ -7,8 +7,8 @@ import threading
 import pytest
 import torch
 
-from kernels.common import launch_settings
-from kernels.common.launch import FAMILIES, current, defaults, hla_cols
+from hilo_kernels.common import launch_settings
+from hilo_kernels.common.launch import FAMILIES, current, defaults, hla_cols
 
 
 def test_every_family_launches_with_its_defaults():
@@ -77,7 +77,7 @@ def test_bad_names_and_values_are_clear_errors():
 
 def test_short_conv_tiles_follow_the_table():
     """short_conv's tiles: 64x64 at 4 warps without an initial state, 32x64 with one; the settings override them."""
-    from kernels.short_conv.triton import tiles
+    from hilo_kernels.short_conv.triton import tiles
 
     assert (tiles(False), tiles(True)) == ((64, 64, 4), (32, 64, 4))
     with launch_settings(short_conv={"block_t": 128, "block_c": 32, "warps": 8}):
@@ -94,7 +94,7 @@ def test_hla_output_columns_rule():
 def test_loglinear_delta_glue_option(monkeypatch):
     """HILO_LOGLINEAR_DELTA_GLUE (read at each call): auto compiles the glue for CUDA tensors only; eager and
     compiled force it; anything else is an error naming the choices."""
-    from kernels.loglinear_delta_rule.triton_bwd import glue_mode
+    from hilo_kernels.loglinear_delta_rule.triton_bwd import glue_mode
 
     monkeypatch.delenv("HILO_LOGLINEAR_DELTA_GLUE", raising=False)
     assert (glue_mode(True), glue_mode(False)) == ("compiled", "eager")
@@ -110,7 +110,7 @@ def test_loglinear_delta_glue_option(monkeypatch):
 def test_delta_rule_state_passes_launch_with_the_settings(monkeypatch):
     """The kernels read the settings at launch: delta_rule's state passes launch with the overridden warps inside
     the block and with the defaults after it (recorded; the launch itself runs as usual)."""
-    from kernels.delta_rule import delta_rule, triton_fwd
+    from hilo_kernels.delta_rule import delta_rule, triton_fwd
 
     seen = []
 

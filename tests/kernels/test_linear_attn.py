@@ -9,9 +9,9 @@ from compile_checks import assert_one_graph_with_eager_values
 from graph_checks import assert_no_per_chunk_selects
 from in_order import linear_attn_pos
 
-from kernels import linear_attn
-from kernels.common import error_ratio
-from kernels.linear_attn import linear_attn_step
+from hilo_kernels import linear_attn
+from hilo_kernels.common import error_ratio
+from hilo_kernels.linear_attn import linear_attn_step
 
 TOL = 1e-4
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
@@ -314,7 +314,7 @@ def test_split_scores_keep_16bit_rounding_low():
 def test_state_blocks_narrow_on_small_grids():
     """The sequential state kernels' tiles: 64x64 on grids of 256+ programs, then 64x32, then 32x32 (no further), so
     that few sequence-heads still fill the GPU; small head dims keep their own power of two."""
-    from kernels.linear_attn.triton_fwd import state_blocks
+    from hilo_kernels.linear_attn.triton_fwd import state_blocks
 
     assert state_blocks(128, 64, 128) == (64, 64)  # 128 sequence-heads x 2 tiles
     assert state_blocks(128, 128, 32) == (64, 32)  # 16K x 2, H = 16
@@ -327,8 +327,8 @@ def test_segment_count_rule():
     """state_segments: None (the default) none on a grid of one program a multiprocessor or more or a walk under 512
     chunks, else as many as fit the programs in one wave of 6 blocks a multiprocessor, none under 16 chunks; 1 none;
     n, n, every segment non-empty."""
-    from kernels.common import launch_settings
-    from kernels.linear_attn import triton_fwd
+    from hilo_kernels.common import launch_settings
+    from hilo_kernels.linear_attn import triton_fwd
 
     count = triton_fwd.segment_count
     assert count(256, 256, 132) == 1 and count(512, 132, 132) == 1  # 16K x 2, H = 16; a full grid
@@ -351,8 +351,8 @@ def test_segmented_state_walks_keep_the_values(segments, decay, n_state):
     chunks as n segments side by side, each carried into the next through its own contribution: the same output,
     final state and gradients (dq, dk, dv, dg, dh0) as one walk, with and without decay and initial state, 5 chunks
     of a 300-token sequence (the last one partial)."""
-    from kernels.common import launch_settings
-    from kernels.linear_attn import triton_fwd
+    from hilo_kernels.common import launch_settings
+    from hilo_kernels.linear_attn import triton_fwd
 
     q, k, v, g, h0 = make(2, 300, 2, 24, 40, decay, n_state=n_state, device=DEV)
     want = run(q, k, v, g, h0, "triton")
@@ -369,8 +369,8 @@ def test_segmented_state_walks_on_packed_documents(decay):
     """Packed documents (cu_seqlens) in segments sized by the longest a document could be (620 tokens: 10 chunks,
     4 segments of 3): the 400-token document walks 3, the shorter ones 1, their other segments' programs idle; the
     same values as one walk each, with per-document initial states."""
-    from kernels.common import launch_settings
-    from kernels.linear_attn import triton_fwd
+    from hilo_kernels.common import launch_settings
+    from hilo_kernels.linear_attn import triton_fwd
 
     q, k, v, g, h0 = make(1, 620, 2, 24, 40, decay, n_state=4, device=DEV)
     cu = torch.tensor([0, 1, 70, 470, 620], device=DEV)
@@ -389,8 +389,8 @@ def test_state_tile_settings_keep_the_values(tiles):
     """The launch settings' state_bk / state_bv retile the sequential state kernels (forward and backward) without
     changing a value: every output and gradient as with the default tiles, on packed documents with an initial
     state (the launch settings ride along: the interpreter ignores warps and stages, the GPU tests do not)."""
-    from kernels.common import launch_settings
-    from kernels.linear_attn import triton_fwd
+    from hilo_kernels.common import launch_settings
+    from hilo_kernels.linear_attn import triton_fwd
 
     q, k, v, g, h0 = make(1, 150, 2, 48, 40, "weak", n_state=3, device=DEV)
     cu = torch.tensor([0, 1, 70, 150], device=DEV)

@@ -11,9 +11,9 @@ from compile_checks import assert_one_graph_with_eager_values
 from graph_checks import assert_no_per_chunk_selects
 from in_order import loglinear_attn_pos, loglinear_attn_step_pos
 
-from kernels import linear_attn, loglinear_attn
-from kernels.common import error_ratio
-from kernels.loglinear_attn import LogLinearState, loglinear_attn_quadratic, num_levels
+from hilo_kernels import linear_attn, loglinear_attn
+from hilo_kernels.common import error_ratio
+from hilo_kernels.loglinear_attn import LogLinearState, loglinear_attn_quadratic, num_levels
 
 TOL = 1e-4
 SCALE = 0.3
@@ -269,7 +269,7 @@ def test_triton_many_chunk_levels(split):
     """The node tree, its gradient kernels as one or as two, on documents of 13 and 9 chunks, the second continuing
     a 200-token prior (its chunks start at absolute index 3, so node ranges are clipped at the document's first
     chunk), with a strong gate on one and a weak one on the other head of the same rows."""
-    from kernels.common import launch_settings
+    from hilo_kernels.common import launch_settings
 
     x = make(1, 1390, seed=31, decay="weak", nl=num_levels(200 + 560))
     x["g"][..., 0] *= 60.0
@@ -284,8 +284,8 @@ def test_triton_many_chunk_levels(split):
 def test_node_grads_split_follows_head_size():
     """By default the node form's gradient kernels split at 4 warps for heads up to K = 128, V = 64 (timed at
     log-linear Mamba-2's heads) and stay one kernel at 8 warps above; a launch setting given by name wins."""
-    from kernels.common import launch_settings
-    from kernels.loglinear_attn.triton_nodes import grads_split
+    from hilo_kernels.common import launch_settings
+    from hilo_kernels.loglinear_attn.triton_nodes import grads_split
 
     cases = ((16, 8), (128, 64), (100, 60), (128, 128), (256, 32))
     want = [(True, 4), (True, 4), (True, 4), (False, 8), (False, 8)]
@@ -301,7 +301,7 @@ def test_node_grads_split_follows_head_size():
 def test_node_grads_default_launch(monkeypatch):
     """With the defaults at small heads the backward launches the two halves at 4 warps (recorded), and the result
     still matches the definition."""
-    from kernels.loglinear_attn import triton_nodes
+    from hilo_kernels.loglinear_attn import triton_nodes
 
     seen = []
 
@@ -346,8 +346,8 @@ def test_node_form_final_states_when_no_sequence_ends_on_a_chunk_level():
     """A single chunk after a 128-token prior (chunk index 2 = 0b10 reads level 2, whose range, chunks 0-1, is all
     prior): no final node exists, so the listed final nodes (bf16 storage keeps them apart) are an empty tensor, and
     the final chunk-level states must come out zero, not fail to index it."""
-    from kernels.loglinear_attn.triton_fwd import level_layout
-    from kernels.loglinear_attn.triton_nodes import final_from_nodes, node_tables
+    from hilo_kernels.loglinear_attn.triton_fwd import level_layout
+    from hilo_kernels.loglinear_attn.triton_nodes import final_from_nodes, node_tables
 
     lay = level_layout(((0, 0, 40),), (128,), 40, torch.device("cpu"))
     tab = node_tables(lay)

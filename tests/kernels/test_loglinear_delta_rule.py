@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 from in_order import delta_rule_pos, loglinear_delta_rule_pos, loglinear_delta_rule_step_pos
 
-from kernels import loglinear_delta_rule
-from kernels.common import error_ratio
-from kernels.loglinear_attn import LogLinearState, num_levels
-from kernels.loglinear_delta_rule import loglinear_delta_rule_quadratic
+from hilo_kernels import loglinear_delta_rule
+from hilo_kernels.common import error_ratio
+from hilo_kernels.loglinear_attn import LogLinearState, num_levels
+from hilo_kernels.loglinear_delta_rule import loglinear_delta_rule_quadratic
 
 TOL = 1e-4
 SCALE = 0.3
@@ -203,7 +203,7 @@ def test_triton_varlen_short_documents_and_initial_state():
 
 def test_compiled_glue_failure_names_the_eager_option(monkeypatch):
     """A glue that torch.compile cannot build fails with an error naming HILO_LOGLINEAR_DELTA_GLUE=eager."""
-    from kernels.loglinear_delta_rule import triton_bwd
+    from hilo_kernels.loglinear_delta_rule import triton_bwd
 
     def broken_backend(gm, example_inputs):
         raise RuntimeError("this backend builds nothing")
@@ -249,12 +249,12 @@ def test_triton_unit_level_scales_is_delta_rule():
 @triton_only
 def test_padded_narrow_values_equal_unpadded(monkeypatch):
     """The zero-padding of value heads narrower than PADDED_VALUE_DIM that CUDA applies
-    (kernels.loglinear_delta_rule.loglinear_delta_rule_triton_padded) is exact: packed documents with an initial
+    (hilo_kernels.loglinear_delta_rule.loglinear_delta_rule_triton_padded) is exact: packed documents with an initial
     state give the definition's outputs, final levels and every gradient; the padded kernels ran on 32 columns."""
     import importlib
 
-    ops = importlib.import_module("kernels.loglinear_delta_rule")  # the package (kernels exports the function)
-    bwd = importlib.import_module("kernels.loglinear_delta_rule.triton_bwd")
+    ops = importlib.import_module("hilo_kernels.loglinear_delta_rule")  # the package (kernels exports the function)
+    bwd = importlib.import_module("hilo_kernels.loglinear_delta_rule.triton_bwd")
 
     widths = []
     unpadded = bwd.loglinear_delta_rule_triton
@@ -284,9 +284,9 @@ def test_scaled_fp16_pieces():
     """scaled_fp16: rows 1e-30 .. 1e30 (far outside fp16's range) come back within fp16's rounding of their largest
     entry, their fp16 values peak in [2^14, 2^15), the scales are powers of two, zero rows stay zero and inf stays
     inf; zcols is scaled by column the same way; the scans get such copies only with pieces16 and 16-bit inputs."""
-    from kernels.common import launch_settings
-    from kernels.loglinear_delta_rule import triton_bwd
-    from kernels.loglinear_delta_rule.triton_fwd import scaled_fp16
+    from hilo_kernels.common import launch_settings
+    from hilo_kernels.loglinear_delta_rule import triton_bwd
+    from hilo_kernels.loglinear_delta_rule.triton_fwd import scaled_fp16
 
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(3, 5, 8, generator=gen) * torch.logspace(-30, 30, 15).reshape(3, 5, 1)
@@ -341,7 +341,7 @@ def assert_fp16_close(x, scale, what):
 
 def record_scan_launches(monkeypatch, seen):
     """Collect every level-scan launch (first state, stacked states, groups, BV) in seen["fwd"] / seen["bwd"]."""
-    from kernels.loglinear_delta_rule import triton_bwd, triton_fwd
+    from hilo_kernels.loglinear_delta_rule import triton_bwd, triton_fwd
 
     def recorder(real, key):
         def record(*args):
@@ -361,7 +361,7 @@ def test_triton_half_inputs(pieces16, stages):
     the same values, at the bf16 tolerances of docs/kernels.md; the output keeps fp16. pieces16: the level scans read
     q_eff, W, Kd and zcols as scaled fp16 values (the default at K > 128 only); bwd_scan_stages=2 pipelines the
     backward scans' chunk loops (a launch setting the interpreter runs as written)."""
-    from kernels.common import launch_settings
+    from hilo_kernels.common import launch_settings
 
     x = make(1, 200, seed=24)
     x["q"] = x["q"] * 0.5
@@ -373,7 +373,7 @@ def test_triton_half_inputs(pieces16, stages):
 def test_triton_level_groups():
     """Two chunk levels per scan program (so T = 300 after a 100-token prior splits its three chunk levels into
     groups of 2 + 1, and the delta rule's prior levels into groups of 2): the groups add up to the definition."""
-    from kernels.common import launch_settings
+    from hilo_kernels.common import launch_settings
 
     x = make(1, 300, seed=17, nl=num_levels(400))
     init = prior_state([100], nl=x["lam"].shape[-1], seed=18)
@@ -387,9 +387,9 @@ def test_scan_launches_keep_32_columns():
     """A level-scan program's stacked tile keeps at least 32 columns where V allows (one stacked state of 16 columns
     at K = 256 faulted on the H200): at K = 256 with scan_cols=64,scan_levels=4 (one level a program) BV becomes 32;
     the defaults' launches are unchanged."""
-    from kernels.common import launch_settings
-    from kernels.loglinear_attn.triton_fwd import level_layout
-    from kernels.loglinear_delta_rule.triton_fwd import scan_launches
+    from hilo_kernels.common import launch_settings
+    from hilo_kernels.loglinear_attn.triton_fwd import level_layout
+    from hilo_kernels.loglinear_delta_rule.triton_fwd import scan_launches
 
     lay = level_layout(((0, 0, 64 * 257),), (0,), 64 * 257, torch.device("cpu"))  # nine chunk levels
     assert scan_launches(lay, 0, lay.nj, 256, 512) == [(0, 2, 4, 16), (8, 1, 1, 32)]
@@ -406,7 +406,7 @@ def test_backward_scan_columns_of_their_own(monkeypatch):
     """The bwd_scan_cols launch setting: the backward scans launch with their own stacked columns (recorded: two
     stacked levels of BV = 16 against the forward's BV = 32 at V = 32) and the gradients still match the
     definition."""
-    from kernels.common import launch_settings
+    from hilo_kernels.common import launch_settings
 
     seen = {}
     record_scan_launches(monkeypatch, seen)
@@ -424,8 +424,8 @@ def test_auto_scan_choices():
     """The head-size rules take the timed choices at K > 128 only: 256 stacked columns, fp16 pieces for 16-bit inputs
     and two backward stages with them; at K <= 128, or for fp32 inputs, 128 columns, fp32 pieces and one stage. A
     launch setting given by name wins at any K (fp32 inputs keep fp32 pieces whatever the setting)."""
-    from kernels.common import launch_settings
-    from kernels.common.launch import (
+    from hilo_kernels.common import launch_settings
+    from hilo_kernels.common.launch import (
         loglinear_delta_bwd_scan_cols,
         loglinear_delta_bwd_stages,
         loglinear_delta_pieces16,
@@ -454,7 +454,7 @@ def test_auto_choices_run_at_k256(monkeypatch):
     """At K = 256 with fp16 inputs the defaults run the scans on 256 stacked columns (recorded: two stacked levels
     of BV = 32 at V = 32, against one under the 128 of K <= 128) with scaled fp16 pieces, forward and backward, the
     backward scans at two stages, within the 16-bit tolerances of the fp32 chunked path on the same values."""
-    from kernels.loglinear_delta_rule import triton_bwd
+    from hilo_kernels.loglinear_delta_rule import triton_bwd
 
     seen = {"scaled": [], "stages": []}
     record_scan_launches(monkeypatch, seen)
@@ -507,7 +507,7 @@ def test_unit_lower_inverse_values_and_gradients(backend):
     the gradient of A through the backward's two products with the inverse. One matrix has every strictly lower
     entry 1 (identical keys, beta = 1): the inverse is bidiagonal while A's powers reach C(63, 32) ~ 1e18, which a
     power-series inverse could not survive in fp32."""
-    from kernels.loglinear_delta_rule.tril_inverse import unit_lower_inverse
+    from hilo_kernels.loglinear_delta_rule.tril_inverse import unit_lower_inverse
 
     gen = torch.Generator().manual_seed(0)
     k = F.normalize(torch.randn(2, 3, 64, 16, generator=gen), dim=-1)
@@ -531,7 +531,7 @@ def test_unit_lower_inverse_values_and_gradients(backend):
 
 
 def test_unit_lower_inverse_bad_inputs():
-    from kernels.loglinear_delta_rule.tril_inverse import unit_lower_inverse
+    from hilo_kernels.loglinear_delta_rule.tril_inverse import unit_lower_inverse
 
     with pytest.raises(ValueError, match=r"must be \[..., C, C\]"):
         unit_lower_inverse(torch.zeros(2, 64, 32))
@@ -550,7 +550,7 @@ def test_compiled_glue_gives_the_eager_glue_values(monkeypatch):
     build); the GPU runs inductor."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    from kernels.loglinear_delta_rule import triton_bwd
+    from hilo_kernels.loglinear_delta_rule import triton_bwd
 
     counter = CompileCounterWithBackend("aot_eager")
     monkeypatch.setattr(triton_bwd, "GLUE_BACKEND", counter)
@@ -620,7 +620,7 @@ def test_wide_value_heads_match_definition(backend, case):
 def test_head_dim_limits():
     """V up to 512 (K up to 256); past them the error names the operator, the limits and the fix. loglinear_attn
     (no wide-V kernels) keeps V <= 256."""
-    from kernels import loglinear_attn
+    from hilo_kernels import loglinear_attn
 
     x = {n: val.float() for n, val in make(1, 5, seed=64, dv=513).items()}
     with pytest.raises(ValueError, match=r"loglinear_delta_rule: head dims must be in 1\.\.256 for K and 1\.\.512 "

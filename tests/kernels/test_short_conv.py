@@ -1,4 +1,4 @@
-"""kernels.short_conv: the naive oracle against a per-token loop written here, then the conv1d (torch) and Triton
+"""hilo_kernels.short_conv: the naive oracle against a per-token loop written here, then the conv1d (torch) and Triton
 (interpreter on CPU, fp32) backends against the oracle for the output and every gradient (x, weight, bias,
 initial_state), with odd channel counts, K = 1..4, a state, packed documents and T shorter than K; the Triton op
 inside a compiled graph (one graph, same numbers); input errors."""
@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from compile_checks import assert_one_graph_with_eager_values
 
-from kernels.common import error_ratio
-from kernels.short_conv import short_conv
+from hilo_kernels.common import error_ratio
+from hilo_kernels.short_conv import short_conv
 
 TOL = 1e-5
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # Triton runs on the GPU, or on CPU under TRITON_INTERPRET=1
@@ -91,14 +91,14 @@ def test_backends_match_naive(backend, case):
             assert error_ratio(a, r) <= TOL, f"{backend} {case} {name}: {error_ratio(a, r)}"
 
 
-# The SiLU's two forms (kernels/short_conv/triton.py): in the kernels (a dpre kernel, then the backward reads it)
+# The SiLU's two forms (hilo_kernels/short_conv/triton.py): in the kernels (a dpre kernel, then the backward reads it)
 # or as torch ops after a linear conv (graph); "auto" leaves the choice to the default rule (graph while compiling).
 SILU_IN_GRAPH = {"split": False, "graph": True, "auto": None}
 
 
 @pytest.fixture
 def form(request):
-    from kernels.common import launch_settings
+    from hilo_kernels.common import launch_settings
 
     with launch_settings(short_conv={"silu_in_graph": SILU_IN_GRAPH[request.param]}):
         yield request.param
@@ -125,7 +125,7 @@ def test_triton_reads_strided_inputs_in_place(case, aligned):
     """x a column slice of a wider tensor (as Mamba-2's xBC is of its in_proj output): with rows on 16-byte
     boundaries the kernels read it through its strides, with no copy; otherwise the op copies it first. Either way
     exactly the dense input's output and gradients (the gradient of the wider tensor is zero outside the slice)."""
-    from kernels.short_conv import triton as conv_triton
+    from hilo_kernels.short_conv import triton as conv_triton
 
     b, t, c, k, bias, state, docs, silu = case
     x, w, bb, st = make(b, t, c, k, bias, state, seed=t + 2)
@@ -180,7 +180,7 @@ def test_triton_op_compiles_into_one_graph(form):
 def test_auto_backward_form_follows_compilation(monkeypatch, compiling):
     """By default, while torch.compile traces, SiLU leaves the op for torch ops (graph), so inductor fuses it; in
     eager the op keeps it (split). Same values either way."""
-    from kernels.short_conv import triton as conv_triton
+    from hilo_kernels.short_conv import triton as conv_triton
 
     calls = []
     op = conv_triton._short_conv_op
@@ -225,11 +225,11 @@ def test_cuda_default_backend_from_the_environment():
     import sys
 
     env = dict(os.environ, HILO_SHORT_CONV="cudnn")
-    bad = subprocess.run([sys.executable, "-c", "import kernels.short_conv"], env=env, capture_output=True, text=True,
+    bad = subprocess.run([sys.executable, "-c", "import hilo_kernels.short_conv"], env=env, capture_output=True, text=True,
                          check=False)
     assert bad.returncode != 0 and "HILO_SHORT_CONV='cudnn': expected 'triton' (the default) or 'torch'" in bad.stderr
     env["HILO_SHORT_CONV"] = "torch"
-    ok = subprocess.run([sys.executable, "-c", "import sys, kernels; print(sys.modules['kernels.short_conv'].CUDA_DEFAULT)"], env=env,
+    ok = subprocess.run([sys.executable, "-c", "import sys, hilo_kernels; print(sys.modules['hilo_kernels.short_conv'].CUDA_DEFAULT)"], env=env,
                         capture_output=True, text=True, check=False)
     assert ok.returncode == 0 and ok.stdout.strip() == "torch", ok.stderr
 

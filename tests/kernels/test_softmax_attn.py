@@ -1,4 +1,4 @@
-"""kernels.softmax_attn: sdpa against the fp32 naive oracle, and an independent per-query loop for the oracle."""
+"""hilo_kernels.softmax_attn: sdpa against the fp32 naive oracle, and an independent per-query loop for the oracle."""
 
 import itertools
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from kernels import softmax_attn
+from hilo_kernels import softmax_attn
 
 
 def err_ratio(out: torch.Tensor, ref: torch.Tensor) -> float:

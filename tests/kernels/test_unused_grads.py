@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import kernels
+import hilo_kernels
 
 ZERO_FILLS = {"aten.zeros.default", "aten.zeros_like.default", "aten.new_zeros.default", "aten.fill_.Scalar",
               "aten.zero_.default"}
@@ -42,12 +42,12 @@ def inputs(seed=0, beta=False):
 
 
 CALLS = {
-    "linear_attn": lambda x, **kw: kernels.linear_attn(x["q"], x["k"], x["v"], g=x["g"], backend="triton", **kw),
-    "delta_rule": lambda x, **kw: kernels.delta_rule(x["q"], x["k"], x["v"], beta=x["beta"], g=x["g"],
+    "linear_attn": lambda x, **kw: hilo_kernels.linear_attn(x["q"], x["k"], x["v"], g=x["g"], backend="triton", **kw),
+    "delta_rule": lambda x, **kw: hilo_kernels.delta_rule(x["q"], x["k"], x["v"], beta=x["beta"], g=x["g"],
                                                      backend="triton", **kw),
-    "hla2 (two passes)": lambda x, **kw: kernels.hla2(x["q"], x["k"], x["v"], g=x["g"], backend="triton", **kw),
-    "hla3 (three passes)": lambda x, **kw: kernels.hla3(x["q"], x["k"], x["v"], g=x["g"], backend="triton", **kw),
-    "ahla (fused)": lambda x, **kw: kernels.ahla(x["q"], x["k"], x["v"], g=x["g"], backend="fused", **kw),
+    "hla2 (two passes)": lambda x, **kw: hilo_kernels.hla2(x["q"], x["k"], x["v"], g=x["g"], backend="triton", **kw),
+    "hla3 (three passes)": lambda x, **kw: hilo_kernels.hla3(x["q"], x["k"], x["v"], g=x["g"], backend="triton", **kw),
+    "ahla (fused)": lambda x, **kw: hilo_kernels.ahla(x["q"], x["k"], x["v"], g=x["g"], backend="fused", **kw),
 }
 
 

@@ -78,7 +78,7 @@ def test_measure_a_tiny_mamba2():
     assert any(r.site == KERNEL_OP for r in acts)
     assert any(".mixer" in e["module"] for e in s["top"])
     assert all(e["module"].startswith("model.layers.*.") for e in s["top"])
-    # one entry per module unless kernel_detail: the mixer's operator and its short conv (kernels.short_conv)
+    # one entry per module unless kernel_detail: the mixer's operator and its short conv (hilo_kernels.short_conv)
     kernel_entries = [e for e in s["top"] if e["site"] == KERNEL_OP]
     assert [e["shape"] for e in kernel_entries] == ["(all)", "(all)"]
     assert sorted(e["module"].rsplit(".", 1)[-1] for e in kernel_entries) == ["conv", "mixer"]

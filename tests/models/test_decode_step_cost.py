@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import models.mixers.attention as attention_module
-from kernels import softmax_attn
+from hilo_kernels import softmax_attn
 from models import HiloCache, build_model
 from models.cache import expected_state_shapes
 

@@ -1,7 +1,7 @@
 """models.convert: hilo against implementations written elsewhere (transformers' PyTorch paths), CPU, fp32.
 
 With the weights of a randomly initialised hilo model mapped by models.convert, the peer must give the same logits
-(error ratio <= 1e-5, kernels.common.error_ratio) and, where both decode with a cache, the same greedy generate()
+(error ratio <= 1e-5, hilo_kernels.common.error_ratio) and, where both decode with a cache, the same greedy generate()
 tokens:
 
   hilo transformer             vs  LlamaForCausalLM (RoPE rotate-half, GQA 3 -> 1, SwiGLU, RMSNorm)
@@ -35,7 +35,7 @@ from transformers import LlamaForCausalLM, Mamba2ForCausalLM
 from transformers.cache_utils import DynamicCache
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
 
-from kernels.common import error_ratio
+from hilo_kernels.common import error_ratio
 from models import HiloCache, HiloConfig, HiloForCausalLM, convert
 from models.mixers.gated_deltanet import GatedDeltaNetMixer
 

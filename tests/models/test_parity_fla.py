@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="fla's ker
 fla = pytest.importorskip("fla")
 
 from benchmarks import peer_models
-from kernels.common import error_ratio
+from hilo_kernels.common import error_ratio
 from models import HiloConfig
 from models.mixers.gated_deltanet import GatedDeltaNetMixer
 from models.mixers.loglinear_mamba2 import LogLinearMamba2Mixer

@@ -298,7 +298,7 @@ def test_loglinear_gdn_compiled_glue_inside_compiled_blocks(monkeypatch):
     its own per-chunk glue (the default on CUDA): that inner compile still happens inside the compiled blocks, and
     the model's loss and every gradient are eager's with the eager glue. (aot_eager for both compiles; on CPU the
     Triton path runs under the interpreter.)"""
-    from kernels.loglinear_delta_rule import triton_bwd
+    from hilo_kernels.loglinear_delta_rule import triton_bwd
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)

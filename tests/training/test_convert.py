@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM, Mamba2ForCausal
 from data import load_tokenizer
 from data.sources import iter_file_records
 from data.tokenizer import TokenizerConversionError, sentencepiece_to_hf
-from kernels.common import error_ratio
+from hilo_kernels.common import error_ratio
 from models import HiloConfig, HiloForCausalLM
 from tests.models.test_parity import randomize_
 from training import convert

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import models
-from kernels.common import error_ratio
+from hilo_kernels.common import error_ratio
 from models.config import AUTO_MAP
 from tests.training.helpers import run_train, small_cfg
 from training.checkpoint import CheckpointError, load_checkpoint_model, load_checkpoint_tokenizer, load_model_weights
@@ -61,8 +61,8 @@ try:
 except ImportError as e:
     result["import_error"] = str(e)
 else:
-    import kernels, models
-    result["module_files"] = [models.__file__, kernels.__file__]
+    import hilo_kernels, models
+    result["module_files"] = [models.__file__, hilo_kernels.__file__]
     result["is_kernels_available"] = is_kernels_available()
 if job["texts"]:
     tok = AutoTokenizer.from_pretrained(job["dirs"][0])
