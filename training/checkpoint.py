@@ -386,6 +386,46 @@ def load_checkpoint_model(path: str | os.PathLike, **from_pretrained_kwargs):
     return AutoModelForCausalLM.from_pretrained(ckpt / "model", **from_pretrained_kwargs)
 
 
+class InitFromError(ValueError):
+    """trainer.init_from names a checkpoint whose weights or tokenizer do not fit the new run."""
+
+
+def _pieces(tokenizer) -> list[str]:
+    return [tokenizer.decode([i]) for i in range(int(tokenizer.vocab_size))]
+
+
+def init_weights_from(model, path: str | os.PathLike, run_cfg: dict, tokenizer=None) -> list[str]:
+    """trainer.init_from: a new run's freshly built model takes the weights of a checkpoint (or of a run directory's
+    newest one), while its optimizer, schedule, data stream and step count start fresh: a curriculum's next stage
+    (longer documents, other data) or a context extension. Refused (InitFromError, naming the problem and the fix)
+    when the weights do not fit the model (another architecture or size: names or shapes differ) or, when tokenizer
+    is given, when the checkpoint's tokenizer maps ids to other pieces. Returns the lines to log: where the weights
+    come from, and each setting of the checkpoint's model config that this run changes (one that keeps every
+    weight's shape, such as rope_theta or a dropout)."""
+    from training.resume_check import compare_configs
+
+    ckpt = resolve_checkpoint(path)
+    saved = OmegaConf.to_container(OmegaConf.load(ckpt / "config.yaml"), resolve=True)
+    changed = sum(compare_configs({"model": saved.get("model", {})}, {"model": run_cfg["model"]}), [])
+    try:
+        load_model_weights(model, ckpt)
+    except CheckpointError as e:
+        raise InitFromError(f"trainer.init_from={str(path)!r}: {str(e).split('; ')[0]}; the run's model differs from "
+                            f"the checkpoint's in " + (", ".join(changed) or "nothing its config shows")
+                            + ". Build the checkpoint's model (its config.yaml), or start from scratch "
+                            "(trainer.init_from=null)") from None
+    if tokenizer is not None and (ckpt / "tokenizer" / TOKENIZER_FILE).is_file():
+        theirs = load_checkpoint_tokenizer(ckpt)
+        if _pieces(theirs) != _pieces(tokenizer):
+            raise InitFromError(f"trainer.init_from={str(path)!r}: the checkpoint's tokenizer ({theirs.name}, "
+                                f"{theirs.vocab_size} ids) maps ids to other pieces than this run's ({tokenizer.name}, "
+                                f"{tokenizer.vocab_size} ids), so its embeddings would read the wrong tokens; use the "
+                                f"checkpoint's tokenizer settings (its config.yaml, tokenizer:)")
+    state = _load_json(ckpt / STATE_FILE)
+    return [f"init: weights from {ckpt} (step {state.get('step')}); optimizer, schedule and data start fresh",
+            *(f"init: {line}" for line in changed)]
+
+
 def load_checkpoint_config(path: str | os.PathLike):
     """The resolved training config saved with a checkpoint."""
     return OmegaConf.load(resolve_checkpoint(path) / "config.yaml")

@@ -86,6 +86,8 @@ _OPTIONAL_CHECKS = {
                                        "an integer >= 1 (1: FSDP2's default)"),
     "trainer.gradient_checkpointing": (lambda v: v is None or isinstance(v, bool), "true or false"),
     "trainer.max_nonfinite_steps": (lambda v: v is None or (_is_int(v) and v >= 1), "null or an integer >= 1"),
+    "trainer.init_from": (lambda v: v is None or (isinstance(v, str) and v != ""),
+                          "null or a checkpoint (or run) directory whose weights the new run starts from"),
     "trainer.resume_override": (lambda v: v is None or isinstance(v, str) or (
         OmegaConf.is_list(v) and all(isinstance(k, str) for k in v)), "null, all, or a list of keys such as [optim.lr]"),
 }

@@ -20,6 +20,7 @@ MAY_CHANGE = (
     "trainer.save_final", "trainer.keep_last", "trainer.progress_bar", "trainer.final_eval", "trainer.final_evals",
     "trainer.early_stop_metric", "trainer.early_stop_threshold", "trainer.max_nonfinite_steps",
     "trainer.peak_tflops", "trainer.time_phases", "trainer.data_hashes", "trainer.resume", "trainer.resume_override",
+    "trainer.init_from",  # read only when a run starts: a resumed run's weights are its checkpoint's
     "logger", "eval", "name", "run_dir", "paths", "hydra",
     # how the same global batch is computed: its split over processes and micro steps (a resume may change the
     # number of processes: docs/robustness.md), the device, compilation, activation checkpointing, CPU threads

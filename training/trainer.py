@@ -33,7 +33,7 @@ from data import build_train_loader, load_tokenizer
 from data.mqar import build_test_sets
 from data.retrieval_mix import heldout_needle_documents
 from eval_suites import mqar
-from training.checkpoint import CheckpointManager
+from training.checkpoint import CheckpointManager, init_weights_from
 from training.compile import compile_blocks
 from training.config import launch_defaults, model_kwargs, runs_dir, validate_train_config
 from training.data_hashes import DataHashWriter
@@ -163,6 +163,13 @@ class Trainer:
         # Synthetic data (MQAR) defines its own vocabulary; text data uses the tokenizer's.
         vocab_size = int(cfg.data.get("vocab_size") or self.tokenizer.vocab_size)
         model = models.build_model(model_kwargs(cfg.model, vocab_size, self.tokenizer))
+        if tr.get("init_from") and resume_from is None:  # a new run from another run's weights (a curriculum stage)
+            text_data = cfg.data.get("type") != "mqar"  # MQAR's ids are its own; text's must be the same tokens
+            for line in init_weights_from(model, tr.init_from, OmegaConf.to_container(cfg, resolve=True),
+                                          self.tokenizer if text_data else None):
+                acc.print(line)
+        elif tr.get("init_from"):
+            acc.print(f"init: trainer.init_from is not read: the run resumes from its own checkpoint {resume_from}")
         if tr.gradient_checkpointing:  # transformers 5 renamed the method; call whichever this version has
             (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
         if tr.get("compile"):  # the blocks' training forwards through torch.compile, the kernels' operators opaque
