@@ -406,7 +406,8 @@ def init_weights_from(model, path: str | os.PathLike, run_cfg: dict, tokenizer=N
 
     ckpt = resolve_checkpoint(path)
     saved = OmegaConf.to_container(OmegaConf.load(ckpt / "config.yaml"), resolve=True)
-    changed = sum(compare_configs({"model": saved.get("model", {})}, {"model": run_cfg["model"]}), [])
+    blocking, applied = compare_configs({"model": saved.get("model", {})}, {"model": run_cfg["model"]})
+    changed = blocking + applied
     try:
         load_model_weights(model, ckpt)
     except CheckpointError as e:
