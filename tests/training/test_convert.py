@@ -42,7 +42,7 @@ TEXTS = ["Hello,  world!\n\tindented 12345 x\n\n  trailing  ", "héllo wörld �
 PEER_SCRIPT = r"""
 import importlib.util, json, sys
 sys.meta_path = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
-HILO = ("models", "kernels", "data", "training", "eval_suites")
+HILO = ("models", "hilo_kernels", "data", "training", "eval_suites")
 assert all(importlib.util.find_spec(name) is None for name in HILO), [importlib.util.find_spec(n) for n in HILO]
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -45,8 +45,7 @@ if job["hilo_path"]:
     sys.path.insert(0, job["hilo_path"])  # where an installed hilo's packages are
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
-from transformers.utils import is_kernels_available
-result = {"hilo_before": sorted({m.split(".")[0] for m in sys.modules} & {"models", "kernels"})}
+result = {"hilo_before": sorted({m.split(".")[0] for m in sys.modules} & {"models", "hilo_kernels"})}
 try:
     AutoModelForCausalLM.from_pretrained(job["dirs"][0])
 except Exception as e:  # without trust_remote_code: transformers says how
@@ -63,7 +62,8 @@ except ImportError as e:
 else:
     import hilo_kernels, models
     result["module_files"] = [models.__file__, hilo_kernels.__file__]
-    result["is_kernels_available"] = is_kernels_available()
+    hub = sys.modules.get("kernels")  # Hugging Face's kernels, when transformers has imported it
+    result["hub_kernels"] = None if hub is None else [hasattr(hub, "get_kernel"), hub.__file__]
 if job["texts"]:
     tok = AutoTokenizer.from_pretrained(job["dirs"][0])
     result["special"] = [tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, tok.padding_side]
@@ -139,8 +139,8 @@ def test_checkpoint_loads_with_transformers_alone(checkpoint, fresh):
     result, work, logits = fresh
     assert result["hilo_before"] == [] and result["classes"][0] == "models.lm.HiloForCausalLM"
     assert [Path(f).parent.parent for f in result["module_files"]] == [REPO, REPO]
-    # hilo's top-level `kernels` is not the hub's kernels package, and transformers does not take it for it
-    assert result["is_kernels_available"] is False
+    # transformers' own `kernels` dependency, when it imports one, is Hugging Face's, not a module of hilo's
+    assert result["hub_kernels"] is None or result["hub_kernels"][0], result["hub_kernels"]
     assert "trust_remote_code=True" in result["without_remote_code"]
     assert error_ratio(torch.load(work / "logits0.pt"), logits[0]) <= 1e-6
     tok = load_checkpoint_tokenizer(checkpoint)
