@@ -163,10 +163,12 @@ class Trainer:
         # Synthetic data (MQAR) defines its own vocabulary; text data uses the tokenizer's.
         vocab_size = int(cfg.data.get("vocab_size") or self.tokenizer.vocab_size)
         model = models.build_model(model_kwargs(cfg.model, vocab_size, self.tokenizer))
+        self.data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
+        self.is_mqar = self.data_cfg.get("type") == "mqar"
         if tr.get("init_from") and resume_from is None:  # a new run from another run's weights (a curriculum stage)
-            text_data = cfg.data.get("type") != "mqar"  # MQAR's ids are its own; text's must be the same tokens
+            # MQAR's ids are its own; text's must be the same tokens
             for line in init_weights_from(model, tr.init_from, OmegaConf.to_container(cfg, resolve=True),
-                                          self.tokenizer if text_data else None):
+                                          None if self.is_mqar else self.tokenizer):
                 acc.print(line)
         elif tr.get("init_from"):
             acc.print(f"init: trainer.init_from is not read: the run resumes from its own checkpoint {resume_from}")
@@ -177,8 +179,6 @@ class Trainer:
         n_params = sum(p.numel() for p in model.parameters())
         self.flops_per_token = model.num_flops_per_token(int(tr.seq_len))
 
-        self.data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
-        self.is_mqar = self.data_cfg.get("type") == "mqar"
         self.loader = build_train_loader(self.data_cfg, self.tokenizer, seq_len=int(tr.seq_len),
                                          batch_size=int(tr.batch_size), rank=acc.process_index, world_size=self.world,
                                          seed=int(cfg.seed))
