@@ -3,7 +3,7 @@ each from the previous stage's weights (trainer.init_from), then RULER on the la
 
     python benchmarks/needle_curriculum.py --out runs/needle_curriculum --families transformer,mamba2 --jobs 2 \
         [--size 125m] [--lengths 132,256,512,1024,2048] [--batch-sizes 256,128,64,32,16] \
-        [--steps 1000,600,600,600,600] [--lr 1e-3] [--threshold 0.9] \
+        [--steps 1000,600,600,600,600] [--lr 1e-3] [--family-lr gated_deltanet=5e-4,...] [--threshold 0.9] \
         [--eval-lengths 1024,2048,4096] [--eval-tasks niah_single_1,niah_single_2,niah_multikey_1] [--eval-samples 25] \
         [-- trainer.compile=true ...]
 
@@ -55,6 +55,20 @@ STAGE_WARMUP = 30
 
 def int_list(text: str) -> list[int]:
     return split_list(text, int)
+
+
+def family_rates(text: str) -> dict[str, float]:
+    """'gated_deltanet=5e-4,loglinear_mamba2=5e-4' -> {family: lr}."""
+    rates = {}
+    for item in split_list(text):
+        family, sep, lr = item.partition("=")
+        try:
+            rates[family.strip()] = float(lr)
+        except ValueError:
+            sep = ""
+        if not sep or not family.strip():
+            raise argparse.ArgumentTypeError(f"{item!r}: expected family=lr, e.g. gated_deltanet=5e-4")
+    return rates
 
 
 def stage_name(family: str, length: int) -> str:
@@ -123,7 +137,8 @@ class Curriculum:
             for length, batch, steps in zip(self.args.lengths, self.args.batch_sizes, self.args.steps, strict=True):
                 run_dir = self.out / stage_name(family, length)
                 if not finished(read_summary(run_dir)):
-                    cmd = stage_command(family, self.args.size, length, batch, steps, self.args.lr,
+                    lr = self.args.family_lr.get(family, self.args.lr)
+                    cmd = stage_command(family, self.args.size, length, batch, steps, lr,
                                         self.args.threshold, run_dir, prev, self.extra)
                     if not self._call(cmd, run_dir, run_dir / "stage.log", family):
                         return
@@ -228,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-sizes", type=int_list, default=[256, 128, 64, 32, 16], help="rows a step, per stage")
     parser.add_argument("--steps", type=int_list, default=[1000, 600, 600, 600, 600], help="max steps, per stage")
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of every stage")
+    parser.add_argument("--family-lr", type=family_rates, default={},
+                        help="comma-separated family=lr pairs that replace --lr for those families' stages")
     parser.add_argument("--threshold", type=float, default=0.9, help="early stop at val/needle_acc >= this")
     parser.add_argument("--eval-lengths", type=int_list, default=[1024, 2048, 4096])
     parser.add_argument("--eval-tasks", type=split_list, default=[TRAIN_TASK, "niah_single_2", "niah_multikey_1"])
@@ -240,9 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
     known = {p.stem for p in (REPO_ROOT / "conf" / "model").glob("*.yaml")}
-    unknown = [f for f in args.families if f not in known]
+    unknown = [f for f in [*args.families, *args.family_lr] if f not in known]
     if unknown:
         parser.error(f"unknown model(s) {unknown}; conf/model has {sorted(known)}")
+    if set(args.family_lr) - set(args.families):
+        parser.error(f"--family-lr names {sorted(set(args.family_lr) - set(args.families))}, not in --families")
     curriculum = Curriculum(args, extra)
     interrupted = curriculum.run()
     text = tables(args.out.resolve(), args.families, args.lengths)

@@ -43,11 +43,14 @@ def test_interrupted_stage_resumes_and_finished_ones_are_skipped(tmp_path, monke
         (out / f"mamba2-T{length}" / "summary.json").write_text(json.dumps(summary))
     calls = []
     monkeypatch.setattr(nc.Curriculum, "_call", lambda self, cmd, folder, log, family: calls.append(cmd) or True)
-    assert nc.main(["--out", str(out), "--families", "mamba2", *TINY, "--", "logger=none", "trainer.val_every=2"]) == 0
+    argv = ["--out", str(out), "--families", "mamba2", *TINY, "--family-lr", "mamba2=5e-4", "--", "logger=none",
+            "trainer.val_every=2"]
+    assert nc.main(argv) == 0
     stage, ruler = calls  # the T132 stage had ended; T256 is run again (train.py resumes it), then the report
     assert "trainer.seq_len=256" in stage and f"trainer.init_from={out / 'mamba2-T132'}" in stage
     assert "eval=ruler" in ruler and f"checkpoint={out / 'mamba2-T256'}" in ruler
     assert stage[-2:] == ["logger=none", "trainer.val_every=2"]  # after the curriculum's own overrides
+    assert "optim.lr=0.0005" in stage and "optim.lr=0.001" not in stage
     assert "logger=none" in ruler and "trainer.val_every=2" not in ruler  # the report takes the logger's only
 
 
@@ -68,6 +71,12 @@ def test_bad_arguments_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         nc.main(["--out", str(tmp_path), "--families", "no_such_model"])
     assert "unknown model" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        nc.main(["--out", str(tmp_path), "--families", "transformer", "--family-lr", "mamba2=5e-4"])
+    assert "not in --families" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        nc.main(["--out", str(tmp_path), "--families", "transformer", "--family-lr", "transformer:5e-4"])
+    assert "expected family=lr" in capsys.readouterr().err
 
 
 def test_tables_mark_unfinished_and_interrupted_stages(tmp_path):
