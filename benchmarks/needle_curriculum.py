@@ -4,7 +4,8 @@ each from the previous stage's weights (trainer.init_from), then RULER on the la
     python benchmarks/needle_curriculum.py --out runs/needle_curriculum --families transformer,mamba2 --jobs 2 \
         [--size 125m] [--lengths 132,256,512,1024,2048] [--batch-sizes 256,128,64,32,16] \
         [--steps 1000,600,600,600,600] [--lr 1e-3] [--family-lr gated_deltanet=5e-4,...] [--threshold 0.9] \
-        [--eval-lengths 1024,2048,4096] [--eval-tasks niah_single_1,niah_single_2,niah_multikey_1] [--eval-samples 25] \
+        [--train-tasks niah_single_1] [--eval-lengths 1024,2048,4096] \
+        [--eval-tasks niah_single_1,niah_single_2,niah_multikey_1] [--eval-samples 25] \
         [-- trainer.compile=true ...]
 
 Why stages: trained from scratch on long needle documents, a model learns everything in them but the copy of the
@@ -13,9 +14,10 @@ stage (docs/performance.md#short-needle-documents-only). On 132-token documents 
 and from those weights it forms again at twice the length in tens to hundreds more; at four times the length in one
 step it forms slowly.
 
-Each stage is one `train.py` run in <out>/<family>-T<length>/: every row a niah_single_1 document of that length
-(data.retrieval_mix.fraction=1.0), an early stop once val/needle_acc (held-out documents, every answer token top-1)
-reaches --threshold, and a RULER niah_single_1 report at the stage's own length plus RULER_MARGIN (a RULER length
+Each stage is one `train.py` run in <out>/<family>-T<length>/: every row a needle document of that length of one of
+--train-tasks (niah_single_1 by default; data.retrieval_mix.fraction=1.0), an early stop once val/needle_acc
+(held-out documents, every answer token top-1) reaches --threshold, and a RULER report on those tasks at the
+stage's own length plus RULER_MARGIN (a RULER length
 counts the prompt and the 16 tokens of generation budget, so its prompts then stay inside the positions the stage's
 documents trained). The first stage warms up for FIRST_WARMUP steps from random weights, later ones for
 STAGE_WARMUP from the previous stage's. Overrides after `--` go to every stage, after the curriculum's own (and
@@ -46,7 +48,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from benchmarks.mqar_sweep import StopFlag, point_env, split_list
 from benchmarks.mqar_table import finished, read_summary
 
-TRAIN_TASK = "niah_single_1"
+TRAIN_TASKS = ("niah_single_1",)  # the default; --train-tasks
 RULER_MARGIN = 6      # a stage's own RULER length is its training length plus this
 MAX_NEW_TOKENS = 16   # generation budget of every RULER report (the answer is 7 digits, a full stop and EOS)
 FIRST_WARMUP = 100
@@ -76,17 +78,17 @@ def stage_name(family: str, length: int) -> str:
 
 
 def stage_command(family: str, size: str, length: int, batch_size: int, steps: int, lr: float, threshold: float,
-                  run_dir: Path, init_from: Path | None, extra: list[str]) -> list[str]:
+                  run_dir: Path, init_from: Path | None, extra: list[str], tasks=TRAIN_TASKS) -> list[str]:
     """train.py's command line for one stage (init_from: the previous stage's run directory, None for the first)."""
     cmd = [sys.executable, str(REPO_ROOT / "train.py"), f"model={family}", f"model/size={size}",
            f"trainer.seq_len={length}", f"trainer.batch_size={batch_size}", f"trainer.max_steps={steps}",
-           "data.retrieval_mix.fraction=1.0", f"data.retrieval_mix.tasks=[{TRAIN_TASK}]", f"optim.lr={lr:g}",
+           "data.retrieval_mix.fraction=1.0", f"data.retrieval_mix.tasks=[{','.join(tasks)}]", f"optim.lr={lr:g}",
            f"optim.warmup_steps={STAGE_WARMUP if init_from else FIRST_WARMUP}", "trainer.val_every=100",
            "trainer.val_batches=2", "trainer.save_every=200", "trainer.keep_last=1", "trainer.log_every=50",
            "trainer.early_stop_metric=val/needle_acc", f"trainer.early_stop_threshold={threshold:g}",
            "trainer.final_eval=false", "+eval@trainer.final_evals.ruler=ruler",
            f"trainer.final_evals.ruler.lengths=[{length + RULER_MARGIN}]",
-           f"trainer.final_evals.ruler.tasks=[{TRAIN_TASK}]", "trainer.final_evals.ruler.num_samples=25",
+           f"trainer.final_evals.ruler.tasks=[{','.join(tasks)}]", "trainer.final_evals.ruler.num_samples=25",
            f"trainer.final_evals.ruler.max_new_tokens={MAX_NEW_TOKENS}", "trainer.progress_bar=false",
            f"hydra.run.dir={run_dir}", f"name={run_dir.name}"]
     if init_from is not None:
@@ -139,7 +141,7 @@ class Curriculum:
                 if not finished(read_summary(run_dir)):
                     lr = self.args.family_lr.get(family, self.args.lr)
                     cmd = stage_command(family, self.args.size, length, batch, steps, lr,
-                                        self.args.threshold, run_dir, prev, self.extra)
+                                        self.args.threshold, run_dir, prev, self.extra, self.args.train_tasks)
                     if not self._call(cmd, run_dir, run_dir / "stage.log", family):
                         return
                 prev = run_dir
@@ -207,10 +209,10 @@ def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def tables(out: Path, families: list[str], lengths: list[int]) -> str:
+def tables(out: Path, families: list[str], lengths: list[int], train_tasks=TRAIN_TASKS) -> str:
     """Markdown: the stages, then each family's final RULER report (task x length)."""
     header = ("| family | length | steps | ended by | val/needle_acc | val/needle_token_acc | RULER "
-              f"{TRAIN_TASK} at length + {RULER_MARGIN} |")
+              f"{', '.join(train_tasks)} at length + {RULER_MARGIN} |")
     lines = [header, "|---|---|---|---|---|---|---|"]
     for r in stage_rows(out, families, lengths):
         lines.append(f"| {r['family']} | {r['length']} | {_fmt(r['steps'], 'd')} | {r['state']} | "
@@ -247,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated family=lr pairs that replace --lr for those families' stages")
     parser.add_argument("--threshold", type=float, default=0.9, help="early stop at val/needle_acc >= this")
     parser.add_argument("--eval-lengths", type=int_list, default=[1024, 2048, 4096])
-    parser.add_argument("--eval-tasks", type=split_list, default=[TRAIN_TASK, "niah_single_2", "niah_multikey_1"])
+    parser.add_argument("--train-tasks", type=split_list, default=list(TRAIN_TASKS),
+                        help="the RULER tasks of the training documents (val/needle_acc is over all of them)")
+    parser.add_argument("--eval-tasks", type=split_list, default=["niah_single_1", "niah_single_2", "niah_multikey_1"])
     parser.add_argument("--eval-samples", type=int, default=25)
     parser.add_argument("--jobs", type=int, default=1, help="families run at once")
     args = parser.parse_args(argv)
@@ -264,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--family-lr names {sorted(set(args.family_lr) - set(args.families))}, not in --families")
     curriculum = Curriculum(args, extra)
     interrupted = curriculum.run()
-    text = tables(args.out.resolve(), args.families, args.lengths)
+    text = tables(args.out.resolve(), args.families, args.lengths, args.train_tasks)
     (args.out / "needle_curriculum.md").write_text(text)
     print(text, end="")
     if interrupted:

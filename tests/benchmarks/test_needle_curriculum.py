@@ -43,7 +43,8 @@ def test_interrupted_stage_resumes_and_finished_ones_are_skipped(tmp_path, monke
         (out / f"mamba2-T{length}" / "summary.json").write_text(json.dumps(summary))
     calls = []
     monkeypatch.setattr(nc.Curriculum, "_call", lambda self, cmd, folder, log, family: calls.append(cmd) or True)
-    argv = ["--out", str(out), "--families", "mamba2", *TINY, "--family-lr", "mamba2=5e-4", "--", "logger=none",
+    argv = ["--out", str(out), "--families", "mamba2", *TINY, "--family-lr", "mamba2=5e-4",
+            "--train-tasks", "niah_single_1,niah_multikey_1", "--", "logger=none",
             "trainer.val_every=2"]
     assert nc.main(argv) == 0
     stage, ruler = calls  # the T132 stage had ended; T256 is run again (train.py resumes it), then the report
@@ -51,6 +52,8 @@ def test_interrupted_stage_resumes_and_finished_ones_are_skipped(tmp_path, monke
     assert "eval=ruler" in ruler and f"checkpoint={out / 'mamba2-T256'}" in ruler
     assert stage[-2:] == ["logger=none", "trainer.val_every=2"]  # after the curriculum's own overrides
     assert "optim.lr=0.0005" in stage and "optim.lr=0.001" not in stage
+    assert "data.retrieval_mix.tasks=[niah_single_1,niah_multikey_1]" in stage
+    assert "trainer.final_evals.ruler.tasks=[niah_single_1,niah_multikey_1]" in stage
     assert "logger=none" in ruler and "trainer.val_every=2" not in ruler  # the report takes the logger's only
 
 
