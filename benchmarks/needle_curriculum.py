@@ -25,7 +25,9 @@ those of logger to the RULER report too).
 
 Families run side by side (--jobs at a time, each its stages in order); the sweep's CPU-share rule applies
 (benchmarks/mqar_sweep.py). A stage whose summary.json says it ended is skipped; one stopped by a signal resumes from
-its checkpoint; a stage that fails ends its family's curriculum (the table says where). SIGTERM or SIGINT stops the
+its checkpoint; a stage that fails ends its family's curriculum (the table says where), and the same command runs it
+again from its last checkpoint (with other settings, e.g. a lower --family-lr, remove its directory first: a resumed
+run refuses a changed learning rate). SIGTERM or SIGINT stops the
 curriculum: each running stage saves a checkpoint, and the same command later continues. Once a family's last stage
 has ended, RULER runs on it at --eval-lengths (lengths past the last stage's measure extrapolation) into
 <out>/<family>-ruler/ruler.json, kept for later calls. The tables go to <out>/needle_curriculum.md.
