@@ -243,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="directory of the stages' runs and the tables")
     parser.add_argument("--families", type=split_list, required=True, help="comma-separated conf/model names")
     parser.add_argument("--size", default="125m", help="conf/model/size name")
-    parser.add_argument("--lengths", type=int_list, default=[132, 256, 512, 1024, 2048], help="tokens a row, a stage each")
+    parser.add_argument("--lengths", type=int_list, default=[132, 256, 512, 1024, 2048],
+                        help="tokens a row, a stage each")
     parser.add_argument("--batch-sizes", type=int_list, default=[256, 128, 64, 32, 16], help="rows a step, per stage")
     parser.add_argument("--steps", type=int_list, default=[1000, 600, 600, 600, 600], help="max steps, per stage")
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of every stage")

@@ -52,7 +52,8 @@ def _intra_kernel(
     b_k = tl.load(k_ptr + (tok[:, None] * H + pid_h) * K + offs_k[None, :], mask=mk, other=0.0)
     b_gamma = tl.load(gamma_ptr + tok * H + pid_h, mask=rmask, other=0.0)
     b_do = tl.load(do_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], mask=m2, other=0.0)
-    incl = (rows[:, None] >= rows[None, :]) & rmask[:, None]  # not rows past the end: their exp(gamma_i - gamma_j) can overflow
+    # padded rows (past the end) masked out: their exp(gamma_i - gamma_j) can overflow (docs/kernels.md)
+    incl = (rows[:, None] >= rows[None, :]) & rmask[:, None]
     decay = tl.exp(tl.where(incl, b_gamma[:, None] - b_gamma[None, :], float("-inf")))
     # P^T = K Q^T * Gamma^T: build it transposed directly so no transposed tile is materialised.
     b_pt = tl.dot(b_k, tl.trans(b_q), input_precision=PREC) * tl.trans(decay) * scale
@@ -180,7 +181,8 @@ def _grads_kernel(
         b_k = tl.load(k_ptr + kptrs, mask=mk, other=0.0)
         b_qk += tl.dot(tl.load(q_ptr + kptrs, mask=mk, other=0.0), tl.trans(b_k), input_precision=PREC)
         b_kk += tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
-    incl = (rows[:, None] >= rows[None, :]) & rmask[:, None]  # not rows past the end: their exp(gamma_i - gamma_j) can overflow
+    # padded rows (past the end) masked out: their exp(gamma_i - gamma_j) can overflow (docs/kernels.md)
+    incl = (rows[:, None] >= rows[None, :]) & rmask[:, None]
     decay = tl.exp(tl.where(incl, b_gamma[:, None] - b_gamma[None, :], float("-inf")))
     e_gamma = tl.exp(b_gamma)
     e_end = tl.where(rmask, tl.exp(g_last - b_gamma), 0.0)
@@ -189,7 +191,8 @@ def _grads_kernel(
     b_dgam = tl.sum(b_e, 1) - tl.sum(b_e, 0)
     b_dpm = (b_dp * decay * scale).to(dt)
     # A = diag(beta) (K K^T * Gamma) on the strictly lower part.
-    strict = (rows[:, None] > rows[None, :]) & rmask[:, None]  # not rows past the end: their exp(gamma_i - gamma_j) can overflow
+    # padded rows (past the end) masked out: their exp(gamma_i - gamma_j) can overflow (docs/kernels.md)
+    strict = (rows[:, None] > rows[None, :]) & rmask[:, None]
     dstrict = tl.exp(tl.where(strict, b_gamma[:, None] - b_gamma[None, :], float("-inf")))
     b_kkd = b_kk * dstrict
     b_da = tl.where(strict, b_da, 0.0)

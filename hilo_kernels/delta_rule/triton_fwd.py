@@ -101,7 +101,9 @@ def _prepare_kernel(
         b_gamma = tl.zeros([C], dtype=tl.float32)
     tl.store(gamma_ptr + tok * H + pid_h, b_gamma, mask=rmask)
 
-    strict = (rows[:, None] > rows[None, :]) & rmask[:, None]  # not rows past the end: their exp(gamma_i - gamma_j) can overflow
+    # padded rows (past the end) masked out: their exp(gamma_i - gamma_j) can overflow (docs/kernels.md)
+
+    strict = (rows[:, None] > rows[None, :]) & rmask[:, None]
     diff = tl.where(strict, b_gamma[:, None] - b_gamma[None, :], float("-inf"))
     # K is walked in blocks of KB so that no [C, K] fp32 tile stays live.
     b_kk = tl.zeros([C, C], dtype=tl.float32)
@@ -264,7 +266,8 @@ def _output_kernel(
                   mask=kmask[:, None] & vmask[None, :], other=0.0)
     m2 = rmask[:, None] & vmask[None, :]
     b_u = tl.load(u_ptr + (tok[:, None] * H + pid_h) * V + offs_v[None, :], mask=m2, other=0.0)
-    incl = (rows[:, None] >= rows[None, :]) & rmask[:, None]  # not rows past the end: their exp(gamma_i - gamma_j) can overflow
+    # padded rows (past the end) masked out: their exp(gamma_i - gamma_j) can overflow (docs/kernels.md)
+    incl = (rows[:, None] >= rows[None, :]) & rmask[:, None]
     decay = tl.exp(tl.where(incl, b_gamma[:, None] - b_gamma[None, :], float("-inf")))
     b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * decay
     b_o = tl.dot(b_q, b_h.to(b_q.dtype), input_precision=PREC) * tl.exp(b_gamma)[:, None]
