@@ -18,7 +18,9 @@ paper's kernel does it inside (hilo's Gated DeltaNet layers do it before the ker
 backend and the peer on bf16 inputs, each against hilo's fp32 oracle (its "naive" or "torch" backend) on a small
 odd-length batch: the output and the gradient of every input the two share, as error ratios (docs/kernels.md); a
 peer is an independent oracle too, and a peer whose call fails (a version check, a dependency of another version) is
-a row naming the error, at the check or at one length of the timing. Times: median ms of triton.testing.do_bench for
+a row naming the error, at the check or at one length of the timing; one whose backward alone fails (fla 0.6's
+gated backward on Hopper with Triton < 3.7.1) keeps its forward's check and times, the backward's cells naming the
+error. Times: median ms of triton.testing.do_bench for
 the forward and for forward + backward, at B * T = 32,768 tokens, and hilo's time over the fastest peer's. Each
 row goes to stderr as it is measured (a run stopped by a time limit keeps those); the tables go to stdout at the end.
 
@@ -301,9 +303,14 @@ def leaves(inputs: dict, dtype: torch.dtype) -> dict:
 def output_and_grads(call, inputs: dict, dtype: torch.dtype, seed: int = 11):
     x = leaves(inputs, dtype)
     o = call(x)
+    return o.detach(), gradients(o, x, seed)
+
+
+def gradients(o: torch.Tensor, x: dict, seed: int = 11) -> dict:
+    """{input name: gradient of (o * do).sum()} for a seeded random do (None where o does not depend on it)."""
     do = torch.randn(o.shape, device=o.device, generator=torch.Generator(device=o.device).manual_seed(seed))
     grads = torch.autograd.grad((o.float() * do).sum(), list(x.values()), allow_unused=True)
-    return o.detach(), dict(zip(x, grads))
+    return dict(zip(x, grads))
 
 
 def failure(err: BaseException) -> str:
@@ -315,15 +322,22 @@ def failure(err: BaseException) -> str:
 def cross_check(op: str, peer: Peer, shape: Shape, device: str, backend: str | None, b: int = 2, t: int = 777,
                 dtype: torch.dtype = torch.bfloat16) -> dict:
     """Error ratios against hilo's fp32 oracle of hilo's backend and of the peer: {quantity: (hilo, peer)},
-    or {"refused": message} when the peer raises."""
+    or {"refused": message} when the peer's forward raises; when only its backward raises, the output's ratios and
+    {"backward_refused": message} (fla 0.6 refuses its gated backward on some GPUs and Triton versions, and its
+    forward still says something)."""
     inputs = make_inputs(op, shape, b, t, device)
     ro, rg = output_and_grads(hilo_call(op, oracle_backend(op)), inputs, torch.float32)
     ho, hg = output_and_grads(hilo_call(op, backend), inputs, dtype)
+    x = leaves(inputs, dtype)
     try:
-        po, pg = output_and_grads(peer.call, inputs, dtype)
+        po = peer.call(x)
     except Exception as err:  # noqa: BLE001 (any failure is the peer's row: third-party code, unpinned)
         return {"refused": failure(err)}
-    errors = {"o": (error_ratio(ho, ro), error_ratio(po, ro))}
+    errors = {"o": (error_ratio(ho, ro), error_ratio(po.detach(), ro))}
+    try:
+        pg = gradients(po, x)
+    except Exception as err:  # noqa: BLE001 (as above)
+        return {**errors, "backward_refused": failure(err)}
     for name, ref in rg.items():
         if ref is not None and hg.get(name) is not None and pg.get(name) is not None:
             errors[f"d{name}"] = (error_ratio(hg[name], ref), error_ratio(pg[name], ref))
@@ -343,17 +357,34 @@ def median_ms(fn: Callable[[], object], device: str) -> float:
     return sorted(times)[1]
 
 
-def timings(op: str, call, shape: Shape, t: int, device: str, tokens: int = TOKENS) -> tuple[float, float]:
-    """(forward ms, forward + backward ms) of call at B = tokens // t, bf16."""
+def timings(op: str, call, shape: Shape, t: int, device: str, tokens: int = TOKENS,
+            backward: bool = True) -> tuple[float, float | None]:
+    """(forward ms, forward + backward ms or None without backward) of call at B = tokens // t, bf16."""
     x = leaves(make_inputs(op, shape, max(tokens // t, 1), t, device), torch.bfloat16)
     with torch.no_grad():
         fwd = median_ms(lambda: call(x), device)
+    if not backward:
+        return fwd, None
     o = call(x)
     do = torch.randn_like(o)
 
     def fwd_bwd():
         torch.autograd.grad(call(x), list(x.values()), do, allow_unused=True)
     return fwd, median_ms(fwd_bwd, device)
+
+
+def peer_timings(op: str, peer: Peer, shape: Shape, t: int, device: str, tokens: int = TOKENS) -> dict:
+    """The peer's part of a timing row: peer_fwd and peer_fwd_bwd, or with a refused forward {"refused": message},
+    or with a refused backward peer_fwd and {"backward_refused": message}."""
+    try:
+        fwd, _ = timings(op, peer.call, shape, t, device, tokens, backward=False)
+    except Exception as err:  # noqa: BLE001 (a length the peer refuses is one row, not the end)
+        return {"refused": failure(err)}
+    try:
+        _, fwd_bwd = timings(op, peer.call, shape, t, device, tokens)
+    except Exception as err:  # noqa: BLE001 (as above)
+        return {"peer_fwd": fwd, "backward_refused": failure(err)}
+    return {"peer_fwd": fwd, "peer_fwd_bwd": fwd_bwd}
 
 
 def run(ops, seqlens, device: str, peers=None, check_t: int = 777, tokens: int = TOKENS,
@@ -379,12 +410,7 @@ def run(ops, seqlens, device: str, peers=None, check_t: int = 777, tokens: int =
                 hilo = timings(peer.op, hilo_call(peer.op, backend(peer.op)), shape, t, device, tokens)
                 row = {"op": peer.op, "peer": peer.name, "shape": shape.label, "T": t, "hilo_fwd": hilo[0],
                        "hilo_fwd_bwd": hilo[1]}
-                try:
-                    theirs = timings(peer.op, peer.call, shape, t, device, tokens)
-                except Exception as err:  # noqa: BLE001 (a length the peer refuses is one row, not the end)
-                    row["refused"] = failure(err)
-                else:
-                    row.update(peer_fwd=theirs[0], peer_fwd_bwd=theirs[1])
+                row.update(peer_timings(peer.op, peer, shape, t, device, tokens))
                 times.append(row)
                 if report is not None:
                     report(time_line(row))
@@ -392,21 +418,28 @@ def run(ops, seqlens, device: str, peers=None, check_t: int = 777, tokens: int =
 
 
 def check_lines(row: dict) -> list[str]:
-    """The correctness table's lines of one (op, peer, shape) row: one per quantity, or one naming the refusal."""
+    """The correctness table's lines of one (op, peer, shape) row: one per quantity, or one naming the refusal (a
+    refused backward: the output's line, then the refusal's)."""
     head = f"| {row['op']} | {row['peer']} | {row['shape']} |"
     if "refused" in row:
         return [f"{head} refused | {row['refused']} | - |"]
-    return [f"{head} {quantity} | {value[0]:.2e} | {value[1]:.2e} |"
-            for quantity, value in row.items() if isinstance(value, tuple)]
+    lines = [f"{head} {quantity} | {value[0]:.2e} | {value[1]:.2e} |"
+             for quantity, value in row.items() if isinstance(value, tuple)]
+    if "backward_refused" in row:
+        lines.append(f"{head} backward refused | {row['backward_refused']} | - |")
+    return lines
 
 
 def time_line(r: dict) -> str:
     """The timing table's line of one (op, peer, shape, T) row."""
     head = f"| {r['op']} | {r['peer']} | {r['shape']} | {r['T']} | {r['hilo_fwd']:.3f} |"
     if "refused" in r:
-        return f"{head} refused: {r['refused']} | {r['hilo_fwd_bwd']:.3f} | - | - |"
-    return (f"{head} {r['peer_fwd']:.3f} | {r['hilo_fwd_bwd']:.3f} | {r['peer_fwd_bwd']:.3f} | "
-            f"{r['hilo_fwd_bwd'] / r['peer_fwd_bwd']:.2f}x |")
+        return f"{head} refused: {r['refused']} | {r['hilo_fwd_bwd']:.3f} | - | - | - |"
+    fwd = f"{r['peer_fwd']:.3f} | {r['hilo_fwd_bwd']:.3f} |"
+    fwd_ratio = f"{r['hilo_fwd'] / r['peer_fwd']:.2f}x"
+    if "backward_refused" in r:
+        return f"{head} {fwd} backward refused: {r['backward_refused']} | {fwd_ratio} | - |"
+    return f"{head} {fwd} {r['peer_fwd_bwd']:.3f} | {fwd_ratio} | {r['hilo_fwd_bwd'] / r['peer_fwd_bwd']:.2f}x |"
 
 
 def tables(checks: list[dict], times: list[dict], missing: list[str]) -> str:
@@ -414,7 +447,7 @@ def tables(checks: list[dict], times: list[dict], missing: list[str]) -> str:
     for row in checks:
         lines += check_lines(row)
     lines += ["", ("| op | peer | shape | T | hilo fwd ms | peer fwd ms | hilo fwd+bwd ms | peer fwd+bwd ms | "
-              "hilo / peer (fwd+bwd) |"), "|---|---|---|---|---|---|---|---|---|"]
+              "hilo / peer (fwd) | hilo / peer (fwd+bwd) |"), "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [time_line(r) for r in times]
     lines += ["", "Missing peers (not installed): " + (", ".join(missing) if missing else "none")]
     return "\n".join(lines)

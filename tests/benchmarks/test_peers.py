@@ -66,6 +66,38 @@ def test_cross_check_tells_right_wrong_and_refusing_peers_apart():
                           "machine | - |") < reported.index(peers.time_line(times[-1]))
 
 
+class _ForwardOnly(torch.autograd.Function):
+    """The identity whose backward raises, as fla 0.6's gated backward does on Hopper with Triton < 3.7.1."""
+
+    @staticmethod
+    def forward(ctx, o):
+        return o.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("this backward refuses the machine\nsecond line")
+
+
+def test_a_refused_backward_keeps_the_forward_check_and_times():
+    same = peers.hilo_call("linear_attn", "torch")
+    fwd_only = peers.Peer("fwd only", "linear_attn", None, lambda x: _ForwardOnly.apply(same(x)), (SMALL,))
+    half = peers.Peer("fwd only, half", "linear_attn", None, lambda x: _ForwardOnly.apply(0.5 * same(x)), (SMALL,))
+    checks, times, _ = peers.run(["linear_attn"], [32], "cpu", peers=[fwd_only, half], check_t=45, tokens=64,
+                                 backend=lambda op: "torch")
+    by = {c["peer"]: c for c in checks}
+    assert set(by["fwd only"]) == {"op", "peer", "shape", "o", "backward_refused"}
+    assert by["fwd only"]["o"][1] < 1e-2 and by["fwd only, half"]["o"][1] > 0.4  # the forward is still checked
+    assert by["fwd only"]["backward_refused"] == "RuntimeError: this backward refuses the machine"
+    row = {r["peer"]: r for r in times}["fwd only"]
+    assert row["peer_fwd"] > 0 and "peer_fwd_bwd" not in row and row["backward_refused"].startswith("RuntimeError")
+    text = peers.tables(checks, times, [])
+    assert "| linear_attn | fwd only | H2 K16 V16 | o | " in text
+    assert "| linear_attn | fwd only | H2 K16 V16 | backward refused | RuntimeError: this backward refuses" in text
+    line = peers.time_line(row)
+    assert "backward refused: RuntimeError: this backward refuses the machine |" in line
+    assert line.endswith(f"| {row['hilo_fwd'] / row['peer_fwd']:.2f}x | - |")
+
+
 def test_inputs_match_what_each_peer_family_takes():
     x = peers.make_inputs("delta_rule", SMALL, 2, 40, "cpu")
     assert set(x) == {"q", "k", "v", "g", "beta"} and bool((x["g"] < 0).all())
